@@ -1,0 +1,146 @@
+// See yaml.h. yaml-cpp's own exceptions (bad syntax, bad conversion) are caught here and rethrown
+// as ConfigError with the source and key, so callers only ever handle one error type.
+#include "kiln/config/yaml.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace kiln::config {
+
+std::string config_message(const std::string& source, const std::string& key, const std::string& problem) {
+  if (key.empty()) return fmt::format("{}: {}", source, problem);
+  return fmt::format("{}: key '{}': {}", source, key, problem);
+}
+
+ConfigReader::ConfigReader(YAML::Node map, std::string source, std::string prefix)
+    : map_(std::move(map)), source_(std::move(source)), prefix_(std::move(prefix)) {
+  if (map_.IsNull()) map_ = YAML::Node(YAML::NodeType::Map);  // an empty file is an empty mapping
+  if (!map_.IsMap()) {
+    throw ConfigError(config_message(source_, prefix_.empty() ? "" : prefix_.substr(0, prefix_.size() - 1),
+                                     "expected a mapping of key: value"));
+  }
+}
+
+ConfigReader ConfigReader::from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_string(text.str(), path);
+}
+
+ConfigReader ConfigReader::from_string(const std::string& text, const std::string& source) {
+  try {
+    return ConfigReader(YAML::Load(text), source);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(
+        fmt::format("{}: line {}, column {}: invalid YAML: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+}
+
+bool ConfigReader::has(std::string_view key) const {
+  return static_cast<bool>(map_[std::string(key)]);
+}
+
+bool ConfigReader::is_null(std::string_view key) const {
+  const YAML::Node node = map_[std::string(key)];
+  return node && node.IsNull();
+}
+
+void ConfigReader::accept(std::string_view key) {
+  consumed_.emplace_back(key);
+}
+
+std::optional<YAML::Node> ConfigReader::lookup(std::string_view key, Need need, const char* expected) {
+  consumed_.emplace_back(key);
+  YAML::Node node = std::as_const(map_)[std::string(key)];  // const: non-const [] inserts the key
+  if (!node || node.IsNull()) {
+    if (need == Need::kRequired) fail(key, fmt::format("missing required key (expected {})", expected));
+    return std::nullopt;
+  }
+  if (!node.IsScalar()) fail(key, fmt::format("expected {}, got a {}", expected, node.IsMap() ? "mapping" : "list"));
+  return node;
+}
+
+void ConfigReader::read(std::string_view key, int64_t& out, Need need) {
+  const auto node = lookup(key, need, "an integer");
+  if (!node) return;
+  const std::string text = node->Scalar();
+  // Accept 1000, 1_000 and 1e3 when it is integral; reject 1.5 and "abc".
+  std::string digits;
+  std::copy_if(text.begin(), text.end(), std::back_inserter(digits), [](char c) { return c != '_'; });
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(digits.c_str(), &end, 10);
+  if (!digits.empty() && end && *end == '\0' && errno == 0) {
+    out = v;
+    return;
+  }
+  const double d = std::strtod(digits.c_str(), &end);
+  if (!digits.empty() && end && *end == '\0' && std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) {
+    out = static_cast<int64_t>(d);
+    return;
+  }
+  fail(key, fmt::format("expected an integer, got '{}'", text));
+}
+
+void ConfigReader::read(std::string_view key, double& out, Need need) {
+  const auto node = lookup(key, need, "a number");
+  if (!node) return;
+  const std::string text = node->Scalar();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || !end || *end != '\0' || errno == ERANGE || std::isnan(v)) {
+    fail(key, fmt::format("expected a number, got '{}'", text));
+  }
+  out = v;
+}
+
+void ConfigReader::read(std::string_view key, bool& out, Need need) {
+  const auto node = lookup(key, need, "true or false");
+  if (!node) return;
+  const std::string text = node->Scalar();
+  if (text == "true" || text == "True" || text == "TRUE") {
+    out = true;
+  } else if (text == "false" || text == "False" || text == "FALSE") {
+    out = false;
+  } else {
+    fail(key, fmt::format("expected true or false, got '{}'", text));
+  }
+}
+
+void ConfigReader::read(std::string_view key, std::string& out, Need need) {
+  const auto node = lookup(key, need, "a string");
+  if (!node) return;
+  out = node->Scalar();
+}
+
+ConfigReader ConfigReader::child(std::string_view key) {
+  consumed_.emplace_back(key);
+  YAML::Node node = std::as_const(map_)[std::string(key)];
+  if (node && !node.IsNull() && !node.IsMap()) fail(key, "expected a mapping of key: value");
+  return ConfigReader(node ? node : YAML::Node(YAML::NodeType::Map), source_, qualified(key) + ".");
+}
+
+void ConfigReader::finish() const {
+  for (const auto& kv : map_) {
+    const std::string key = kv.first.as<std::string>();
+    if (std::find(consumed_.begin(), consumed_.end(), key) == consumed_.end()) {
+      fail(key, "unknown key (misspelled, or not supported by this version of kiln)");
+    }
+  }
+}
+
+void ConfigReader::fail(std::string_view key, const std::string& problem) const {
+  throw ConfigError(config_message(source_, qualified(key), problem));
+}
+
+}  // namespace kiln::config

@@ -1,0 +1,162 @@
+// LLaMA modules. The arithmetic follows transformers' modeling_llama.py step for step (RMSNorm
+// in fp32, RoPE tables in fp32 cast to the compute dtype, loss in fp32) because HF logits are the
+// golden reference for this code (tests/python/test_hf_parity.py).
+#include "kiln/model/llama.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include "kiln/model/rope.h"
+#include "kiln/ops/attention.h"
+#include "kiln/ops/rmsnorm.h"
+#include "kiln/ops/rope.h"
+
+namespace kiln::model {
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({out_features, in_features}, options));
+  if (bias) this->bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  return at::linear(x, weight, bias);
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {
+  weight = register_parameter("weight", at::empty({num_embeddings, dim}, options));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
+  return at::embedding(weight, ids);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options) : eps(eps) {
+  weight = register_parameter("weight", at::ones({dim}, options));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  return ops::rmsnorm(x, weight, eps);
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const at::TensorOptions& options)
+    : num_heads(c.num_attention_heads), num_kv_heads(c.kv_heads()), head_dim(c.resolved_head_dim()) {
+  const int64_t h = c.hidden_size, b = c.attention_bias;
+  q_proj = register_module("q_proj", Linear(h, num_heads * head_dim, b, options));
+  k_proj = register_module("k_proj", Linear(h, num_kv_heads * head_dim, b, options));
+  v_proj = register_module("v_proj", Linear(h, num_kv_heads * head_dim, b, options));
+  o_proj = register_module("o_proj", Linear(num_heads * head_dim, h, b, options));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  // [B, T, heads * D] -> [B, heads, T, D]
+  auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
+  const at::Tensor q = ops::apply_rope(heads(q_proj->forward(x), num_heads), cos, sin);
+  const at::Tensor k = ops::apply_rope(heads(k_proj->forward(x), num_kv_heads), cos, sin);
+  const at::Tensor v = heads(v_proj->forward(x), num_kv_heads);
+  const at::Tensor out = ops::attention(q, k, v);  // causal; [B, Hq, T, D]
+  return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& options) {
+  gate_proj = register_module("gate_proj", Linear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
+  up_proj = register_module("up_proj", Linear(c.hidden_size, c.intermediate_size, c.mlp_bias, options));
+  down_proj = register_module("down_proj", Linear(c.intermediate_size, c.hidden_size, c.mlp_bias, options));
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::TensorOptions& options) {
+  self_attn = register_module("self_attn", LlamaAttention(c, options));
+  mlp = register_module("mlp", LlamaMLP(c, options));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& options) {
+  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size, options));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, options));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
+  // Frequencies stay fp32 whatever the parameter dtype (HF keeps inv_freq in fp32 too).
+  inv_freq = register_buffer("inv_freq", rope_inv_freq(c).to(options.device()));
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids) {
+  at::Tensor h = embed_tokens->forward(input_ids);
+  const RopeTables rope = rope_cos_sin(inv_freq, position_ids, h.scalar_type());
+  for (const auto& layer : *layers) h = layer->as<LlamaDecoderLayerImpl>()->forward(h, rope.cos, rope.sin);
+  return norm->forward(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config, const at::TensorOptions& options)
+    : config_(std::move(config)) {
+  config_.validate();
+  model = register_module("model", LlamaModel(config_, options));
+  if (!config_.tie_word_embeddings) {
+    lm_head = register_module("lm_head", Linear(config_.hidden_size, config_.vocab_size, false, options));
+  }
+  init_weights(0);
+}
+
+void causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, CausalLMOutput& out) {
+  TORCH_CHECK(labels.sizes() == logits.sizes().slice(0, 2), "labels ", labels.sizes(), " do not match logits ",
+              logits.sizes());
+  const int64_t seq = logits.size(1), vocab = logits.size(2);
+  // At least fp32 (HF upcasts half-precision logits); an fp64 model keeps fp64 (gradient checks).
+  const at::ScalarType loss_dtype = at::promote_types(logits.scalar_type(), at::kFloat);
+  const at::Tensor shifted_logits = logits.narrow(1, 0, seq - 1).reshape({-1, vocab}).to(loss_dtype);
+  const at::Tensor shifted_labels = labels.narrow(1, 1, seq - 1).reshape({-1}).to(logits.device());
+  out.loss_sum = at::cross_entropy_loss(shifted_logits, shifted_labels, {}, at::Reduction::Sum, -100);
+  out.num_tokens = shifted_labels.ne(-100).sum();
+  out.loss = out.loss_sum / out.num_tokens;
+}
+
+CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& labels,
+                                             const at::Tensor& position_ids) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  at::Tensor positions = position_ids;
+  if (!positions.defined()) {
+    positions = at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
+  }
+  const at::Tensor hidden = model->forward(input_ids, positions);
+  const at::Tensor& head = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  CausalLMOutput out;
+  out.logits = at::linear(hidden, head);
+  if (labels.defined()) causal_lm_loss(out.logits, labels, out);
+  return out;
+}
+
+void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const auto& item : named_parameters(/*recurse=*/true)) {
+    at::Tensor p = item.value();
+    if (p.is_meta()) continue;
+    const std::string& name = item.key();
+    if (name.ends_with("norm.weight")) {
+      p.fill_(1.0);
+    } else if (name.ends_with(".bias")) {
+      p.zero_();
+    } else {
+      p.copy_(at::empty(p.sizes(), at::kFloat).normal_(0.0, config_.initializer_range, generator));
+    }
+  }
+}
+
+int64_t LlamaForCausalLMImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,23 @@
+#include "kiln/ops/attention.h"
+
+#include <ATen/ATen.h>
+
+namespace kiln::ops {
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, H, T, D], got ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), "attention: k and v shapes differ: ", k.sizes(), " vs ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), "attention: batch or head_dim of q ", q.sizes(),
+              " and k ", k.sizes(), " differ");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attention: KV heads (", k.size(1),
+              ") must divide query heads (", q.size(1), ")");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "attention: q, k, v dtypes differ");
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
+  const bool gqa = q.size(1) != k.size(1);
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, options.causal, options.scale,
+                                          /*enable_gqa=*/gqa);
+}
+
+}  // namespace kiln::ops

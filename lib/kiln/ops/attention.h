@@ -1,0 +1,23 @@
+// ops::attention: the single entry point for scaled dot-product attention in kiln.
+//
+// Reference path: at::scaled_dot_product_attention with enable_gqa, so grouped-query attention
+// never repeats K/V in memory. kiln's flash-attention kernels plug in here (see docs/kernels.md).
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln::ops {
+
+struct AttentionOptions {
+  bool causal = true;
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+};
+
+// q: [B, Hq, T, D]; k, v: [B, Hkv, S, D] with Hkv dividing Hq. Returns [B, Hq, T, D].
+// Causal masking aligns the last query with the last key (T == S in training).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionOptions& options = {});
+
+}  // namespace kiln::ops

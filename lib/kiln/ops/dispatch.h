@@ -1,0 +1,23 @@
+// The one switch between kiln's CUDA kernels and the ATen reference ops.
+//
+// Every op in kiln::ops has an ATen reference path that runs on any device; where a kiln kernel
+// exists and applies (CUDA tensor, supported dtype and shape), the op uses it unless the backend
+// is set to kAten. Tests use kAten to get the reference on the same device.
+#pragma once
+
+#include <string>
+
+namespace kiln::ops {
+
+enum class Backend { kKiln, kAten };
+
+void set_backend(Backend backend);
+Backend backend();
+// "kiln" or "aten"; parse_backend throws std::invalid_argument naming the bad value.
+std::string backend_name(Backend backend);
+Backend parse_backend(const std::string& name);
+
+// True when this build compiled the CUDA kernels (KILN_CUDA on).
+bool kernels_compiled();
+
+}  // namespace kiln::ops

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs what kiln needs and nothing else; safe to run again (seconds on a ready machine).
+#
+#  - Debian packages: compiler, build tools and the C++ libraries kiln links (only the missing ones).
+#  - LibTorch from the PyPI wheel torch==$KILN_TORCH_VERSION in a virtual environment under
+#    ${KILN_HOME:-$HOME/.cache/kiln}, outside the checkout, so every clone reuses it.
+#    Skipped when the caller points Torch_DIR at their own LibTorch.
+#
+# Prints nothing but progress; the build reads the LibTorch location from scripts/env.sh.
+set -euo pipefail
+
+KILN_HOME="${KILN_HOME:-$HOME/.cache/kiln}"
+KILN_TORCH_VERSION="${KILN_TORCH_VERSION:-2.11.0}"
+venv="$KILN_HOME/venv"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# --- Debian packages -------------------------------------------------------------------------
+debian_packages=(
+  g++ cmake ninja-build ccache clang-format pkg-config
+  libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
+  libpcre2-dev libbenchmark-dev
+)
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing Debian packages: ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# --- Python reference environment and LibTorch ------------------------------------------------
+# The virtual environment doubles as the place for the Python *test* references (never loaded by
+# the library or the apps).
+python_packages=("torch==${KILN_TORCH_VERSION}")
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  say "creating virtual environment $venv"
+  mkdir -p "$KILN_HOME"
+  python3 -m venv "$venv"
+fi
+
+have_dist() { # name version -> true when that exact distribution is installed in the venv
+  compgen -G "$venv/lib/python3*/site-packages/$1-$2.dist-info" >/dev/null
+}
+to_install=()
+for spec in "${python_packages[@]}"; do
+  name="${spec%%==*}"
+  version="${spec#*==}"
+  if [[ "$name" == torch && -n "${Torch_DIR:-}" ]]; then
+    [[ -f "$Torch_DIR/TorchConfig.cmake" ]] || {
+      echo "[setup] error: Torch_DIR=$Torch_DIR has no TorchConfig.cmake" >&2
+      exit 1
+    }
+    continue
+  fi
+  have_dist "$name" "$version" || to_install+=("$spec")
+done
+if ((${#to_install[@]})); then
+  say "installing into $venv: ${to_install[*]} (LibTorch with CUDA is a few GB, once)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${to_install[@]}"
+fi
+
+say "ready (KILN_HOME=$KILN_HOME)"
