@@ -15,6 +15,7 @@
 #include <torch/optim/adamw.h>
 #include <cxxopts.hpp>
 
+#include "cli.h"
 #include "kiln/common/format.h"
 #include "kiln/model/llama.h"
 
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     ("h,help", "print this help");
   // clang-format on
   try {
-    const auto args = options.parse(argc, argv);
+    const auto args = kiln::cli::parse(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << "\n";
       return 0;

@@ -36,7 +36,12 @@ fi
 # --- Python reference environment and LibTorch ------------------------------------------------
 # The virtual environment doubles as the place for the Python *test* references (never loaded by
 # the library or the apps).
-python_packages=("torch==${KILN_TORCH_VERSION}")
+# transformers/tokenizers/safetensors are the independent references of the HF-parity and
+# tokenizer tests; numpy is what they (and torch's tensor conversion) need.
+python_packages=(
+  "torch==${KILN_TORCH_VERSION}" "numpy==2.4.6" "transformers==5.24.0" "tokenizers==0.23.3"
+  "safetensors==0.8.0" "pytest==9.2.0"
+)
 
 if [[ ! -x "$venv/bin/python" ]]; then
   say "creating virtual environment $venv"

@@ -1,0 +1,36 @@
+// Helpers shared by the kiln-* programs' command lines.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <cxxopts.hpp>
+
+namespace kiln::cli {
+
+// options.parse(), with a value that does not parse reported with its option's name: cxxopts
+// says only "Argument 'abc' failed to parse"; this says "--steps: cannot parse 'abc'".
+inline cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
+  try {
+    return options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    const std::string what = e.what();
+    const auto open = what.find("\u2018"), close = what.find("\u2019");
+    const std::string bad = open == std::string::npos || close == std::string::npos
+                                ? std::string()
+                                : what.substr(open + 3, close - open - 3);
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const auto eq = arg.find('=');
+      if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == bad) {
+        throw std::invalid_argument(arg.substr(0, eq) + ": cannot parse '" + bad + "'");
+      }
+      if (i > 1 && arg == bad && std::string(argv[i - 1]).rfind("-", 0) == 0) {
+        throw std::invalid_argument(std::string(argv[i - 1]) + ": cannot parse '" + bad + "'");
+      }
+    }
+    throw std::invalid_argument(what);
+  }
+}
+
+}  // namespace kiln::cli
