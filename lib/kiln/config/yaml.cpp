@@ -26,6 +26,13 @@ ConfigReader::ConfigReader(YAML::Node map, std::string source, std::string prefi
     throw ConfigError(config_message(source_, prefix_.empty() ? "" : prefix_.substr(0, prefix_.size() - 1),
                                      "expected a mapping of key: value"));
   }
+  // yaml-cpp keeps the first of two equal keys without a word; a repeated key is a mistake.
+  std::vector<std::string> seen;
+  for (const auto& kv : map_) {
+    const std::string key = kv.first.as<std::string>();
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) fail(key, "appears more than once");
+    seen.push_back(key);
+  }
 }
 
 ConfigReader ConfigReader::from_file(const std::string& path) {

@@ -1,6 +1,7 @@
 #include "kiln/ops/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 namespace kiln::ops {
 
@@ -12,8 +13,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               " and k ", k.sizes(), " differ");
   TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attention: KV heads (", k.size(1),
               ") must divide query heads (", q.size(1), ")");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "attention: q, k, v dtypes differ");
+  // Under autocast the inputs may differ (fp32 q/k after RoPE, low-precision v, as in HF);
+  // SDPA is on autocast's lower-precision list and casts them all to the autocast dtype.
+  TORCH_CHECK(at::autocast::is_autocast_enabled(q.device().type()) ||
+                  (q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type()),
+              "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
   const bool gqa = q.size(1) != k.size(1);
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, options.causal, options.scale,

@@ -1,0 +1,96 @@
+#include "kiln/optim/adamw.h"
+
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+
+namespace kiln::optim {
+
+AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config) : config_(config) {
+  Group decay, no_decay;
+  decay.weight_decay = config.weight_decay;
+  for (auto& [name, p] : named_parameters) {
+    if (!p.requires_grad()) continue;
+    Group& g = p.dim() <= 1 ? no_decay : decay;
+    g.names.push_back(name);
+    g.params.push_back(p);
+    g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    // The fused kernel wants a float32 scalar step per parameter, on the parameter's device.
+    g.steps.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+  }
+  for (Group* g : {&decay, &no_decay}) {
+    if (!g->params.empty()) groups_.push_back(std::move(*g));
+  }
+}
+
+void AdamW::step(double lr, const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  at::NoGradGuard no_grad;
+  for (Group& g : groups_) {
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const at::Tensor& grad = g.params[i].grad();
+      if (!grad.defined()) continue;  // a parameter unused this step keeps its state (as torch.optim)
+      params.push_back(g.params[i]);
+      grads.push_back(grad);
+      exp_avg.push_back(g.exp_avg[i]);
+      exp_avg_sq.push_back(g.exp_avg_sq[i]);
+      steps.push_back(g.steps[i]);
+    }
+    if (params.empty()) continue;
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, config_.beta1,
+                      config_.beta2, g.weight_decay, config_.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
+                      found_inf);
+    // A skipped (overflowed) step must not count: undo the increment where found_inf is set.
+    if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), found_inf->reshape({})));
+  }
+}
+
+void AdamW::zero_grad() {
+  for (Group& g : groups_) {
+    for (at::Tensor& p : g.params) p.mutable_grad() = at::Tensor();
+  }
+}
+
+std::vector<std::string> AdamW::decayed_names() const {
+  std::vector<std::string> out;
+  for (const Group& g : groups_) {
+    if (g.weight_decay > 0) out.insert(out.end(), g.names.begin(), g.names.end());
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> AdamW::state_dict() const {
+  std::map<std::string, at::Tensor> out;
+  for (const Group& g : groups_) {
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      out[g.names[i] + ".exp_avg"] = g.exp_avg[i];
+      out[g.names[i] + ".exp_avg_sq"] = g.exp_avg_sq[i];
+      out[g.names[i] + ".step"] = g.steps[i];
+    }
+  }
+  return out;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  at::NoGradGuard no_grad;
+  auto restore = [&](const std::string& key, at::Tensor& dst) {
+    const auto it = state.find(key);
+    if (it == state.end()) throw std::invalid_argument("optimizer state: missing '" + key + "'");
+    if (it->second.sizes() != dst.sizes()) {
+      throw std::invalid_argument("optimizer state: '" + key + "' has shape " + c10::str(it->second.sizes()) +
+                                  ", expected " + c10::str(dst.sizes()));
+    }
+    dst.copy_(it->second);
+  };
+  for (Group& g : groups_) {
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      restore(g.names[i] + ".exp_avg", g.exp_avg[i]);
+      restore(g.names[i] + ".exp_avg_sq", g.exp_avg_sq[i]);
+      restore(g.names[i] + ".step", g.steps[i]);
+    }
+  }
+}
+
+}  // namespace kiln::optim

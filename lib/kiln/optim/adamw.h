@@ -1,0 +1,56 @@
+// AdamW on at::_fused_adamw_ (one fused kernel per parameter group, CPU and CUDA), with HF's
+// parameter groups: no weight decay for 1-D tensors (RMSNorm weights, biases), decay for the
+// rest (embeddings included, as HF Trainer does).
+//
+// Mixed precision in kiln keeps the model's parameters in fp32 and computes in bf16/fp16 through
+// autocast (as HF Trainer does), so the parameters this optimizer updates are the fp32 master
+// weights themselves and no copies are needed.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln::optim {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config);
+
+  // One update with learning rate `lr`. With `found_inf` (a [1] float tensor from the loss
+  // scaler) the update is skipped on every parameter, step counters included, when it is
+  // non-zero, without a host sync; `grad_scale` divides the gradients inside the kernel.
+  void step(double lr, const std::optional<at::Tensor>& grad_scale = std::nullopt,
+            const std::optional<at::Tensor>& found_inf = std::nullopt);
+  void zero_grad();
+
+  // Names that get weight decay (for tests and the run log).
+  std::vector<std::string> decayed_names() const;
+
+  // Optimizer state as flat tensors: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step".
+  std::map<std::string, at::Tensor> state_dict() const;
+  // Restores state_dict(); throws std::invalid_argument naming a missing or mis-shaped entry.
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+ private:
+  struct Group {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> params, exp_avg, exp_avg_sq, steps;
+    double weight_decay = 0;
+  };
+  AdamWConfig config_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,180 @@
+// One table maps each key to its field, so the YAML reader, the command-line overrides and the
+// --help key list can never disagree about which keys exist.
+#include "kiln/train/pretrain_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "kiln/config/yaml.h"
+
+namespace kiln::train {
+
+using config::ConfigError;
+using config::ConfigReader;
+
+namespace {
+
+using Field = std::variant<int64_t PretrainConfig::*, double PretrainConfig::*, bool PretrainConfig::*,
+                           std::string PretrainConfig::*>;
+
+const std::vector<std::pair<std::string, Field>>& fields() {
+  using C = PretrainConfig;
+  static const std::vector<std::pair<std::string, Field>> table = {
+      {"model", &C::model},
+      {"model_name_or_path", &C::model_name_or_path},
+      {"dataset_dir", &C::dataset_dir},
+      {"cutoff_len", &C::cutoff_len},
+      {"val_size", &C::val_size},
+      {"per_device_train_batch_size", &C::per_device_train_batch_size},
+      {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
+      {"num_train_epochs", &C::num_train_epochs},
+      {"max_steps", &C::max_steps},
+      {"learning_rate", &C::learning_rate},
+      {"lr_scheduler_type", &C::lr_scheduler_type},
+      {"warmup_ratio", &C::warmup_ratio},
+      {"warmup_steps", &C::warmup_steps},
+      {"min_lr_ratio", &C::min_lr_ratio},
+      {"decay_ratio", &C::decay_ratio},
+      {"weight_decay", &C::weight_decay},
+      {"adam_beta1", &C::adam_beta1},
+      {"adam_beta2", &C::adam_beta2},
+      {"adam_epsilon", &C::adam_epsilon},
+      {"max_grad_norm", &C::max_grad_norm},
+      {"bf16", &C::bf16},
+      {"fp16", &C::fp16},
+      {"gradient_checkpointing", &C::gradient_checkpointing},
+      {"device", &C::device},
+      {"kernels", &C::kernels},
+      {"nan_policy", &C::nan_policy},
+      {"seed", &C::seed},
+      {"logging_steps", &C::logging_steps},
+      {"save_steps", &C::save_steps},
+      {"save_total_limit", &C::save_total_limit},
+      {"eval_steps", &C::eval_steps},
+      {"output_dir", &C::output_dir},
+      {"resume_from_checkpoint", &C::resume_from_checkpoint},
+  };
+  return table;
+}
+
+void read_fields(ConfigReader& r, PretrainConfig& c) {
+  for (const auto& [key, field] : fields()) {
+    std::visit([&, &key = key](auto member) { r.read(key, c.*member); }, field);
+  }
+  r.finish();
+}
+
+}  // namespace
+
+const std::vector<std::string>& pretrain_config_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& [key, field] : fields()) k.push_back(key);
+    return k;
+  }();
+  return keys;
+}
+
+void PretrainConfig::validate() const {
+  auto fail = [&](const std::string& key, const std::string& problem) {
+    throw ConfigError(config::config_message(source, key, problem));
+  };
+  auto at_least = [&](const char* key, int64_t v, int64_t lo) {
+    if (v < lo) fail(key, fmt::format("must be >= {}, got {}", lo, v));
+  };
+  auto in_range = [&](const char* key, double v, double lo, double hi, bool hi_open) {
+    if (!(v >= lo && (hi_open ? v < hi : v <= hi))) {
+      fail(key, fmt::format("must be in [{}, {}{}, got {}", lo, hi, hi_open ? ")" : "]", v));
+    }
+  };
+  if (model.empty() == model_name_or_path.empty()) {
+    fail(model.empty() ? "model" : "model_name_or_path",
+         "give exactly one of 'model' (preset or model YAML) and 'model_name_or_path' (HF directory)");
+  }
+  at_least("cutoff_len", cutoff_len, 1);
+  at_least("per_device_train_batch_size", per_device_train_batch_size, 1);
+  at_least("gradient_accumulation_steps", gradient_accumulation_steps, 1);
+  if (max_steps <= 0 && !(num_train_epochs > 0)) {
+    fail("num_train_epochs", fmt::format("must be > 0 when max_steps is not set, got {}", num_train_epochs));
+  }
+  if (!(learning_rate > 0)) fail("learning_rate", fmt::format("must be > 0, got {}", learning_rate));
+  static const char* kSchedules[] = {"cosine", "linear", "constant", "constant_with_warmup", "warmup_stable_decay"};
+  if (std::none_of(std::begin(kSchedules), std::end(kSchedules),
+                   [&](const char* s) { return lr_scheduler_type == s; })) {
+    fail("lr_scheduler_type", fmt::format("must be one of cosine, linear, constant, constant_with_warmup, "
+                                          "warmup_stable_decay; got '{}'",
+                                          lr_scheduler_type));
+  }
+  in_range("warmup_ratio", warmup_ratio, 0, 1, true);
+  at_least("warmup_steps", warmup_steps, 0);
+  in_range("min_lr_ratio", min_lr_ratio, 0, 1, false);
+  in_range("decay_ratio", decay_ratio, 0, 1, false);
+  if (!(weight_decay >= 0)) fail("weight_decay", fmt::format("must be >= 0, got {}", weight_decay));
+  in_range("adam_beta1", adam_beta1, 0, 1, true);
+  in_range("adam_beta2", adam_beta2, 0, 1, true);
+  if (!(adam_epsilon > 0)) fail("adam_epsilon", fmt::format("must be > 0, got {}", adam_epsilon));
+  if (!(max_grad_norm >= 0))
+    fail("max_grad_norm", fmt::format("must be >= 0 (0 = no clipping), got {}", max_grad_norm));
+  if (bf16 && fp16) fail("fp16", "bf16 and fp16 are both true; choose one");
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    fail("device", fmt::format("must be auto, cpu or cuda, got '{}'", device));
+  }
+  if (kernels != "kiln" && kernels != "aten") fail("kernels", fmt::format("must be kiln or aten, got '{}'", kernels));
+  if (nan_policy != "stop" && nan_policy != "skip") {
+    fail("nan_policy", fmt::format("must be stop or skip, got '{}'", nan_policy));
+  }
+  if (!(val_size >= 0) || (val_size >= 1 && val_size != static_cast<double>(static_cast<int64_t>(val_size)))) {
+    fail("val_size", fmt::format("must be a fraction in [0, 1) or a whole number of blocks, got {}", val_size));
+  }
+  at_least("logging_steps", logging_steps, 1);
+  at_least("save_steps", save_steps, 0);
+  at_least("save_total_limit", save_total_limit, 0);
+  at_least("eval_steps", eval_steps, 0);
+  if (output_dir.empty()) fail("output_dir", "must not be empty");
+}
+
+std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) {
+      throw ConfigError(fmt::format("command line: unexpected argument '{}' (expected --key value)", a));
+    }
+    const auto eq = a.find('=');
+    if (eq != std::string::npos) {
+      out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
+    } else if (i + 1 < args.size()) {
+      out.emplace_back(a.substr(2), args[++i]);
+    } else {
+      throw ConfigError(fmt::format("command line: key '{}': missing value", a.substr(2)));
+    }
+  }
+  return out;
+}
+
+PretrainConfig load_pretrain_config(const std::string& path,
+                                    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  PretrainConfig c;
+  if (!path.empty()) {
+    ConfigReader file = ConfigReader::from_file(path);
+    read_fields(file, c);
+    c.source = path;
+  }
+  if (!overrides.empty()) {
+    YAML::Node map(YAML::NodeType::Map);
+    for (const auto& [key, value] : overrides) map[key] = value;
+    ConfigReader cli(map, "command line");
+    read_fields(cli, c);
+    if (!path.empty())
+      c.source = path + " + command line";
+    else
+      c.source = "command line";
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,73 @@
+// PretrainConfig: every setting of a pretraining run, with LLaMA-Factory / HF TrainingArguments
+// key names so that an existing LLaMA-Factory YAML reads the same here. Defaults live only in
+// this struct; a YAML file and then `--key value` command-line overrides are read into it by the
+// same typed reader, so both give the same errors (source, key, value).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::train {
+
+struct PretrainConfig {
+  // Model: a preset / model YAML (`model`) or a Hugging Face directory to continue from.
+  std::string model;
+  std::string model_name_or_path;
+  // Data: a folder of token shards written by kiln-tokenize; empty = the embedded corpus.
+  std::string dataset_dir;
+  int64_t cutoff_len = 1024;
+  double val_size = 0.0;  // < 1: fraction of packed blocks held out; >= 1: number of blocks
+
+  int64_t per_device_train_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;  // > 0 overrides num_train_epochs (as in HF)
+
+  double learning_rate = 5e-5;
+  std::string lr_scheduler_type = "linear";  // cosine, linear, constant, constant_with_warmup, warmup_stable_decay
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;   // > 0 overrides warmup_ratio (as in HF)
+  double min_lr_ratio = 0.0;  // floor of cosine / warmup_stable_decay, as a fraction of learning_rate
+  double decay_ratio = 0.1;   // warmup_stable_decay: fraction of all steps spent decaying
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+
+  bool bf16 = false;
+  bool fp16 = false;
+  bool gradient_checkpointing = false;
+  std::string device = "auto";      // auto (cuda if available), cpu, cuda
+  std::string kernels = "kiln";     // kiln or aten (see ops/dispatch.h)
+  std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does
+
+  int64_t seed = 42;
+  int64_t logging_steps = 10;
+  int64_t save_steps = 500;      // 0 = save only at the end
+  int64_t save_total_limit = 0;  // 0 = keep every checkpoint
+  int64_t eval_steps = 0;        // 0 = evaluate only at the end
+  std::string output_dir = "output";
+  std::string resume_from_checkpoint;  // "", "true" (latest in output_dir) or a checkpoint path
+
+  std::string source = "<defaults>";  // file the settings came from, for messages
+
+  // Throws config::ConfigError naming the source and key.
+  void validate() const;
+};
+
+// Reads `path` (empty = defaults only), then applies command-line overrides given as
+// (key, value) pairs; validates the result.
+PretrainConfig load_pretrain_config(const std::string& path,
+                                    const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// Splits "--key value" / "--key=value" arguments into (key, value) pairs; throws naming a
+// dangling "--key" or a stray positional argument.
+std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args);
+
+// The keys a PretrainConfig accepts, in documentation order (for --help).
+const std::vector<std::string>& pretrain_config_keys();
+
+}  // namespace kiln::train

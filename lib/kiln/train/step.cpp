@@ -1,0 +1,53 @@
+#include "kiln/train/step.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+namespace kiln::train {
+
+int64_t count_targets(const at::Tensor& labels) {
+  TORCH_CHECK(labels.dim() == 2, "labels must be [B, T], got ", labels.sizes());
+  return labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum().item<int64_t>();
+}
+
+AutocastGuard::AutocastGuard(at::DeviceType device_type, std::optional<at::ScalarType> dtype)
+    : device_type_(device_type) {
+  if (!dtype || *dtype == at::kFloat) return;
+  active_ = true;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_type);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_type);
+  at::autocast::set_autocast_enabled(device_type, true);
+  at::autocast::set_autocast_dtype(device_type, *dtype);
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
+  at::autocast::clear_cache();  // casted weight copies live only for one step's forward
+}
+
+AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std::vector<MicroBatch>& micro_batches,
+                                      const AccumulateOptions& options) {
+  TORCH_CHECK(options.total_targets > 0, "accumulate_gradients: the step has no target tokens");
+  AccumulateResult result;
+  result.loss_sum = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
+  const double inv_targets = 1.0 / static_cast<double>(options.total_targets);
+  for (const MicroBatch& mb : micro_batches) {
+    at::Tensor loss_sum;
+    {
+      AutocastGuard autocast(options.device.type(), options.autocast_dtype);
+      const auto out = model->forward(mb.input_ids.to(options.device, /*non_blocking=*/true),
+                                      mb.labels.to(options.device, /*non_blocking=*/true));
+      loss_sum = out.loss_sum.to(at::kFloat);
+      result.num_targets += count_targets(mb.labels.cpu());
+    }
+    at::Tensor objective = loss_sum * inv_targets;
+    if (options.loss_scale) objective = objective * options.loss_scale->squeeze();
+    objective.backward();
+    result.loss_sum.add_(loss_sum.detach());
+  }
+  return result;
+}
+
+}  // namespace kiln::train

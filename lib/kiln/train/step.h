@@ -1,0 +1,58 @@
+// The gradient computation of one optimizer step over its micro-batches.
+//
+// The loss is normalised by the number of target tokens of the *whole step* (all micro-batches,
+// all ranks), not averaged per micro-batch: sum_i loss_sum_i / N. Averaging per micro-batch (HF
+// Trainer's long-standing gradient-accumulation bug) weighs a token in a short micro-batch more
+// than one in a long one; here gradient accumulation 4 x batch 1 equals batch 4 exactly.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "kiln/model/llama.h"
+
+namespace kiln::train {
+
+struct MicroBatch {
+  at::Tensor input_ids;  // [B, T] int64
+  at::Tensor labels;     // [B, T] int64, -100 = ignored; the model shifts
+};
+
+// Target tokens of a micro-batch: labels[:, 1:] != -100. Counted on the host from CPU labels.
+int64_t count_targets(const at::Tensor& labels);
+
+struct AccumulateOptions {
+  std::optional<at::ScalarType> autocast_dtype;  // bf16/fp16 compute with fp32 parameters
+  std::optional<at::Tensor> loss_scale;          // fp16: multiply the loss before backward
+  int64_t total_targets = 0;                     // target tokens of the whole step (sum over micro-batches and ranks)
+  at::Device device = at::kCPU;
+};
+
+struct AccumulateResult {
+  at::Tensor loss_sum;  // 0-d fp32 on the device: sum of token losses over the micro-batches
+  int64_t num_targets = 0;
+};
+
+// Forward and backward of each micro-batch (moved to options.device), accumulating into the
+// parameters' .grad. Gradients equal those of (sum of token losses) / total_targets.
+AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std::vector<MicroBatch>& micro_batches,
+                                      const AccumulateOptions& options);
+
+// Enables autocast for a device type and dtype for its lifetime; restores the previous state.
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device_type, std::optional<at::ScalarType> dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_type_;
+  bool active_ = false, prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+}  // namespace kiln::train

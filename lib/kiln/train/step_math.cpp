@@ -1,0 +1,47 @@
+#include "kiln/train/step_math.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "kiln/common/format.h"
+
+namespace kiln::train {
+
+StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t world_size,
+                    int64_t gradient_accumulation_steps, double num_epochs, int64_t max_steps) {
+  StepPlan p;
+  p.num_examples = num_examples;
+  p.batch_size_per_device = batch_size_per_device;
+  p.world_size = world_size;
+  p.gradient_accumulation_steps = gradient_accumulation_steps;
+  const int64_t per_batch = batch_size_per_device * world_size;
+  p.batches_per_epoch = (num_examples + per_batch - 1) / per_batch;
+  p.updates_per_epoch = std::max<int64_t>(p.batches_per_epoch / gradient_accumulation_steps, 1);
+  if (max_steps > 0) {
+    p.total_steps = max_steps;
+    // HF: epochs = max_steps // updates_per_epoch + (1 if there is a remainder)
+    p.num_epochs = static_cast<double>(max_steps / p.updates_per_epoch + (max_steps % p.updates_per_epoch > 0));
+  } else {
+    p.num_epochs = num_epochs;
+    p.total_steps = static_cast<int64_t>(std::ceil(num_epochs * static_cast<double>(p.updates_per_epoch)));
+  }
+  return p;
+}
+
+std::string training_banner(const StepPlan& p, int64_t trainable_parameters) {
+  return fmt::format(
+      "***** Running training *****\n"
+      "  Num examples = {}\n"
+      "  Num Epochs = {}\n"
+      "  Instantaneous batch size per device = {}\n"
+      "  Total train batch size (w. parallel, distributed & accumulation) = {}\n"
+      "  Gradient Accumulation steps = {}\n"
+      "  Total optimization steps = {}\n"
+      "  Number of trainable parameters = {}",
+      with_commas(p.num_examples), with_commas(static_cast<int64_t>(std::ceil(p.num_epochs))),
+      with_commas(p.batch_size_per_device), with_commas(p.total_batch_size()),
+      with_commas(p.gradient_accumulation_steps), with_commas(p.total_steps), with_commas(trainable_parameters));
+}
+
+}  // namespace kiln::train

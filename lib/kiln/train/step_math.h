@@ -1,0 +1,29 @@
+// HF Trainer's step arithmetic and its "***** Running training *****" banner, so that the
+// numbers a user knows from LLaMA-Factory logs (shared/seed/pretrain-history.txt) come out the
+// same here for the same settings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kiln::train {
+
+struct StepPlan {
+  int64_t num_examples = 0;  // packed blocks in the training split
+  double num_epochs = 0;     // as configured (may be fractional)
+  int64_t batch_size_per_device = 0;
+  int64_t world_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t batches_per_epoch = 0;  // ceil(examples / (batch * world))
+  int64_t updates_per_epoch = 0;  // max(batches_per_epoch // accumulation, 1)
+  int64_t total_steps = 0;        // max_steps, or ceil(epochs * updates_per_epoch)
+  int64_t total_batch_size() const { return batch_size_per_device * world_size * gradient_accumulation_steps; }
+};
+
+StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t world_size,
+                    int64_t gradient_accumulation_steps, double num_epochs, int64_t max_steps);
+
+// The banner lines exactly as HF Trainer logs them (without its log prefix), "\n"-separated.
+std::string training_banner(const StepPlan& plan, int64_t trainable_parameters);
+
+}  // namespace kiln::train
