@@ -37,6 +37,14 @@ TEST_CASE("attention equals the softmax(QK^T)V composition, with GQA", "[ops][at
   }
 }
 
+TEST_CASE("causal attention with more keys than queries aligns bottom-right (KV cache)", "[ops][attention]") {
+  for (int64_t t : {1, 3}) {
+    const at::Tensor q = at::randn({2, 4, t, 16}), k = at::randn({2, 2, 9, 16}), v = at::randn({2, 2, 9, 16});
+    CAPTURE(t);
+    CHECK(max_abs_diff(kiln::ops::attention(q, k, v), composition(q, k, v, true)) < 2e-6);
+  }
+}
+
 TEST_CASE("GQA equals attention with K/V heads repeated", "[ops][attention]") {
   const at::Tensor q = at::randn({1, 12, 20, 32}), k = at::randn({1, 3, 20, 32}), v = at::randn({1, 3, 20, 32});
   const at::Tensor gqa = kiln::ops::attention(q, k, v);

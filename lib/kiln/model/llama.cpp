@@ -48,13 +48,22 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const at::TensorOpt
   o_proj = register_module("o_proj", Linear(num_heads * head_dim, h, b, options));
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       at::Tensor* cache_k, at::Tensor* cache_v) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // [B, T, heads * D] -> [B, heads, T, D]
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
   const at::Tensor q = ops::apply_rope(heads(q_proj->forward(x), num_heads), cos, sin);
-  const at::Tensor k = ops::apply_rope(heads(k_proj->forward(x), num_kv_heads), cos, sin);
-  const at::Tensor v = heads(v_proj->forward(x), num_kv_heads);
+  at::Tensor k = ops::apply_rope(heads(k_proj->forward(x), num_kv_heads), cos, sin);
+  at::Tensor v = heads(v_proj->forward(x), num_kv_heads);
+  if (cache_k != nullptr) {
+    if (cache_k->defined()) {
+      k = at::cat({*cache_k, k}, 2);
+      v = at::cat({*cache_v, v}, 2);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
   const at::Tensor out = ops::attention(q, k, v);  // causal; [B, Hq, T, D]
   return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
 }
@@ -77,8 +86,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::Ten
       register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                          at::Tensor* cache_k, at::Tensor* cache_v) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache_k, cache_v);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -91,10 +101,18 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& op
   inv_freq = register_buffer("inv_freq", rope_inv_freq(c).to(options.device()));
 }
 
-at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids) {
+at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache) {
   at::Tensor h = embed_tokens->forward(input_ids);
   const RopeTables rope = rope_cos_sin(inv_freq, position_ids, h.scalar_type());
-  for (const auto& layer : *layers) h = layer->as<LlamaDecoderLayerImpl>()->forward(h, rope.cos, rope.sin);
+  if (cache != nullptr) {
+    cache->keys.resize(layers->size());
+    cache->values.resize(layers->size());
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    h = layers[i]->as<LlamaDecoderLayerImpl>()->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr,
+                                                        cache ? &cache->values[i] : nullptr);
+  }
+  if (cache != nullptr) cache->length += input_ids.size(1);
   return norm->forward(h);
 }
 
@@ -134,6 +152,15 @@ CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const 
   out.logits = at::linear(hidden, head);
   if (labels.defined()) causal_lm_loss(out.logits, labels, out);
   return out;
+}
+
+at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& input_ids, KVCache& cache) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  const at::Tensor positions = (at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)) + cache.length)
+                                   .unsqueeze(0)
+                                   .expand_as(input_ids);
+  const at::Tensor hidden = model->forward(input_ids, positions, &cache);
+  return at::linear(hidden, lm_head ? lm_head->weight : model->embed_tokens->weight);
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed) {

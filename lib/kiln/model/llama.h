@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -45,11 +46,19 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// Keys and values of the positions already processed, per layer, for incremental decoding.
+struct KVCache {
+  std::vector<at::Tensor> keys, values;  // per layer [B, Hkv, S, D]
+  int64_t length = 0;                    // S: positions cached
+};
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const LlamaConfig& config, const at::TensorOptions& options);
-  // x: [B, T, H]; cos, sin: [B, T, head_dim]. Returns [B, T, H].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // x: [B, T, H]; cos, sin: [B, T, head_dim]. Returns [B, T, H]. With `cache_k/cache_v`, the new
+  // keys and values are appended to them and attention covers the cached positions too.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor* cache_k = nullptr,
+                     at::Tensor* cache_v = nullptr);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
@@ -68,7 +77,8 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& config, const at::TensorOptions& options);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);  // [B, T, H]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,  // [B, T, H]
+                     at::Tensor* cache_k = nullptr, at::Tensor* cache_v = nullptr);
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -79,8 +89,9 @@ TORCH_MODULE(LlamaDecoderLayer);
 class LlamaModelImpl : public torch::nn::Module {
  public:
   LlamaModelImpl(const LlamaConfig& config, const at::TensorOptions& options);
-  // input_ids, position_ids: [B, T] int64. Returns the final hidden states [B, T, H].
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids);
+  // input_ids, position_ids: [B, T] int64. Returns the final hidden states [B, T, H]. With a
+  // cache, the tokens continue the cached positions and the cache is extended.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache = nullptr);
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -104,6 +115,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // default 0..T-1.
   CausalLMOutput forward(const at::Tensor& input_ids, const at::Tensor& labels = {},
                          const at::Tensor& position_ids = {});
+
+  // Incremental decoding: logits [B, T, V] of input_ids [B, T] placed after the cache.length
+  // positions already in `cache`, which is extended by T.
+  at::Tensor forward_cached(const at::Tensor& input_ids, KVCache& cache);
 
   // HF-style initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
   // norm weights 1. Values are drawn on the CPU in fp32 from `seed` and copied, so the same seed

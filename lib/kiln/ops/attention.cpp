@@ -20,6 +20,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
   const bool gqa = q.size(1) != k.size(1);
+  const int64_t t = q.size(2), s = k.size(2);
+  if (options.causal && t != s) {
+    // SDPA's is_causal aligns the first query with the first key; with a KV cache the queries are
+    // the last t positions, so the mask must be aligned bottom-right: query i sees keys <= s - t + i.
+    TORCH_CHECK(t <= s, "attention: causal with more queries (", t, ") than keys (", s, ")");
+    const at::Tensor mask = at::ones({t, s}, q.options().dtype(at::kBool)).tril(s - t);
+    return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, options.scale, gqa);
+  }
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, options.causal, options.scale,
                                           /*enable_gqa=*/gqa);
 }

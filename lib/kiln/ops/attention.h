@@ -16,7 +16,8 @@ struct AttentionOptions {
 };
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, S, D] with Hkv dividing Hq. Returns [B, Hq, T, D].
-// Causal masking aligns the last query with the last key (T == S in training).
+// Causal masking aligns the last query with the last key: with S > T (a KV cache) query i sees
+// keys 0 .. S - T + i.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionOptions& options = {});
 

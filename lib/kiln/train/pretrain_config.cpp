@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kiln/config/yaml.h"
+#include "kiln/model/presets.h"
 
 namespace kiln::train {
 
@@ -159,9 +160,13 @@ PretrainConfig load_pretrain_config(const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& overrides) {
   PretrainConfig c;
   if (!path.empty()) {
-    ConfigReader file = ConfigReader::from_file(path);
+    const auto& embedded = model::detail::embedded_pretrain_configs();
+    const auto it = std::find_if(embedded.begin(), embedded.end(), [&](const auto& e) { return e.first == path; });
+    const bool use_embedded = it != embedded.end() && !std::filesystem::exists(path);
+    ConfigReader file = use_embedded ? ConfigReader::from_string(std::string(it->second), "preset '" + path + "'")
+                                     : ConfigReader::from_file(path);
     read_fields(file, c);
-    c.source = path;
+    c.source = file.source();
   }
   if (!overrides.empty()) {
     YAML::Node map(YAML::NodeType::Map);

@@ -58,7 +58,8 @@ struct PretrainConfig {
   void validate() const;
 };
 
-// Reads `path` (empty = defaults only), then applies command-line overrides given as
+// Reads `path` (a YAML file, or the name of a configs/pretrain preset such as "quickstart";
+// empty = defaults only), then applies command-line overrides given as
 // (key, value) pairs; validates the result.
 PretrainConfig load_pretrain_config(const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& overrides = {});

@@ -1,0 +1,89 @@
+#include "kiln/profile/device.h"
+
+#include <chrono>
+
+#include <sys/resource.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+namespace kiln::profile {
+
+namespace {
+struct Row {
+  const char* match;  // substring of the CUDA device name
+  double bf16, fp16, fp32;
+};
+// Dense TFLOP/s from NVIDIA's data sheets (SXM parts; PCIe parts are lower: use --peak-tflops).
+// V100 has no bf16 tensor cores: bf16 runs on the FP32 units.
+constexpr Row kGpus[] = {
+    {"H200", 989.0, 989.0, 67.0},
+    {"H100", 989.0, 989.0, 67.0},
+    {"A100", 312.0, 312.0, 19.5},
+    {"V100", 15.7, 125.0, 15.7},
+};
+}  // namespace
+
+std::optional<DevicePeak> gpu_peak(const std::string& name, at::ScalarType dtype) {
+  for (const Row& r : kGpus) {
+    if (name.find(r.match) == std::string::npos) continue;
+    const double t = dtype == at::kBFloat16 ? r.bf16 : dtype == at::kHalf ? r.fp16 : r.fp32;
+    return DevicePeak{name, t, "datasheet"};
+  }
+  return std::nullopt;
+}
+
+DevicePeak measure_cpu_peak() {
+  at::NoGradGuard no_grad;
+  const int64_t n = 1024;
+  const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
+  at::Tensor c = at::mm(a, b);  // warm up the BLAS threads
+  int iters = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;
+  while (seconds < 0.5 || iters < 3) {
+    c = at::mm(a, b);
+    ++iters;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double flops = 2.0 * static_cast<double>(n * n * n) * iters;
+  return DevicePeak{"CPU (" + std::to_string(at::get_num_threads()) + " threads)", flops / seconds / 1e12, "measured"};
+}
+
+#ifdef KILN_WITH_CUDA
+// device_cuda.cpp
+std::string cuda_device_name(int index);
+int64_t cuda_peak_allocated_bytes(int index);
+void cuda_reset_peak(int index);
+#endif
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double peak_memory_bytes(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) return static_cast<double>(cuda_peak_allocated_bytes(device.has_index() ? device.index() : 0));
+#endif
+  (void)device;
+  return static_cast<double>(peak_rss_bytes());
+}
+
+void reset_peak_memory(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) cuda_reset_peak(device.has_index() ? device.index() : 0);
+#endif
+  (void)device;
+}
+
+std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype) {
+  if (device.is_cpu()) return measure_cpu_peak();
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) return gpu_peak(cuda_device_name(device.has_index() ? device.index() : 0), dtype);
+#endif
+  return std::nullopt;
+}
+
+}  // namespace kiln::profile

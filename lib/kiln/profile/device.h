@@ -1,0 +1,35 @@
+// Peak arithmetic rates for MFU: a table of the GPUs kiln targets (dense, no sparsity, from the
+// vendors' data sheets) and, on the CPU, a measured fp32 matmul rate.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln::profile {
+
+struct DevicePeak {
+  std::string name;    // "NVIDIA H200", "CPU (measured)"
+  double tflops = 0;   // peak for the dtype asked for
+  std::string source;  // "datasheet" or "measured"
+};
+
+// Peak dense TFLOP/s of a GPU by its reported name for `dtype` (bf16/fp16 on tensor cores, fp32
+// on the FP32 units); nullopt for an unknown GPU (pass --peak-tflops).
+std::optional<DevicePeak> gpu_peak(const std::string& device_name, at::ScalarType dtype);
+
+// Measures the CPU's fp32 matmul rate with the threads LibTorch uses (about a second).
+DevicePeak measure_cpu_peak();
+
+// The peak for `device`: the table for a CUDA device, a measurement on the CPU.
+std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype);
+
+// Peak memory so far: the CUDA caching allocator's peak allocated bytes on a GPU, the process's
+// peak resident set size on the CPU.
+double peak_memory_bytes(const at::Device& device);
+// Restarts the GPU peak counter (the CPU's peak RSS cannot be reset).
+void reset_peak_memory(const at::Device& device);
+int64_t peak_rss_bytes();
+
+}  // namespace kiln::profile

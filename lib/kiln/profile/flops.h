@@ -1,0 +1,33 @@
+// Analytic FLOPs of a LLaMA training step (docs/performance.md derives each term).
+//
+// Per token, forward:
+//   matmuls   2 * (L * (H*q + 2*H*kv + q*H + 3*H*F) + V*H)      (q = heads*d, kv = kv_heads*d;
+//                                                               the LM head counts, the embedding
+//                                                               lookup does not)
+//   attention 2 * 2 * L * heads * d * (T + 1) / 2               (QK^T and PV, causal: a query at
+//                                                               position t sees t + 1 keys)
+// Training = forward x 3 (backward is twice the forward), x 4 with full activation recomputation.
+// The "6 N" rule of thumb (N = parameters) is kept beside it for comparison with the user's notes.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/model/llama_config.h"
+
+namespace kiln::profile {
+
+struct FlopsPerToken {
+  double matmul_forward = 0;
+  double attention_forward = 0;
+  double forward() const { return matmul_forward + attention_forward; }
+  // Model FLOPs of one trained token (forward + backward); recomputation is not model work, so
+  // MFU uses recompute = false and hardware FLOPs use true.
+  double train(bool recompute = false) const { return forward() * (recompute ? 4.0 : 3.0); }
+};
+
+FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t seq_len);
+
+// 6 * N per token, N = all trainable parameters (the estimate in the user's notes).
+double six_n_per_token(const model::LlamaConfig& config);
+
+}  // namespace kiln::profile
