@@ -109,8 +109,12 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
     cache->values.resize(layers->size());
   }
   for (size_t i = 0; i < layers->size(); ++i) {
-    h = layers[i]->as<LlamaDecoderLayerImpl>()->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr,
-                                                        cache ? &cache->values[i] : nullptr);
+    auto* layer = layers[i]->as<LlamaDecoderLayerImpl>();
+    if (layer_runner && cache == nullptr) {
+      h = layer_runner(*layer, h, rope.cos, rope.sin);
+    } else {
+      h = layer->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr);
+    }
   }
   if (cache != nullptr) cache->length += input_ids.size(1);
   return norm->forward(h);

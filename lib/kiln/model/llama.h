@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -85,6 +86,11 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
+// How a decoder layer is run. Empty = a plain call; the trainer installs activation
+// checkpointing here (train/activation_checkpoint.h), keeping the model single-device code.
+using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
+                                             const at::Tensor& sin)>;
+
 // Embedding, decoder layers and final norm ("model." in HF names).
 class LlamaModelImpl : public torch::nn::Module {
  public:
@@ -95,7 +101,8 @@ class LlamaModelImpl : public torch::nn::Module {
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
-  at::Tensor inv_freq;  // [head_dim / 2] fp32, a buffer (not saved in HF checkpoints)
+  at::Tensor inv_freq;       // [head_dim / 2] fp32, a buffer (not saved in HF checkpoints)
+  LayerRunner layer_runner;  // used for training passes without a KV cache
 };
 TORCH_MODULE(LlamaModel);
 

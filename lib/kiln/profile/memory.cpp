@@ -8,8 +8,8 @@ double MemoryEstimate::total() const {
   return t;
 }
 
-MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t batch, int64_t seq_len,
-                                        int compute_bytes) {
+MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t batch, int64_t seq_len, int compute_bytes,
+                                        bool activation_checkpointing) {
   const double n = static_cast<double>(c.num_parameters());
   const double tokens = static_cast<double>(batch * seq_len);
   const double layers = static_cast<double>(c.num_hidden_layers), h = static_cast<double>(c.hidden_size);
@@ -25,7 +25,8 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
       {"parameters (fp32)", 4 * n},
       {"gradients (fp32)", 4 * n},
       {"optimizer (AdamW, fp32)", 8 * n},
-      {"activations", tokens * layers * (h * per_hidden + ffn * per_ffn)},
+      {"activations", activation_checkpointing ? tokens * (layers * 4.0 * h + h * per_hidden + ffn * per_ffn)
+                                               : tokens * layers * (h * per_hidden + ffn * per_ffn)},
       {"logits and loss", tokens * vocab * (cb + 8.0)},
   };
   return e;

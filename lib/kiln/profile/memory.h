@@ -28,8 +28,9 @@ struct MemoryEstimate {
   double total() const;
 };
 
-// `compute_bytes`: 2 for bf16/fp16 autocast, 4 for fp32.
+// `compute_bytes`: 2 for bf16/fp16 autocast, 4 for fp32. With activation checkpointing only each
+// layer's fp32 input is kept, plus one layer's activations while it is recomputed.
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
-                                        int compute_bytes);
+                                        int compute_bytes, bool activation_checkpointing = false);
 
 }  // namespace kiln::profile

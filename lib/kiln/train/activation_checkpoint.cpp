@@ -1,0 +1,62 @@
+#include "kiln/train/activation_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kiln/train/step.h"
+
+namespace kiln::train {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  // `layer` travels as an integer because saved_data holds IValues; the model outlives the graph.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t layer) {
+    const at::DeviceType device = x.device().type();
+    ctx->save_for_backward({x, cos, sin});
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(device);
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_dtype(device));
+    return reinterpret_cast<model::LlamaDecoderLayerImpl*>(layer)->forward(x, cos, sin);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    auto* layer = reinterpret_cast<model::LlamaDecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
+    const at::Tensor x = saved[0].detach().requires_grad_(true);
+    std::optional<at::ScalarType> autocast;
+    if (ctx->saved_data["autocast"].toBool()) {
+      autocast = static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt());
+    }
+    at::Tensor out;
+    {
+      const at::AutoGradMode grad(true);
+      const AutocastGuard guard(x.device().type(), autocast);
+      out = layer->forward(x, saved[1], saved[2]);
+    }
+    torch::autograd::backward({out}, {grad_outputs[0]});
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable) {
+  if (!enable) {
+    model->model->layer_runner = nullptr;
+    return;
+  }
+  model->model->layer_runner = [](model::LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin) -> at::Tensor {
+    if (!at::GradMode::is_enabled()) return layer.forward(x, cos, sin);  // evaluation: nothing to save
+    return CheckpointedLayer::apply(x, cos, sin, reinterpret_cast<int64_t>(&layer));
+  };
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,71 @@
+// Activation checkpointing must not change the result. Reference: the same model's gradients
+// computed without checkpointing (fp32 and bf16 autocast).
+#include <set>
+
+#include <torch/csrc/autograd/function.h>
+#include <catch2/catch.hpp>
+
+#include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/step.h"
+#include "support.h"
+
+namespace {
+// Names of the autograd nodes reachable from `t` (to see that checkpointing is really in use).
+std::set<std::string> graph_node_names(const at::Tensor& t) {
+  std::set<std::string> names;
+  std::vector<torch::autograd::Node*> stack = {t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    names.insert(n->name());
+    for (const auto& edge : n->next_edges()) stack.push_back(edge.function.get());
+  }
+  return names;
+}
+}  // namespace
+
+TEST_CASE("checkpointing replaces the layers' graphs with one recomputing node each", "[train]") {
+  kiln::model::LlamaForCausalLM m(kiln::model::load_llama_config("tiny"));
+  const at::Tensor ids = at::randint(0, 320, {1, 8}, at::kLong);
+  auto has = [](const std::set<std::string>& names, const std::string& part) {
+    return std::any_of(names.begin(), names.end(),
+                       [&](const std::string& n) { return n.find(part) != std::string::npos; });
+  };
+  const auto plain = graph_node_names(m->forward(ids, ids).loss);
+  kiln::train::set_activation_checkpointing(m, true);
+  const auto checkpointed = graph_node_names(m->forward(ids, ids).loss);
+  kiln::train::set_activation_checkpointing(m, false);
+  CHECK_FALSE(has(plain, "CheckpointedLayer"));
+  CHECK(has(checkpointed, "CheckpointedLayer"));
+  CHECK(has(plain, "SiluBackward"));
+  CHECK_FALSE(has(checkpointed, "SiluBackward"));  // the MLP's graph is gone from the saved graph
+}
+
+TEST_CASE("checkpointed layers give the same loss and gradients", "[train]") {
+  kiln::model::LlamaForCausalLM m(kiln::model::load_llama_config("tiny"));
+  m->init_weights(31);
+  const at::Tensor ids = at::randint(0, 320, {2, 24}, at::kLong);
+  for (std::optional<at::ScalarType> dtype : {std::optional<at::ScalarType>(), std::optional(at::kBFloat16)}) {
+    CAPTURE(dtype.has_value());
+    auto grads = [&](bool checkpointing) {
+      kiln::train::set_activation_checkpointing(m, checkpointing);
+      m->zero_grad();
+      const kiln::train::AutocastGuard autocast(at::kCPU, dtype);
+      const auto out = m->forward(ids, ids);
+      out.loss.backward();
+      std::vector<at::Tensor> g;
+      for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
+      g.push_back(out.loss.detach());
+      return g;
+    };
+    const auto plain = grads(false), checkpointed = grads(true);
+    double worst = 0;
+    for (size_t i = 0; i < plain.size(); ++i)
+      worst = std::max(worst, kiln::test::max_abs_diff(plain[i], checkpointed[i]));
+    CHECK(worst < (dtype ? 1e-3 : 1e-6));
+    for (size_t i = 0; i + 1 < plain.size(); ++i) CHECK(checkpointed[i].abs().sum().item<double>() > 0);
+  }
+  kiln::train::set_activation_checkpointing(m, false);
+}
