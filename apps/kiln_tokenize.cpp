@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     ("val-fraction", "fraction of documents for the 'val' split (every 1/F-th document)", cxxopts::value<double>()->default_value("0"))
     ("threads", "tokenizer threads (0 = all cores)", cxxopts::value<int>()->default_value("0"))
     ("shard-tokens", "tokens per shard (shards end at document ends)", cxxopts::value<int64_t>()->default_value("268435456"))
+    ("add-special-tokens", "add the tokenizer's template tokens (e.g. BOS) to each document, as HF's add_special_tokens")
     ("skip-bad-lines", "report malformed JSONL lines and skip them instead of failing")
     ("overwrite", "replace an existing shard set in --output")
     ("no-progress", "no progress bar")
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
     if (opt.shard_tokens <= 0)
       throw std::invalid_argument(fmt::format("--shard-tokens must be > 0, got {}", opt.shard_tokens));
     opt.skip_bad_lines = args.count("skip-bad-lines") > 0;
+    opt.add_special_tokens = args.count("add-special-tokens") > 0;
     opt.overwrite = args.count("overwrite") > 0;
     const auto tokenizer =
         kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), args["eos"].as<std::string>());

@@ -181,7 +181,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
     ids.assign(docs.size(), {});
     const auto work = [&](size_t begin, size_t end) {
       for (size_t d = begin; d < end; ++d) {
-        tokenizer.encode_into(docs[d], ids[d]);
+        tokenizer.encode_into(docs[d], ids[d], options.add_special_tokens);
         ids[d].push_back(eos);
       }
     };

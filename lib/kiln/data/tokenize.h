@@ -30,8 +30,9 @@ struct TokenizeOptions {
   double val_fraction = 0.0;  // in [0, 1)
   int threads = 0;            // 0 = hardware concurrency
   int64_t shard_tokens = int64_t{1} << 28;
-  bool skip_bad_lines = false;  // malformed JSONL lines: report and skip, instead of failing
-  bool overwrite = false;       // replace an existing shard set in output_dir
+  bool add_special_tokens = false;  // HF's flag: the post-processor's BOS before each document
+  bool skip_bad_lines = false;      // malformed JSONL lines: report and skip, instead of failing
+  bool overwrite = false;           // replace an existing shard set in output_dir
   std::function<void(const TokenizeProgress&)> on_progress;  // called every chunk
   std::function<void(const std::string&)> on_warning;        // skipped lines ("file:line: why")
 };
