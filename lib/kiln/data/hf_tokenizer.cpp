@@ -1,0 +1,607 @@
+// HfTokenizer: see hf_tokenizer.h for scope. The BPE word loop mirrors tokenizers' Word::merge_all
+// (always apply the lowest-rank merge, leftmost on ties), which is what makes ids equal.
+#include "kiln/data/hf_tokenizer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <queue>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <pcre2.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/data/hash.h"
+#include "kiln/data/utf8.h"
+
+namespace kiln::data {
+
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's pre-tokenizer regex, used by ByteLevel when use_regex is true (tokenizers byte_level.rs).
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 upwards.
+std::vector<std::string> byte_to_unicode_table() {
+  std::vector<int> cps(256, -1);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    cps[b] = printable ? b : 256 + n++;
+  }
+  std::vector<std::string> out(256);
+  for (int b = 0; b < 256; ++b) {
+    const int cp = cps[b];
+    if (cp < 0x80) {
+      out[b] = std::string(1, static_cast<char>(cp));
+    } else {
+      out[b] = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+  }
+  return out;
+}
+
+std::atomic<uint64_t> g_next_instance{1};
+
+enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
+
+struct Regex {
+  pcre2_code* code = nullptr;
+  Regex() = default;
+  Regex(const Regex&) = delete;
+  ~Regex() {
+    if (code) pcre2_code_free(code);
+  }
+};
+
+struct PreStep {
+  std::shared_ptr<Regex> regex;  // null: no split (ByteLevel with use_regex false)
+  Behavior behavior = Behavior::kIsolated;
+  bool add_prefix_space = false;
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool special;
+};
+
+// Per-thread PCRE2 state and word cache; rebuilt when the thread moves to another tokenizer.
+struct ThreadScratch {
+  uint64_t owner = 0;
+  pcre2_match_data* match = nullptr;
+  pcre2_match_context* context = nullptr;
+  pcre2_jit_stack* stack = nullptr;
+  std::unordered_map<std::string, std::vector<int32_t>> cache;
+  std::string utf8;
+  std::deque<std::string> arena;
+  ~ThreadScratch() { release(); }
+  void release() {
+    if (match) pcre2_match_data_free(match);
+    if (context) pcre2_match_context_free(context);
+    if (stack) pcre2_jit_stack_free(stack);
+    match = nullptr;
+    context = nullptr;
+    stack = nullptr;
+    cache.clear();
+  }
+};
+constexpr size_t kCacheEntries = 1 << 16, kCacheMaxWord = 64;
+
+}  // namespace
+
+struct HfTokenizer::Impl {
+  std::string path;
+  uint64_t instance = g_next_instance++;
+  uint64_t fingerprint = 0;
+  std::vector<std::string> id_bytes;  // raw bytes of every id
+  std::vector<char> id_special;
+  std::unordered_map<std::string, int32_t> bytes_to_id;    // BPE vocabulary, keyed by raw bytes
+  std::unordered_map<std::string, int32_t> content_to_id;  // tokenizer.json strings (vocab + added)
+  int32_t byte_id[256];
+  int32_t unk_id = -1;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
+  bool ignore_merges = false;
+  std::vector<PreStep> steps;
+  std::vector<AddedToken> added;                     // sorted by content length, longest first
+  std::vector<std::vector<int32_t>> added_by_first;  // first byte -> indices into added
+  std::vector<int32_t> template_prefix, template_suffix;
+  int32_t bos = -1, eos = -1;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw std::runtime_error(fmt::format("tokenizer '{}': {}: {}", path, field, what));
+  }
+
+  std::shared_ptr<Regex> compile(const std::string& pattern, bool literal, const std::string& field) const {
+    auto regex = std::make_shared<Regex>();
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    regex->code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
+    if (!regex->code) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof(message));
+      fail(field,
+           fmt::format("PCRE2 cannot compile pattern at offset {}: {}", offset, reinterpret_cast<char*>(message)));
+    }
+    pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+    return regex;
+  }
+
+  ThreadScratch& scratch() const {
+    thread_local ThreadScratch s;
+    if (s.owner != instance) {
+      s.release();
+      s.owner = instance;
+      s.match = pcre2_match_data_create(1, nullptr);
+      s.context = pcre2_match_context_create(nullptr);
+      s.stack = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
+      pcre2_jit_stack_assign(s.context, nullptr, s.stack);
+    }
+    return s;
+  }
+
+  // Splits `piece` by the step's regex into `out` (empty pieces dropped, as tokenizers does).
+  void split(const PreStep& step, std::string_view piece, ThreadScratch& s, std::vector<std::string_view>& out) const {
+    if (step.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
+      s.arena.emplace_back(" ");
+      s.arena.back().append(piece);
+      piece = s.arena.back();
+    }
+    if (!step.regex) {
+      if (!piece.empty()) out.push_back(piece);
+      return;
+    }
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
+    size_t start = 0, last = 0;
+    std::string_view pending;  // MergedWithNext: the match waiting for the gap after it
+    bool has_pending = false, last_was_gap = false;
+    const auto emit = [&](std::string_view p, bool is_match) {
+      switch (step.behavior) {
+        case Behavior::kIsolated:
+          if (!p.empty()) out.push_back(p);
+          break;
+        case Behavior::kRemoved:
+          if (!is_match && !p.empty()) out.push_back(p);
+          break;
+        case Behavior::kMergedWithPrevious:
+          if (is_match && !out.empty() && out.back().data() + out.back().size() == p.data() && last_was_gap) {
+            out.back() = std::string_view(out.back().data(), out.back().size() + p.size());
+          } else if (!p.empty()) {
+            out.push_back(p);
+          }
+          break;
+        case Behavior::kMergedWithNext:
+          if (is_match) {
+            if (has_pending) out.push_back(pending);
+            pending = p;
+            has_pending = true;
+          } else if (has_pending) {
+            out.push_back(std::string_view(pending.data(), pending.size() + p.size()));
+            has_pending = false;
+          } else if (!p.empty()) {
+            out.push_back(p);
+          }
+          break;
+      }
+      last_was_gap = !is_match;
+    };
+    while (start <= piece.size()) {
+      const int rc =
+          pcre2_match(step.regex->code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK, s.match, s.context);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof(message));
+        throw std::runtime_error(
+            fmt::format("tokenizer '{}': regex match failed: {}", path, reinterpret_cast<char*>(message)));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.match);
+      const size_t b = ov[0], e = ov[1];
+      if (e == b) {  // empty match: no split here; step over one character
+        if (b >= piece.size()) break;
+        start = b + 1;
+        while (start < piece.size() && (static_cast<uint8_t>(piece[start]) & 0xC0) == 0x80) ++start;
+        continue;
+      }
+      if (b > last) emit(piece.substr(last, b - last), false);
+      emit(piece.substr(b, e - b), true);
+      last = start = e;
+    }
+    if (last < piece.size()) emit(piece.substr(last), false);
+    if (has_pending) out.push_back(pending);
+  }
+
+  void bpe(std::string_view word, std::vector<int32_t>& out) const {
+    if (ignore_merges) {
+      const auto it = bytes_to_id.find(std::string(word));
+      if (it != bytes_to_id.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    struct Sym {
+      int32_t id, prev, next;
+    };
+    std::vector<Sym> syms;
+    syms.reserve(word.size());
+    for (const char c : word) {
+      const int32_t id = byte_id[static_cast<uint8_t>(c)];
+      if (id < 0) continue;  // not in the vocabulary and no unk token: tokenizers drops it too
+      syms.push_back({id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1});
+    }
+    if (syms.empty()) return;
+    syms.back().next = -1;
+    struct Cand {
+      int32_t rank, pos, merged;
+      bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand> heap;
+    const auto pair_of = [&](int32_t pos) -> const std::pair<int32_t, int32_t>* {
+      const int32_t nx = syms[pos].next;
+      if (nx < 0) return nullptr;
+      const uint64_t key =
+          (static_cast<uint64_t>(static_cast<uint32_t>(syms[pos].id)) << 32) | static_cast<uint32_t>(syms[nx].id);
+      const auto it = merges.find(key);
+      return it == merges.end() ? nullptr : &it->second;
+    };
+    for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) {
+      if (const auto* m = pair_of(i)) heap.push({m->first, i, m->second});
+    }
+    while (!heap.empty()) {
+      const Cand top = heap.top();
+      heap.pop();
+      Sym& left = syms[top.pos];
+      if (left.id < 0 || left.next < 0) continue;
+      const auto* m = pair_of(top.pos);
+      if (!m || m->second != top.merged) continue;  // stale: a neighbour was merged meanwhile
+      Sym& right = syms[left.next];
+      left.id = top.merged;
+      left.next = right.next;
+      if (right.next >= 0) syms[right.next].prev = top.pos;
+      right.id = -1;
+      if (left.prev >= 0) {
+        if (const auto* p = pair_of(left.prev)) heap.push({p->first, left.prev, p->second});
+      }
+      if (const auto* n = pair_of(top.pos)) heap.push({n->first, top.pos, n->second});
+    }
+    for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
+  }
+
+  void encode_segment(std::string_view text, ThreadScratch& s, std::vector<int32_t>& out) const {
+    std::vector<std::string_view> pieces{text}, next;
+    for (const PreStep& step : steps) {
+      next.clear();
+      for (const auto p : pieces) split(step, p, s, next);
+      pieces.swap(next);
+    }
+    for (const auto p : pieces) {
+      if (p.size() > kCacheMaxWord) {
+        bpe(p, out);
+        continue;
+      }
+      std::string key(p);
+      const auto it = s.cache.find(key);
+      if (it != s.cache.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        continue;
+      }
+      const size_t before = out.size();
+      bpe(p, out);
+      if (s.cache.size() >= kCacheEntries) s.cache.clear();
+      s.cache.emplace(std::move(key), std::vector<int32_t>(out.begin() + before, out.end()));
+    }
+    s.arena.clear();
+  }
+
+  // Leftmost-longest match of an added token at or after `from`; returns its index or -1.
+  int32_t find_added(std::string_view text, size_t from, size_t& at) const {
+    for (size_t i = from; i < text.size(); ++i) {
+      for (const int32_t k : added_by_first[static_cast<uint8_t>(text[i])]) {
+        const std::string& c = added[k].content;
+        if (text.compare(i, c.size(), c) == 0) {
+          at = i;
+          return k;
+        }
+      }
+    }
+    return -1;
+  }
+};
+
+HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.path = path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("tokenizer '{}': cannot open", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("tokenizer '{}': not valid JSON: {}", path, e.what()));
+  }
+  try {
+    const auto is_null = [&](const char* key) { return !j.contains(key) || j[key].is_null(); };
+    if (!is_null("normalizer")) {
+      m.fail("normalizer", fmt::format("type '{}' is not supported (only null)", j["normalizer"].value("type", "?")));
+    }
+    const json& model = j.at("model");
+    if (model.value("type", "BPE") != "BPE")
+      m.fail("model.type", fmt::format("'{}' is not supported (only BPE)", model.value("type", "")));
+    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
+      m.fail("model.dropout", "BPE dropout is not supported");
+    if (model.value("byte_fallback", false)) m.fail("model.byte_fallback", "byte fallback is not supported");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty())
+        m.fail(std::string("model.") + key, "not supported (byte-level BPE has none)");
+    }
+    m.ignore_merges = model.value("ignore_merges", false);
+
+    const std::vector<std::string> b2u = byte_to_unicode_table();
+    std::unordered_map<std::string, uint8_t> u2b;
+    for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
+    // Byte-level string (as stored in the file) -> raw bytes; nullopt if a character is outside the map.
+    const auto to_bytes = [&](const std::string& s, std::string& outb) {
+      outb.clear();
+      for (size_t i = 0; i < s.size();) {
+        const size_t n = (static_cast<uint8_t>(s[i]) < 0x80) ? 1 : 2;
+        const auto it = u2b.find(s.substr(i, n));
+        if (it == u2b.end()) return false;
+        outb.push_back(static_cast<char>(it->second));
+        i += n;
+      }
+      return true;
+    };
+
+    const json& vocab = model.at("vocab");
+    int64_t max_id = -1;
+    for (const auto& [k, v] : vocab.items()) max_id = std::max<int64_t>(max_id, v.get<int64_t>());
+    if (j.contains("added_tokens")) {
+      for (const auto& t : j["added_tokens"]) max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
+    }
+    m.id_bytes.assign(max_id + 1, std::string());
+    m.id_special.assign(max_id + 1, 0);
+    std::string raw;
+    for (const auto& [k, v] : vocab.items()) {
+      const auto id = v.get<int32_t>();
+      if (!to_bytes(k, raw))
+        m.fail("model.vocab", fmt::format("token '{}' is not byte-level (not a GPT-2 byte alphabet string)", k));
+      m.id_bytes[id] = raw;
+      m.bytes_to_id[raw] = id;
+      m.content_to_id[k] = id;
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = m.bytes_to_id.find(std::string(1, static_cast<char>(b)));
+      m.byte_id[b] = it == m.bytes_to_id.end() ? -1 : it->second;
+    }
+    if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+      const auto unk = model["unk_token"].get<std::string>();
+      if (m.content_to_id.count(unk)) m.unk_id = m.content_to_id[unk];
+      for (int b = 0; b < 256; ++b) {
+        if (m.byte_id[b] < 0)
+          m.fail("model.unk_token", "an unk token with an incomplete byte alphabet is not supported");
+      }
+    }
+
+    const json& merges = model.at("merges");
+    int32_t rank = 0;
+    std::string left_s, right_s, a, b;
+    for (const auto& entry : merges) {
+      if (entry.is_string()) {
+        const auto s = entry.get<std::string>();
+        const auto sp = s.find(' ');
+        if (sp == std::string::npos) m.fail("model.merges", fmt::format("entry {} '{}' has no space", rank, s));
+        left_s = s.substr(0, sp);
+        right_s = s.substr(sp + 1);
+      } else {
+        left_s = entry.at(0).get<std::string>();
+        right_s = entry.at(1).get<std::string>();
+      }
+      const auto li = m.content_to_id.find(left_s), ri = m.content_to_id.find(right_s),
+                 mi = m.content_to_id.find(left_s + right_s);
+      if (li == m.content_to_id.end() || ri == m.content_to_id.end() || mi == m.content_to_id.end()) {
+        m.fail("model.merges",
+               fmt::format("entry {} '{} {}' uses a token missing from the vocabulary", rank, left_s, right_s));
+      }
+      const uint64_t key =
+          (static_cast<uint64_t>(static_cast<uint32_t>(li->second)) << 32) | static_cast<uint32_t>(ri->second);
+      m.merges.emplace(key, std::make_pair(rank, mi->second));  // first (lowest rank) wins, as in tokenizers
+      ++rank;
+    }
+
+    // Pre-tokenizer.
+    const auto add_step = [&](const json& p, const std::string& field, auto& self) -> void {
+      const auto type = p.at("type").get<std::string>();
+      if (type == "Sequence") {
+        for (const auto& q : p.at("pretokenizers")) self(q, field + ".pretokenizers", self);
+      } else if (type == "ByteLevel") {
+        PreStep step;
+        step.add_prefix_space = p.value("add_prefix_space", false);
+        if (p.value("use_regex", true)) step.regex = m.compile(kGpt2Pattern, false, field);
+        m.steps.push_back(step);
+      } else if (type == "Split") {
+        if (p.value("invert", false)) m.fail(field, "Split with invert=true is not supported");
+        PreStep step;
+        const auto behavior = p.at("behavior").get<std::string>();
+        if (behavior == "Isolated")
+          step.behavior = Behavior::kIsolated;
+        else if (behavior == "Removed")
+          step.behavior = Behavior::kRemoved;
+        else if (behavior == "MergedWithPrevious")
+          step.behavior = Behavior::kMergedWithPrevious;
+        else if (behavior == "MergedWithNext")
+          step.behavior = Behavior::kMergedWithNext;
+        else
+          m.fail(field + ".behavior", fmt::format("'{}' is not supported", behavior));
+        const json& pattern = p.at("pattern");
+        if (pattern.contains("Regex"))
+          step.regex = m.compile(pattern["Regex"].get<std::string>(), false, field + ".pattern");
+        else
+          step.regex = m.compile(pattern.at("String").get<std::string>(), true, field + ".pattern");
+        m.steps.push_back(step);
+      } else {
+        m.fail(field + ".type", fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Split, Sequence)", type));
+      }
+    };
+    if (is_null("pre_tokenizer"))
+      m.fail("pre_tokenizer", "null is not supported: byte-level BPE needs a ByteLevel pre-tokenizer");
+    add_step(j["pre_tokenizer"], "pre_tokenizer", add_step);
+
+    // Added tokens.
+    if (j.contains("added_tokens")) {
+      for (const auto& t : j["added_tokens"]) {
+        for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+          if (t.value(flag, false))
+            m.fail("added_tokens", fmt::format("token '{}' has {}=true, which is not supported",
+                                               t.at("content").get<std::string>(), flag));
+        }
+        AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), t.value("special", false)};
+        m.id_bytes[a.id] = a.content;
+        m.id_special[a.id] = a.special;
+        m.content_to_id[a.content] = a.id;
+        if (!a.content.empty()) m.added.push_back(a);
+      }
+    }
+    std::stable_sort(m.added.begin(), m.added.end(),
+                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    m.added_by_first.assign(256, {});
+    for (size_t k = 0; k < m.added.size(); ++k)
+      m.added_by_first[static_cast<uint8_t>(m.added[k].content[0])].push_back(static_cast<int32_t>(k));
+
+    // Post-processor: only a TemplateProcessing "single" template changes ids.
+    const auto add_post = [&](const json& p, const std::string& field, auto& self) -> void {
+      const auto type = p.at("type").get<std::string>();
+      if (type == "Sequence") {
+        for (const auto& q : p.at("processors")) self(q, field + ".processors", self);
+      } else if (type == "TemplateProcessing") {
+        bool seen_a = false;
+        for (const auto& item : p.at("single")) {
+          if (item.contains("Sequence")) {
+            seen_a = true;
+          } else {
+            const auto name = item.at("SpecialToken").at("id").get<std::string>();
+            for (const auto& id : p.at("special_tokens").at(name).at("ids"))
+              (seen_a ? m.template_suffix : m.template_prefix).push_back(id.get<int32_t>());
+          }
+        }
+      } else if (type != "ByteLevel") {
+        m.fail(field + ".type",
+               fmt::format("post-processor '{}' is not supported (ByteLevel, TemplateProcessing, Sequence)", type));
+      }
+    };
+    if (!is_null("post_processor")) add_post(j["post_processor"], "post_processor", add_post);
+    if (!is_null("decoder")) {
+      const auto type = j["decoder"].value("type", "");
+      if (type != "ByteLevel") m.fail("decoder.type", fmt::format("decoder '{}' is not supported (ByteLevel)", type));
+    }
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("tokenizer '{}': unexpected structure: {}", path, e.what()));
+  }
+
+  // Special ids: tokenizer_config.json beside the file, the template's BOS, or well-known names.
+  json config;
+  const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::is_regular_file(config_path)) {
+    std::ifstream cin(config_path);
+    try {
+      config = json::parse(cin);
+    } catch (const json::exception& e) {
+      throw std::runtime_error(
+          fmt::format("tokenizer config '{}': not valid JSON: {}", config_path.string(), e.what()));
+    }
+  }
+  const auto config_token = [&](const char* key) -> std::string {
+    if (!config.is_object() || !config.contains(key) || config[key].is_null()) return "";
+    return config[key].is_string() ? config[key].get<std::string>() : config[key].value("content", "");
+  };
+  const auto lookup = [&](const std::string& content) -> int32_t {
+    const auto it = m.content_to_id.find(content);
+    return it == m.content_to_id.end() ? -1 : it->second;
+  };
+  std::string eos_name = eos_token.empty() ? config_token("eos_token") : eos_token;
+  if (!eos_name.empty()) {
+    m.eos = lookup(eos_name);
+    if (m.eos < 0)
+      throw std::runtime_error(fmt::format("tokenizer '{}': EOS token '{}' is not in the vocabulary", path, eos_name));
+  } else {
+    for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>"}) {
+      if ((m.eos = lookup(name)) >= 0) break;
+    }
+    if (m.eos < 0)
+      throw std::runtime_error(
+          fmt::format("tokenizer '{}': cannot tell the EOS token; pass it explicitly (--eos)", path));
+  }
+  const std::string bos_name = config_token("bos_token");
+  if (!bos_name.empty()) m.bos = lookup(bos_name);
+  if (m.bos < 0 && !m.template_prefix.empty()) m.bos = m.template_prefix.front();
+  if (m.bos < 0) {
+    for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>"}) {
+      if ((m.bos = lookup(name)) >= 0) break;
+    }
+  }
+  m.fingerprint = xxh64(text, static_cast<uint64_t>(m.eos));
+}
+
+HfTokenizer::~HfTokenizer() = default;
+
+void HfTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out, bool add_special_tokens) const {
+  const Impl& m = *impl_;
+  ThreadScratch& s = m.scratch();
+  const std::string_view valid = replace_invalid_utf8(text, s.utf8);
+  if (add_special_tokens) out.insert(out.end(), m.template_prefix.begin(), m.template_prefix.end());
+  size_t pos = 0;
+  while (pos < valid.size()) {
+    size_t at = valid.size();
+    const int32_t k = m.added.empty() ? -1 : m.find_added(valid, pos, at);
+    if (at > pos) m.encode_segment(valid.substr(pos, at - pos), s, out);
+    if (k < 0) break;
+    out.push_back(m.added[k].id);
+    pos = at + m.added[k].content.size();
+  }
+  if (add_special_tokens) out.insert(out.end(), m.template_suffix.begin(), m.template_suffix.end());
+}
+
+std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  std::string out;
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= static_cast<int32_t>(m.id_bytes.size()))
+      throw std::out_of_range(fmt::format("tokenizer '{}': decode: id {} outside the vocabulary", m.path, id));
+    if (skip_special_tokens && m.id_special[id]) continue;
+    out += m.id_bytes[id];
+  }
+  return out;
+}
+
+int64_t HfTokenizer::vocab_size() const {
+  return static_cast<int64_t>(impl_->id_bytes.size());
+}
+int32_t HfTokenizer::bos_id() const {
+  return impl_->bos;
+}
+int32_t HfTokenizer::eos_id() const {
+  return impl_->eos;
+}
+uint64_t HfTokenizer::fingerprint() const {
+  return impl_->fingerprint;
+}
+std::string HfTokenizer::name() const {
+  return impl_->path;
+}
+int32_t HfTokenizer::token_to_id(std::string_view content) const {
+  const auto it = impl_->content_to_id.find(std::string(content));
+  return it == impl_->content_to_id.end() ? -1 : it->second;
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,44 @@
+// Byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen-style), id for id equal
+// to the HF `tokenizers` library. Supported: model BPE (merges by rank, ignore_merges), no
+// normalizer, pre-tokenizers ByteLevel / Split(Regex|String) / Sequence of them, post-processors
+// ByteLevel / TemplateProcessing (BOS) / Sequence, added and special tokens, ByteLevel decoder.
+// Anything else is refused at load time with an error naming the file and the field, so a
+// tokenizer kiln cannot reproduce exactly never encodes silently differently.
+//
+// The split regexes run on PCRE2 with JIT (UTF + UCP, so \p{L}, \s etc. are Unicode-aware as in
+// Oniguruma, which HF uses). Input that is not valid UTF-8 is first made valid by replacing each
+// maximal ill-formed subpart with U+FFFD (utf8.h): kiln(bytes) == HF(bytes.decode("utf-8",
+// "replace")). Encoding is thread-safe: threads share the tables and keep their own PCRE2 match
+// data and a bounded word cache.
+#pragma once
+
+#include <memory>
+
+#include "kiln/data/tokenizer.h"
+
+namespace kiln::data {
+
+class HfTokenizer final : public Tokenizer {
+ public:
+  // eos_token: content of the EOS token; empty = from tokenizer_config.json beside the file, else
+  // the first present of <|endoftext|>, <|end_of_text|>, </s>, <|im_end|>, <eos>.
+  explicit HfTokenizer(const std::string& tokenizer_json_path, const std::string& eos_token = "");
+  ~HfTokenizer() override;
+  HfTokenizer(const HfTokenizer&) = delete;
+  HfTokenizer& operator=(const HfTokenizer&) = delete;
+
+  void encode_into(std::string_view text, std::vector<int32_t>& out, bool add_special_tokens = false) const override;
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const override;
+  int64_t vocab_size() const override;
+  int32_t bos_id() const override;
+  int32_t eos_id() const override;
+  uint64_t fingerprint() const override;
+  std::string name() const override;
+  int32_t token_to_id(std::string_view content) const;  // -1 when absent
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,230 @@
+// PackedDataset and DataLoader: see loader.h for the packing, order and resume rules.
+#include "kiln/data/loader.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::data {
+
+PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len)
+    : split_(std::move(split)), cutoff_len_(cutoff_len) {
+  if (cutoff_len_ < 2) throw std::invalid_argument(fmt::format("cutoff_len must be >= 2, got {}", cutoff_len_));
+  blocks_ = split_->num_tokens() / cutoff_len_;
+  if (blocks_ == 0) {
+    throw std::invalid_argument(fmt::format("the split has {} tokens, fewer than one block of cutoff_len {}",
+                                            split_->num_tokens(), cutoff_len_));
+  }
+}
+
+void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) const {
+  if (index < 0 || index >= blocks_) throw std::out_of_range(fmt::format("block {} outside [0, {})", index, blocks_));
+  const int64_t start = index * cutoff_len_;
+  split_->copy_tokens(start, cutoff_len_, ids);
+  if (segments) {
+    const auto& starts = split_->document_starts();
+    int64_t doc = split_->document_of(start);
+    const int64_t first = doc;
+    for (int64_t i = 0; i < cutoff_len_; ++i) {
+      while (start + i >= starts[doc + 1]) ++doc;
+      segments[i] = static_cast<int32_t>(doc - first);
+    }
+  }
+}
+
+std::string LoaderState::to_json() const {
+  return nlohmann::json{
+      {"epoch", epoch},           {"position", position},     {"seed", seed}, {"num_blocks", num_blocks},
+      {"batch_size", batch_size}, {"world_size", world_size}, {"rank", rank}, {"shuffle", shuffle}}
+      .dump();
+}
+
+LoaderState LoaderState::from_json(const std::string& text) {
+  LoaderState s;
+  const char* key = "";
+  try {
+    const auto j = nlohmann::json::parse(text);
+    key = "epoch", s.epoch = j.at(key).get<int64_t>();
+    key = "position", s.position = j.at(key).get<int64_t>();
+    key = "seed", s.seed = j.at(key).get<uint64_t>();
+    key = "num_blocks", s.num_blocks = j.at(key).get<int64_t>();
+    key = "batch_size", s.batch_size = j.at(key).get<int64_t>();
+    key = "world_size", s.world_size = j.at(key).get<int64_t>();
+    key = "rank", s.rank = j.at(key).get<int64_t>();
+    key = "shuffle", s.shuffle = j.at(key).get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("loader state: field '{}': {}", key, e.what()));
+  }
+  return s;
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias (rejection of the incomplete top range).
+uint64_t uniform(uint64_t& state, uint64_t bound) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  uint64_t x;
+  do x = splitmix64(state);
+  while (x >= limit);
+  return x % bound;
+}
+
+}  // namespace
+
+struct DataLoader::Worker {
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<Batch> ready;
+  std::exception_ptr error;
+  bool stop = false;
+};
+
+DataLoader::DataLoader(std::shared_ptr<const PackedDataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options) {
+  if (options_.batch_size <= 0) throw std::invalid_argument("loader: batch_size must be > 0");
+  if (options_.world_size <= 0 || options_.rank < 0 || options_.rank >= options_.world_size)
+    throw std::invalid_argument(
+        fmt::format("loader: rank {} is outside world size {}", options_.rank, options_.world_size));
+  const int64_t n = dataset_->num_blocks();
+  samples_per_rank_ = (n + options_.world_size - 1) / options_.world_size;
+  batches_per_epoch_ = (samples_per_rank_ + options_.batch_size - 1) / options_.batch_size;
+  start_worker();
+}
+
+DataLoader::~DataLoader() {
+  stop_worker();
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  const int64_t n = dataset_->num_blocks();
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  if (options_.shuffle) {
+    uint64_t state = options_.seed ^ (0xD1B54A32D192ED03ULL * static_cast<uint64_t>(epoch + 1));
+    for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[uniform(state, static_cast<uint64_t>(i) + 1)]);
+  }
+  std::vector<int64_t> mine;
+  mine.reserve(samples_per_rank_);
+  for (int64_t k = 0; k < samples_per_rank_; ++k) mine.push_back(perm[(k * options_.world_size + options_.rank) % n]);
+  return mine;
+}
+
+Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<int64_t>& order) const {
+  const int64_t begin = position * options_.batch_size;
+  const int64_t rows = std::min(options_.batch_size, samples_per_rank_ - begin);
+  const int64_t len = dataset_->cutoff_len();
+  const bool pin = options_.pin_memory && at::globalContext().hasCUDA();
+  Batch b;
+  b.epoch = epoch;
+  b.position = position;
+  b.input_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kLong).pinned_memory(pin));
+  if (options_.segment_ids)
+    b.segment_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kInt).pinned_memory(pin));
+  for (int64_t r = 0; r < rows; ++r) {
+    b.blocks.push_back(order[begin + r]);
+    dataset_->read_block(order[begin + r], b.input_ids.data_ptr<int64_t>() + r * len,
+                         options_.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr);
+  }
+  b.labels = b.input_ids;
+  return b;
+}
+
+void DataLoader::start_worker() {
+  if (options_.prefetch <= 0) return;
+  worker_ = std::make_unique<Worker>();
+  Worker* w = worker_.get();
+  w->thread = std::thread([this, w, epoch = epoch_, position = position_]() mutable {
+    std::vector<int64_t> order = epoch_order(epoch);
+    try {
+      for (;;) {
+        Batch b = make_batch(epoch, position, order);
+        if (++position == batches_per_epoch_) {
+          position = 0;
+          order = epoch_order(++epoch);
+        }
+        std::unique_lock lock(w->mutex);
+        w->cv.wait(lock, [&] { return w->stop || static_cast<int>(w->ready.size()) < options_.prefetch; });
+        if (w->stop) return;
+        w->ready.push_back(std::move(b));
+        w->cv.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard lock(w->mutex);
+      w->error = std::current_exception();
+      w->cv.notify_all();
+    }
+  });
+}
+
+void DataLoader::stop_worker() {
+  if (!worker_) return;
+  {
+    std::lock_guard lock(worker_->mutex);
+    worker_->stop = true;
+  }
+  worker_->cv.notify_all();
+  worker_->thread.join();
+  worker_.reset();
+}
+
+Batch DataLoader::next() {
+  Batch b;
+  if (worker_) {
+    std::unique_lock lock(worker_->mutex);
+    worker_->cv.wait(lock, [&] { return !worker_->ready.empty() || worker_->error; });
+    if (worker_->ready.empty()) std::rethrow_exception(worker_->error);
+    b = std::move(worker_->ready.front());
+    worker_->ready.pop_front();
+    worker_->cv.notify_all();
+  } else {
+    b = make_batch(epoch_, position_, epoch_order(epoch_));
+  }
+  if (++position_ == batches_per_epoch_) {
+    position_ = 0;
+    ++epoch_;
+  }
+  return b;
+}
+
+LoaderState DataLoader::state() const {
+  return {
+      epoch_,        position_,       options_.seed, dataset_->num_blocks(), options_.batch_size, options_.world_size,
+      options_.rank, options_.shuffle};
+}
+
+void DataLoader::restore(const LoaderState& s) {
+  const auto mismatch = [](const char* field, auto saved, auto now) {
+    return std::runtime_error(fmt::format(
+        "loader state: {} was {} when saved but is {} now; the saved position does not apply to this data/run", field,
+        saved, now));
+  };
+  if (s.num_blocks != dataset_->num_blocks()) throw mismatch("num_blocks", s.num_blocks, dataset_->num_blocks());
+  if (s.seed != options_.seed) throw mismatch("seed", s.seed, options_.seed);
+  if (s.batch_size != options_.batch_size) throw mismatch("batch_size", s.batch_size, options_.batch_size);
+  if (s.world_size != options_.world_size) throw mismatch("world_size", s.world_size, options_.world_size);
+  if (s.rank != options_.rank) throw mismatch("rank", s.rank, options_.rank);
+  if (s.shuffle != options_.shuffle) throw mismatch("shuffle", s.shuffle, options_.shuffle);
+  if (s.epoch < 0 || s.position < 0 || s.position >= batches_per_epoch_)
+    throw std::runtime_error(fmt::format("loader state: position {} of epoch {} is outside the {} batches per epoch",
+                                         s.position, s.epoch, batches_per_epoch_));
+  stop_worker();
+  epoch_ = s.epoch;
+  position_ = s.position;
+  start_worker();
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,103 @@
+// Packed pretraining examples and the batch loader.
+//
+// Packing follows LLaMA-Factory's pretraining stage: the split's documents (each already ending
+// in EOS) are one concatenated token stream, cut into blocks of exactly cutoff_len tokens; the
+// tail that does not fill a whole block is dropped, so "Num examples" = floor(tokens /
+// cutoff_len). labels = input_ids: the model shifts internally, so a block yields cutoff_len - 1
+// next-token targets and no cutoff_len + 1-th token is read (the first token of the next block is
+// never a target of this one). Blocks cross document boundaries; the optional segment ids
+// (document index within the block, from 0) let attention keep documents apart.
+//
+// The loader shuffles block indices per epoch with its own Fisher-Yates over SplitMix64 seeded
+// by (seed, epoch), so the order is identical on every platform and library version, and shards
+// ranks like torch's DistributedSampler: pad the permutation to a multiple of world_size by
+// wrapping around, rank r takes every world_size-th index from r. Batches per epoch per rank =
+// ceil(ceil(blocks / world) / batch) = ceil(blocks / (batch * world)) as in HF Trainer; the last
+// batch of an epoch may be smaller. LoaderState (epoch, batches consumed) is all a checkpoint
+// needs to restore the exact next batch. A background thread prepares batches ahead, in pinned
+// memory when CUDA is present.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "kiln/data/shards.h"
+
+namespace kiln::data {
+
+class PackedDataset {
+ public:
+  PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len);
+  int64_t num_blocks() const { return blocks_; }  // "Num examples"
+  int64_t cutoff_len() const { return cutoff_len_; }
+  int64_t dropped_tokens() const { return split_->num_tokens() - blocks_ * cutoff_len_; }
+  // ids[0..cutoff_len) = block `index`; segments (optional) = document index within the block.
+  void read_block(int64_t index, int64_t* ids, int32_t* segments = nullptr) const;
+
+ private:
+  std::shared_ptr<const TokenSplit> split_;
+  int64_t cutoff_len_, blocks_;
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 1;  // per rank
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int64_t rank = 0, world_size = 1;
+  bool segment_ids = false;  // also produce Batch::segment_ids (document-boundary mask input)
+  int prefetch = 2;          // batches prepared ahead by the background thread; 0 = none
+  bool pin_memory = true;    // only takes effect when CUDA is present
+};
+
+// Where the loader is: the next batch is batch `position` of epoch `epoch`. The other fields
+// describe the run it belongs to and are checked when it is restored.
+struct LoaderState {
+  int64_t epoch = 0, position = 0;
+  uint64_t seed = 0;
+  int64_t num_blocks = 0, batch_size = 0, world_size = 0, rank = 0;
+  bool shuffle = true;
+  std::string to_json() const;
+  static LoaderState from_json(const std::string& text);  // errors name the field
+};
+
+struct Batch {
+  at::Tensor input_ids;             // [B, cutoff_len] int64
+  at::Tensor labels;                // [B, cutoff_len] int64, = input_ids (the model shifts; -100 would be ignored)
+  at::Tensor segment_ids;           // [B, cutoff_len] int32 document index within each row; undefined unless asked
+  std::vector<int64_t> blocks;      // the block index of each row
+  int64_t epoch = 0, position = 0;  // which batch this is
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const PackedDataset> dataset, LoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  Batch next();                            // the batch at state(), then advances (epochs roll over)
+  LoaderState state() const;               // save in checkpoints
+  void restore(const LoaderState& state);  // the next next() returns exactly the saved batch
+  int64_t num_examples() const { return dataset_->num_blocks(); }
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t samples_per_rank() const { return samples_per_rank_; }
+  // Block indices of one rank's epoch, in order (exposed for tests and tools).
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  Batch make_batch(int64_t epoch, int64_t position, const std::vector<int64_t>& order) const;
+  void start_worker();
+  void stop_worker();
+  struct Worker;
+  std::shared_ptr<const PackedDataset> dataset_;
+  LoaderOptions options_;
+  int64_t samples_per_rank_, batches_per_epoch_;
+  int64_t epoch_ = 0, position_ = 0;
+  std::unique_ptr<Worker> worker_;
+};
+
+}  // namespace kiln::data

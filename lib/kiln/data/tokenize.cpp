@@ -1,0 +1,230 @@
+// tokenize_to_shards: see tokenize.h for the ordering and split rules.
+#include "kiln/data/tokenize.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_input_extension(const fs::path& p) {
+  return p.extension() == ".txt" || p.extension() == ".jsonl";
+}
+
+// Reads documents file by file in order; next_chunk() returns about `chunk_bytes` of them.
+class DocumentReader {
+ public:
+  DocumentReader(std::vector<std::string> files, const TokenizeOptions& options)
+      : files_(std::move(files)), options_(options) {}
+
+  bool next_chunk(size_t chunk_bytes, std::vector<std::string>& docs) {
+    docs.clear();
+    size_t bytes = 0;
+    while (bytes < chunk_bytes) {
+      if (!in_.is_open()) {
+        if (next_file_ >= files_.size()) break;
+        path_ = files_[next_file_++];
+        in_.open(path_, std::ios::binary);
+        if (!in_) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
+        jsonl_ = fs::path(path_).extension() == ".jsonl";
+        line_ = 0;
+      }
+      if (!jsonl_ && options_.txt_unit == TxtUnit::kFile) {
+        std::stringstream ss;
+        ss << in_.rdbuf();
+        docs.push_back(ss.str());
+        bytes += docs.back().size();
+        bytes_done += static_cast<int64_t>(docs.back().size());
+        in_.close();
+        continue;
+      }
+      if (!std::getline(in_, text_)) {
+        in_.close();
+        continue;
+      }
+      ++line_;
+      bytes += text_.size() + 1;
+      bytes_done += static_cast<int64_t>(text_.size()) + 1;
+      if (!jsonl_) {
+        if (!text_.empty()) docs.push_back(std::move(text_));
+        continue;
+      }
+      if (text_.find_first_not_of(" \t\r") == std::string::npos) continue;
+      std::string error;
+      try {
+        const auto j = nlohmann::json::parse(text_);
+        if (!j.is_object())
+          error = "not a JSON object";
+        else if (!j.contains(options_.text_key))
+          error = fmt::format("no key '{}'", options_.text_key);
+        else if (!j[options_.text_key].is_string())
+          error = fmt::format("'{}' is not a string", options_.text_key);
+        else
+          docs.push_back(j[options_.text_key].get<std::string>());
+      } catch (const nlohmann::json::exception& e) {
+        error = fmt::format("invalid JSON ({})", e.what());
+      }
+      if (!error.empty()) {
+        const std::string message = fmt::format("{}:{}: {}", path_, line_, error);
+        if (!options_.skip_bad_lines) throw std::runtime_error(message + " (pass --skip-bad-lines to skip such lines)");
+        ++bad_lines;
+        if (options_.on_warning) options_.on_warning(message);
+      }
+    }
+    return !docs.empty();
+  }
+
+  int64_t bytes_done = 0, bad_lines = 0;
+
+ private:
+  std::vector<std::string> files_;
+  const TokenizeOptions& options_;
+  size_t next_file_ = 0;
+  std::ifstream in_;
+  std::string path_, text_;
+  bool jsonl_ = false;
+  int64_t line_ = 0;
+};
+
+// Removes what a previous (possibly crashed) run left: meta.json first, so that the folder is
+// never a valid-looking shard set while it is being rewritten.
+void clear_output(const fs::path& dir, bool overwrite) {
+  if (fs::exists(dir / "meta.json")) {
+    if (!overwrite)
+      throw std::runtime_error(
+          fmt::format("'{}' already holds a shard set (meta.json); pass --overwrite to replace it", dir.string()));
+    fs::remove(dir / "meta.json");
+  }
+  if (!fs::exists(dir)) return;
+  static const std::regex ours(R"((train|val)_\d{5}\.(bin|idx)(\.tmp)?|meta\.json\.tmp)");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (std::regex_match(e.path().filename().string(), ours)) fs::remove(e.path());
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    const fs::path p(input);
+    if (fs::is_directory(p)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::recursive_directory_iterator(p)) {
+        if (e.is_regular_file() && is_input_extension(e.path())) found.push_back(e.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.empty())
+        throw std::runtime_error(fmt::format("input '{}': folder holds no .txt or .jsonl files", input));
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p)) {
+      if (!is_input_extension(p)) throw std::runtime_error(fmt::format("input '{}': not a .txt or .jsonl file", input));
+      files.push_back(input);
+    } else {
+      throw std::runtime_error(fmt::format("input '{}': no such file or folder", input));
+    }
+  }
+  return files;
+}
+
+std::vector<std::string> read_documents(const TokenizeOptions& options) {
+  DocumentReader reader(list_input_files(options.inputs), options);
+  std::vector<std::string> all, chunk;
+  while (reader.next_chunk(size_t{64} << 20, chunk)) std::move(chunk.begin(), chunk.end(), std::back_inserter(all));
+  return all;
+}
+
+TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOptions& options) {
+  if (options.val_fraction < 0 || options.val_fraction >= 1)
+    throw std::invalid_argument(fmt::format("val fraction {} is outside [0, 1)", options.val_fraction));
+  if (options.output_dir.empty()) throw std::invalid_argument("no output folder");
+  const auto files = list_input_files(options.inputs);
+  int64_t bytes_total = 0;
+  for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f));
+  const fs::path out_dir(options.output_dir);
+  clear_output(out_dir, options.overwrite);
+  fs::create_directories(out_dir);
+
+  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  ShardSetMeta meta;
+  meta.tokenizer = tokenizer.name();
+  meta.tokenizer_fingerprint = tokenizer.fingerprint();
+  meta.vocab_size = tokenizer.vocab_size();
+  meta.bos_id = tokenizer.bos_id();
+  meta.eos_id = tokenizer.eos_id();
+  meta.dtype = dtype_for_vocab(meta.vocab_size);
+  ShardWriter train(options.output_dir, "train", meta.dtype, options.shard_tokens);
+  std::unique_ptr<ShardWriter> val;
+  if (options.val_fraction > 0)
+    val = std::make_unique<ShardWriter>(options.output_dir, "val", meta.dtype, options.shard_tokens);
+
+  DocumentReader reader(files, options);
+  TokenizeReport report;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> docs;
+  std::vector<std::vector<int32_t>> ids;
+  const int32_t eos = tokenizer.eos_id();
+  const size_t chunk_bytes = size_t{4} << 20 << (threads > 1 ? 2 : 0);
+  while (reader.next_chunk(chunk_bytes, docs)) {
+    ids.assign(docs.size(), {});
+    const auto work = [&](size_t begin, size_t end) {
+      for (size_t d = begin; d < end; ++d) {
+        tokenizer.encode_into(docs[d], ids[d], options.add_special_tokens);
+        ids[d].push_back(eos);
+      }
+    };
+    const size_t n = docs.size(), t = std::min<size_t>(threads, n);
+    if (t <= 1) {
+      work(0, n);
+    } else {
+      std::vector<std::thread> pool;
+      std::vector<std::exception_ptr> errors(t);
+      for (size_t k = 0; k < t; ++k) {
+        pool.emplace_back([&, k] {
+          try {
+            work(n * k / t, n * (k + 1) / t);
+          } catch (...) {
+            errors[k] = std::current_exception();
+          }
+        });
+      }
+      for (auto& th : pool) th.join();
+      for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+      }
+    }
+    for (size_t d = 0; d < n; ++d) {
+      const int64_t i = report.documents++;
+      const double f = options.val_fraction;
+      const bool to_val = val && static_cast<int64_t>((i + 1) * f) > static_cast<int64_t>(i * f);
+      (to_val ? *val : train).add_document(ids[d]);
+      report.tokens += static_cast<int64_t>(ids[d].size());
+    }
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options.on_progress)
+      options.on_progress({reader.bytes_done, bytes_total, report.documents, report.tokens, report.seconds});
+  }
+  meta.splits.push_back(train.finish());
+  if (val) meta.splits.push_back(val->finish());
+  if (meta.splits[0].documents == 0) throw std::runtime_error("the inputs hold no documents");
+  write_shard_meta(options.output_dir, meta);
+  report.meta = meta;
+  report.bytes = reader.bytes_done;
+  report.bad_lines = reader.bad_lines;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,55 @@
+// Corpus -> token shards, the library side of kiln-tokenize (also used to build the embedded
+// corpus's shards on first run). Documents are read in order, tokenized in parallel chunks,
+// followed by EOS, and written in input order, so the output is byte-identical for any thread
+// count. Validation documents are picked by position (every 1/f-th document), not at random, so
+// a split needs no seed and streams.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/data/shards.h"
+#include "kiln/data/tokenizer.h"
+
+namespace kiln::data {
+
+enum class TxtUnit { kFile, kLine };  // a .txt file is one document, or each non-empty line is
+
+struct TokenizeProgress {
+  int64_t bytes_done = 0, bytes_total = 0, documents = 0, tokens = 0;
+  double seconds = 0;
+};
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;  // .txt / .jsonl files, or folders searched recursively
+  std::string output_dir;
+  std::string text_key = "text";  // JSONL field holding the document
+  TxtUnit txt_unit = TxtUnit::kFile;
+  double val_fraction = 0.0;  // in [0, 1)
+  int threads = 0;            // 0 = hardware concurrency
+  int64_t shard_tokens = int64_t{1} << 28;
+  bool add_special_tokens = false;  // HF's flag: the post-processor's BOS before each document
+  bool skip_bad_lines = false;      // malformed JSONL lines: report and skip, instead of failing
+  bool overwrite = false;           // replace an existing shard set in output_dir
+  std::function<void(const TokenizeProgress&)> on_progress;  // called every chunk
+  std::function<void(const std::string&)> on_warning;        // skipped lines ("file:line: why")
+};
+
+struct TokenizeReport {
+  ShardSetMeta meta;
+  int64_t bytes = 0, documents = 0, tokens = 0, bad_lines = 0;
+  double seconds = 0;
+};
+
+// The .txt and .jsonl files named by `inputs` (folders searched recursively), sorted by path
+// within each folder; errors name the input that does not exist or has another extension.
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
+
+// All documents of options.inputs, read as tokenize_to_shards reads them (for benchmarks).
+std::vector<std::string> read_documents(const TokenizeOptions& options);
+
+TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOptions& options);
+
+}  // namespace kiln::data

@@ -1,0 +1,163 @@
+"""HfTokenizer parity with the HF `tokenizers` library (the independent reference), end to end
+through kiln-tokenize: byte-level BPE tokenizers are trained here at test time (no downloads) in
+GPT-2 style (ByteLevel pre-tokenizer with its regex) and Llama-3 style (Split with Llama-3's regex,
+ByteLevel without regex, ignore_merges, a BOS template), then both encode the same corpus: English,
+code, digits, whitespace runs, contractions, CJK, emoji, combining marks, special tokens inside
+text, random Unicode soup, and invalid UTF-8 (fed to HF as bytes.decode("utf-8", "replace"), the
+behaviour kiln documents). The shards must hold HF's ids for every document, followed by EOS."""
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|pad|>"]
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It's 3:45pm, and we'll see what they've done; I'm sure you'd agree.",
+    "DON'T SHOUT, it's WE'LL and THEY'RE in capitals: Isn't IT'S odd?",
+    "def f(x):\n    return x**2 + 3*x - 1  # comment\n\n\tif (a && b) { c[i] = d->e; }\n",
+    "Numbers: 1 12 123 1234 12345 3.14159 1e-10 0x1F 1,000,000 and ٣٤٥ (Arabic-Indic) and ²³.",
+    "Whitespace runs:   three,      six,\t\ttabs,\n\n\nnewlines,\r\n CRLF,   \n  mixed \u00a0nbsp\u2003em-space   ",
+    "中文文本：我爱自然语言处理。日本語のテキスト、カタカナ、ひらがな。한국어 문장입니다.",
+    "Emoji: 😀👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ and symbols ∑∫√∞ ≠ ≤ ≥ → ← ♥ ★",
+    "Combining: e\u0301 a\u0300 n\u0303 o\u0308 Z\u0335\u0321\u0322a\u0336\u0358l\u0337g\u0334o, Hangul jamo \u1100\u1161",
+    "Special tokens inside text: hello<|endoftext|>world <|pad|> and a partial <|endof marker.",
+    "    leading spaces and trailing spaces    ",
+    "URLs https://example.com/a?b=c&d=e#f and emails someone@example.org, paths /usr/local/bin.",
+    "Ελληνικά, русский текст, עברית, العربية, हिन्दी, ไทย, Tiếng Việt.",
+    "",
+    "a",
+    " ",
+    "\n",
+]
+
+
+def random_soup(rng: random.Random, n: int) -> str:
+    pools = [
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        "0123456789",
+        " \t\n\r\u00a0\u2009\u3000",
+        "'\".,;:!?()[]{}<>-_=+*/\\|&^%$#@~`",
+        "éàüßøçñ",
+        "中文日本語한국",
+        "😀👍🏽❤️🇫🇷",
+        "\u0301\u0308\u0335",
+        "٣٤٥²³",
+    ]
+    return "".join(rng.choice(rng.choice(pools)) for _ in range(n))
+
+
+INVALID = [
+    b"valid then \xff\xfe invalid",
+    b"truncated \xe2\x82 euro and \xf0\x9f\x98 emoji",
+    b"surrogate \xed\xa0\x80 and overlong \xc0\xaf",
+    b"\x80\x80 leading continuation bytes",
+    "mixed ok ✓ then bad \xe9 latin1".encode("utf-8") + b" \xe9t\xe9",
+]
+
+
+def corpus_texts():
+    rng = random.Random(1234)
+    return TEXTS + [random_soup(rng, rng.randint(1, 300)) for _ in range(60)]
+
+
+def train(style: str, path: Path) -> Tokenizer:
+    tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
+    if style == "llama3":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=(style == "gpt2_prefix"))
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    training = [json.loads(line)["text"] for line in (ROOT / "data/corpus/kiln_sources.jsonl").open()]
+    training += corpus_texts() * 3
+    tok.train_from_iterator(training, trainer)
+    if style == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(path))
+    return tok
+
+
+def read_shards(out: Path):
+    meta = json.loads((out / "meta.json").read_text())
+    docs = []
+    for shard in meta["splits"]["train"]["shards"]:
+        tokens = np.fromfile(out / shard["file"], dtype=meta["dtype"])
+        starts = np.fromfile(out / shard["index"], dtype=np.uint64)
+        docs += [tokens[a:b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+    return meta, docs
+
+
+@pytest.mark.parametrize("style", ["gpt2", "gpt2_prefix", "llama3"])
+def test_ids_equal_hf(style, tmp_path, run_kiln):
+    tok = train(style, tmp_path / "tokenizer.json")
+    texts = [t for t in corpus_texts() if t]  # a JSON "" document would be EOS alone: nothing to compare
+    inputs = []
+    with open(tmp_path / "docs.jsonl", "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    inputs.append(tmp_path / "docs.jsonl")
+    for i, raw in enumerate(INVALID):
+        (tmp_path / f"bad{i}.txt").write_bytes(raw)
+        inputs.append(tmp_path / f"bad{i}.txt")
+    expected_texts = texts + [raw.decode("utf-8", errors="replace") for raw in INVALID]
+    eos = tok.token_to_id("<|endoftext|>")
+
+    for add_special in (False, True):
+        out = tmp_path / f"out{int(add_special)}"
+        args = ["--tokenizer", tmp_path / "tokenizer.json", "--output", out, "--threads", "2"]
+        args += [a for p in inputs for a in ("--input", p)]
+        if add_special:
+            args.append("--add-special-tokens")
+        res = run_kiln("kiln-tokenize", *args)
+        assert res.returncode == 0, res.stderr
+        meta, docs = read_shards(out)
+        assert meta["dtype"] == "uint16" and meta["tokenizer"]["eos_id"] == eos
+        assert len(docs) == len(expected_texts)
+        for text, got in zip(expected_texts, docs):
+            want = tok.encode(text, add_special_tokens=add_special).ids + [eos]
+            assert got == want, f"{style}: {text!r}"
+
+
+def test_unsupported_tokenizers_are_refused(tmp_path, run_kiln):
+    tok = train("gpt2", tmp_path / "tokenizer.json")
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    (tmp_path / "in.txt").write_text("hello")
+    cases = {
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Whitespace"},
+        "model": dict(spec["model"], type="WordPiece"),
+    }
+    for field, value in cases.items():
+        bad = dict(spec, **{field: value})
+        d = tmp_path / field
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(bad))
+        res = run_kiln("kiln-tokenize", "--tokenizer", d, "--input", tmp_path / "in.txt", "--output", d / "out")
+        assert res.returncode == 2, res.stdout
+        assert "tokenizer.json" in res.stderr and field in res.stderr, res.stderr
+        assert "not supported" in res.stderr
+    assert tok.get_vocab_size() > 256
