@@ -6,15 +6,19 @@
 //   kiln-hf convert --model DIR --out DIR [--dtype D] [--max-shard-bytes N] load and save again
 //   kiln-hf forward --model DIR --batch FILE --out FILE [--grads] [--dtype D]
 //   kiln-hf train   --model DIR --batch FILE --out DIR [--steps N] [--lr X] [--dtype D]
+//   kiln-hf inspect --in FILE|DIR                 list tensors (name, dtype, shape) and metadata
+//   kiln-hf copy    --in FILE --out FILE          read every tensor and write them all again
 //
 // A batch file is safetensors with "input_ids" [B, T] (I64) and optionally "labels" [B, T]
 // (default: input_ids). forward writes "logits" [B, T, V], "loss" [] and, with --grads,
 // "grad.<parameter name>" for every parameter (all in the model dtype, the loss in fp32).
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/adamw.h>
 #include <cxxopts.hpp>
 
@@ -65,7 +69,33 @@ Batch read_batch(const std::string& path) {
   return b;
 }
 
+void inspect(const std::string& path) {
+  const auto print = [](const kiln::io::TensorInfo& t) {
+    fmt::print("{}\t{}\t[{}]\n", t.name, kiln::io::safetensors_dtype_name(t.dtype), fmt::join(t.shape, ", "));
+  };
+  if (std::filesystem::is_directory(path)) {
+    kiln::io::SafetensorsCheckpoint checkpoint(path);
+    for (const auto& name : checkpoint.names()) print(checkpoint.info(name));
+    for (const auto& [key, value] : checkpoint.metadata()) fmt::print("metadata\t{}\t{}\n", key, value);
+    return;
+  }
+  kiln::io::SafetensorsFile file(path);
+  for (const auto& name : file.names()) print(file.info(name));
+  for (const auto& [key, value] : file.metadata()) fmt::print("metadata\t{}\t{}\n", key, value);
+}
+
 int run(const std::string& command, const cxxopts::ParseResult& args) {
+  if (command == "inspect") {
+    inspect(required(args, "in"));
+    return 0;
+  }
+  if (command == "copy") {
+    kiln::io::SafetensorsFile file(required(args, "in"));
+    kiln::io::NamedTensors tensors;
+    for (const auto& name : file.names()) tensors.emplace_back(name, file.tensor(name));
+    kiln::io::save_safetensors(required(args, "out"), tensors, file.metadata());
+    return 0;
+  }
   const auto dtype = parse_dtype(args["dtype"].as<std::string>());
   kiln::model::SaveOptions save_options;
   save_options.max_shard_bytes = args["max-shard-bytes"].as<uint64_t>();
@@ -110,7 +140,7 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
     kiln::model::save_pretrained(model, required(args, "out"), save_options);
     return 0;
   }
-  throw std::invalid_argument(fmt::format("unknown command '{}' (init, convert, forward, train)", command));
+  throw std::invalid_argument(fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy)", command));
 }
 
 }  // namespace
@@ -119,9 +149,10 @@ int main(int argc, char** argv) {
   cxxopts::Options options("kiln-hf", "Hugging Face checkpoints: init, convert, forward (+ gradients), train");
   // clang-format off
   options.add_options()
-    ("command", "init, convert, forward or train", cxxopts::value<std::string>())
+    ("command", "init, convert, forward, train, inspect or copy", cxxopts::value<std::string>())
     ("model", "HF checkpoint directory (init: preset name or model YAML)", cxxopts::value<std::string>())
     ("out", "output directory (init, convert, train) or safetensors file (forward)", cxxopts::value<std::string>())
+    ("in", "inspect, copy: safetensors file (inspect: or checkpoint directory)", cxxopts::value<std::string>())
     ("batch", "safetensors file with input_ids [B, T] and optional labels", cxxopts::value<std::string>())
     ("dtype", "fp32, bf16, fp16 or fp64 (default: the checkpoint's)", cxxopts::value<std::string>()->default_value(""))
     ("grads", "forward: also write every parameter's gradient of the loss")
