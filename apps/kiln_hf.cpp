@@ -140,7 +140,8 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
     kiln::model::save_pretrained(model, required(args, "out"), save_options);
     return 0;
   }
-  throw std::invalid_argument(fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy)", command));
+  throw std::invalid_argument(
+      fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy)", command));
 }
 
 }  // namespace
