@@ -69,8 +69,21 @@ void check_same(const LlamaConfig& a, const LlamaConfig& b) {
   CHECK(a.eos_token_id == b.eos_token_id);
 }
 
+// This process's scratch root, removed when the test program exits.
+const fs::path& scratch_root() {
+  struct Root {
+    fs::path path = fs::temp_directory_path() / ("kiln_test_hf_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("kiln_test_hf_" + std::to_string(::getpid())) / name;
+  const fs::path dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
