@@ -62,6 +62,12 @@ TEST_CASE("command-line overrides win and are checked like the file", "[train][c
              }),
              Contains("command line") && Contains("'lr'") && Contains("unknown"));
   CHECK_THAT(error_of([] { parse_overrides({"--seed"}); }), Contains("seed") && Contains("missing value"));
+  // A model named on the command line replaces the file's, whichever key either used.
+  const auto hf = load_pretrain_config(path, {{"model_name_or_path", "/models/x"}});
+  CHECK(hf.model.empty());
+  CHECK(hf.model_name_or_path == "/models/x");
+  CHECK(hf.source == path + " + command line");
+  CHECK(load_pretrain_config("quickstart").source == "preset 'quickstart'");
   CHECK_THAT(error_of([] { parse_overrides({"stray"}); }), Contains("'stray'"));
 }
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/data/hash.h"
+#include "kiln/io/safetensors.h"
 
 namespace kiln::data {
 
@@ -143,19 +144,8 @@ ShardSetMeta ShardSetMeta::from_json(const std::string& text, const std::string&
   return m;
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw std::runtime_error(fmt::format("'{}': write failed", tmp));
-  }
-  fs::rename(tmp, path);
-}
-
 void write_shard_meta(const std::string& dir, const ShardSetMeta& meta) {
-  write_file_atomic((fs::path(dir) / "meta.json").string(), meta.to_json());
+  io::write_file_atomic((fs::path(dir) / "meta.json").string(), meta.to_json());
 }
 
 ShardWriter::ShardWriter(std::string dir, std::string split, TokenDtype dtype, int64_t shard_tokens)
@@ -219,7 +209,7 @@ void ShardWriter::close_shard() {
   }
   const std::string index(reinterpret_cast<const char*>(starts_.data()), starts_.size() * sizeof(uint64_t));
   sh.index_checksum = xxh64(index);
-  write_file_atomic((fs::path(dir_) / sh.index).string(), index);
+  io::write_file_atomic((fs::path(dir_) / sh.index).string(), index);
   fs::rename(tmp_path_, fs::path(dir_) / sh.file);
   info_.tokens += sh.tokens;
   info_.documents += sh.documents;

@@ -73,9 +73,6 @@ class ShardWriter {
 // meta.json written atomically (temp file + rename).
 void write_shard_meta(const std::string& dir, const ShardSetMeta& meta);
 
-// Writes `bytes` to `path` through `path`.tmp + rename.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-
 // One split of an opened shard set: its shards memory-mapped and seen as one token stream.
 class TokenSplit {
  public:

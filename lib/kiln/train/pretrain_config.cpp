@@ -171,12 +171,15 @@ PretrainConfig load_pretrain_config(const std::string& path,
   if (!overrides.empty()) {
     YAML::Node map(YAML::NodeType::Map);
     for (const auto& [key, value] : overrides) map[key] = value;
+    // Naming a model on the command line replaces the file's, whichever of the two keys it used.
+    auto given = [&](const char* key) {
+      return std::any_of(overrides.begin(), overrides.end(), [&](const auto& kv) { return kv.first == key; });
+    };
+    if (given("model_name_or_path") && !given("model")) c.model.clear();
+    if (given("model") && !given("model_name_or_path")) c.model_name_or_path.clear();
     ConfigReader cli(map, "command line");
     read_fields(cli, c);
-    if (!path.empty())
-      c.source = path + " + command line";
-    else
-      c.source = "command line";
+    c.source = path.empty() ? "command line" : c.source + " + command line";
   }
   c.validate();
   return c;

@@ -1,0 +1,64 @@
+// kiln-eval: mean next-token loss and perplexity of a checkpoint over a whole split of token
+// shards. Sum of token losses / number of targets, so the result does not depend on the batch
+// size or the order.
+#include <iostream>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <cxxopts.hpp>
+
+#include "cli.h"
+#include "kiln/common/format.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/shards.h"
+#include "kiln/model/hf.h"
+#include "kiln/train/evaluate.h"
+#include "kiln/train/trainer.h"
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("kiln-eval", "Mean loss and perplexity of a checkpoint over a token-shard split");
+  // clang-format off
+  options.add_options()
+    ("model", "checkpoint folder (config.json + safetensors)", cxxopts::value<std::string>())
+    ("dataset-dir", "token shards from kiln-tokenize", cxxopts::value<std::string>())
+    ("split", "split to score (default: val when present, else train)", cxxopts::value<std::string>()->default_value(""))
+    ("cutoff-len", "tokens per packed block", cxxopts::value<int64_t>()->default_value("1024"))
+    ("batch-size", "blocks per forward pass", cxxopts::value<int64_t>()->default_value("8"))
+    ("bf16", "compute in bf16 (autocast)")
+    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
+    ("h,help", "print this help");
+  // clang-format on
+  try {
+    const auto args = kiln::cli::parse(options, argc, argv);
+    if (args.count("help")) {
+      std::cout << options.help() << "\n";
+      return 0;
+    }
+    for (const char* required : {"model", "dataset-dir"}) {
+      if (!args.count(required)) throw std::invalid_argument(fmt::format("--{} is required", required));
+    }
+    const int64_t cutoff = args["cutoff-len"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
+    if (cutoff < 2 || batch < 1) throw std::invalid_argument("--cutoff-len must be >= 2 and --batch-size >= 1");
+    std::string device_name = args["device"].as<std::string>();
+    if (device_name.empty()) device_name = torch::cuda::is_available() ? "cuda" : "cpu";
+    const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    auto model = kiln::model::load_pretrained(args["model"].as<std::string>(), {.dtype = at::kFloat, .device = device});
+    const auto shards = kiln::data::TokenShards::open(args["dataset-dir"].as<std::string>());
+    std::string split = args["split"].as<std::string>();
+    if (split.empty()) split = shards->has_split("val") ? "val" : "train";
+    const auto dataset = std::make_shared<kiln::data::PackedDataset>(shards->split(split), cutoff);
+    if (dataset->num_blocks() == 0) {
+      throw std::invalid_argument(fmt::format("split '{}' has fewer tokens than --cutoff-len {}", split, cutoff));
+    }
+    std::optional<at::ScalarType> autocast;
+    if (args.count("bf16")) autocast = at::kBFloat16;
+    const auto r = kiln::train::evaluate_dataset(model, dataset, batch, device, autocast);
+    fmt::print("split {}: {} blocks of {}, {} target tokens\n", split, kiln::with_commas(dataset->num_blocks()), cutoff,
+               kiln::with_commas(r.tokens));
+    fmt::print("loss {:.6f}\nperplexity {:.4f}\n", r.loss, r.perplexity);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kiln-eval: error: {}\n", e.what());
+    return 2;
+  }
+}

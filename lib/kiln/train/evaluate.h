@@ -1,0 +1,21 @@
+// Mean next-token loss over a whole split: the sum of token losses over the number of target
+// tokens, so the result does not depend on batch size or order (kiln-eval, Trainer evaluation).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "kiln/model/llama.h"
+
+namespace kiln::data {
+class PackedDataset;
+}
+
+namespace kiln::train {
+
+struct EvalResult;
+
+EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
+                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype);
+
+}  // namespace kiln::train

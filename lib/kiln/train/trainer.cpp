@@ -1,0 +1,450 @@
+// The training loop. Host/device discipline: between logging, evaluation and checkpoint points
+// nothing here reads a device value; the loss sum, the non-finite check (which also makes the
+// optimizer skip the update, inside its fused kernel) and the fp16 loss scale stay on the device.
+//
+// Micro-batches are drawn continuously from the loader (epochs roll over inside it), so every
+// optimizer step has exactly gradient_accumulation_steps micro-batches and a checkpoint's loader
+// state (epoch, position) alone restores the exact next batch.
+#include "kiln/train/trainer.h"
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/common/format.h"
+#include "kiln/config/yaml.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/shards.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/model/hf.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/grad.h"
+#include "kiln/optim/schedule.h"
+#include "kiln/profile/device.h"
+#include "kiln/profile/flops.h"
+#include "kiln/profile/memory.h"
+#include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/evaluate.h"
+#include "kiln/train/progress.h"
+#include "kiln/train/step.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::atomic<int> g_pending_signal{0};
+
+void on_signal(int sig) {
+  g_pending_signal.store(sig);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open", path.string()));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int64_t checkpoint_number(const fs::path& p) {
+  static const std::regex kName("checkpoint-([0-9]+)");
+  std::smatch m;
+  const std::string name = p.filename().string();
+  return std::regex_match(name, m, kName) ? std::stoll(m[1]) : -1;
+}
+
+std::vector<fs::path> checkpoints_in(const std::string& output_dir) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(output_dir)) return out;
+  for (const auto& e : fs::directory_iterator(output_dir)) {
+    if (e.is_directory() && checkpoint_number(e.path()) >= 0) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end(),
+            [](const fs::path& a, const fs::path& b) { return checkpoint_number(a) < checkpoint_number(b); });
+  return out;
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& output_dir) {
+  const auto all = checkpoints_in(output_dir);
+  return all.empty() ? std::string() : all.back().string();
+}
+
+struct Trainer::State {
+  int64_t global_step = 0;
+  json log_history = json::array();
+  profile::FlopsPerToken flops;
+  std::optional<profile::DevicePeak> peak;
+  std::shared_ptr<data::TokenShards> shards;
+  std::string data_dir;
+  // Device-side accumulators of the current logging window.
+  at::Tensor window_loss_sum, window_good_targets, first_bad_step;
+  int64_t window_steps = 0, window_tokens = 0;
+  std::chrono::steady_clock::time_point window_start;
+  std::optional<EvalResult> last_eval;
+};
+
+std::atomic<int>& Trainer::pending_signal() {
+  return g_pending_signal;
+}
+
+void Trainer::install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std::make_unique<State>()) {
+  config_.validate();
+  ops::set_backend(ops::parse_backend(config_.kernels));
+  if (config_.device == "cuda" && !torch::cuda::is_available()) {
+    throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
+  }
+  device_ = (config_.device == "cuda" || (config_.device == "auto" && torch::cuda::is_available()))
+                ? at::Device(at::kCUDA, 0)
+                : at::Device(at::kCPU);
+  if (config_.bf16) autocast_dtype_ = at::kBFloat16;
+  if (config_.fp16) autocast_dtype_ = at::kHalf;
+  at::manual_seed(static_cast<uint64_t>(config_.seed));
+
+  // Model: fp32 master parameters on the device.
+  if (!config_.model_name_or_path.empty()) {
+    model_ = model::load_pretrained(config_.model_name_or_path, {.dtype = at::kFloat, .device = device_});
+  } else {
+    model_ = model::LlamaForCausalLM(model::load_llama_config(config_.model),
+                                     at::TensorOptions().device(device_).dtype(at::kFloat));
+    model_->init_weights(static_cast<uint64_t>(config_.seed));
+  }
+
+  // Data: packed blocks of the shard set's train split; its val split for evaluation.
+  state_->data_dir = config_.dataset_dir.empty() ? data::default_corpus_shards() : config_.dataset_dir;
+  state_->shards = data::TokenShards::open(state_->data_dir);
+  const auto& meta = state_->shards->meta();
+  if (meta.vocab_size > model_->config().vocab_size) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "dataset_dir",
+        fmt::format("{}: tokenizer vocabulary {} is larger than the model's vocab_size {} ({})", state_->data_dir,
+                    meta.vocab_size, model_->config().vocab_size, model_->config().source)));
+  }
+  train_set_ = std::make_shared<data::PackedDataset>(state_->shards->split("train"), config_.cutoff_len);
+  if (train_set_->num_blocks() == 0) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "cutoff_len",
+        fmt::format("{} is longer than the whole train split of {} ({} tokens)", config_.cutoff_len, state_->data_dir,
+                    state_->shards->split("train")->num_tokens())));
+  }
+  if (state_->shards->has_split("val")) {
+    val_set_ = std::make_shared<data::PackedDataset>(state_->shards->split("val"), config_.cutoff_len);
+    if (val_set_->num_blocks() == 0) val_set_.reset();
+  } else if (config_.val_size > 0) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "val_size",
+        fmt::format("{} has no 'val' split to evaluate on; tokenize with --val-fraction", state_->data_dir)));
+  }
+  data::LoaderOptions lo;
+  lo.batch_size = config_.per_device_train_batch_size;
+  lo.seed = static_cast<uint64_t>(config_.seed);
+  loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+
+  plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, /*world_size=*/1,
+                     config_.gradient_accumulation_steps, config_.num_train_epochs, config_.max_steps);
+
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+  optimizer_ = std::make_unique<optim::AdamW>(named, optim::AdamWConfig{.beta1 = config_.adam_beta1,
+                                                                        .beta2 = config_.adam_beta2,
+                                                                        .eps = config_.adam_epsilon,
+                                                                        .weight_decay = config_.weight_decay});
+  if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
+
+  set_activation_checkpointing(model_, config_.gradient_checkpointing);
+  state_->flops = profile::flops_per_token(model_->config(), config_.cutoff_len);
+
+  if (!config_.resume_from_checkpoint.empty()) {
+    std::string dir = config_.resume_from_checkpoint;
+    if (dir == "true" || dir == "True") {
+      dir = latest_checkpoint(config_.output_dir);
+      if (dir.empty()) {
+        throw config::ConfigError(
+            config::config_message(config_.source, "resume_from_checkpoint",
+                                   fmt::format("'true' but {} holds no checkpoint-N folder", config_.output_dir)));
+      }
+    }
+    resume(dir);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::banner() const {
+  const auto memory = profile::estimate_training_memory(model_->config(), config_.per_device_train_batch_size,
+                                                        config_.cutoff_len, autocast_dtype_ ? 2 : 4);
+  std::string out = training_banner(plan_, model_->num_parameters());
+  out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
+                     autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
+                     config_.kernels);
+  out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
+                     with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
+                     config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
+                     val_set_ ? fmt::format("val {} blocks", with_commas(val_set_->num_blocks())) : "no val split");
+  out += fmt::format("\n  Predicted peak memory = {} (first-order model:", human_bytes(memory.total()));
+  for (const auto& [name, bytes] : memory.components) out += fmt::format(" {} {};", name, human_bytes(bytes));
+  out.back() = ')';
+  if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
+  return out;
+}
+
+EvalResult Trainer::evaluate() {
+  if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
+  return evaluate_dataset(model_, val_set_, config_.per_device_train_batch_size, device_, autocast_dtype_);
+}
+
+void Trainer::log_metrics(int64_t step, const std::string& json_line) {
+  (void)step;
+  const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
+  std::ofstream out(path, std::ios::app);
+  out << json_line << "\n";
+  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path.string()));
+}
+
+TrainResult Trainer::train() {
+  fs::create_directories(config_.output_dir);
+  State& st = *state_;
+  if (!st.peak) st.peak = profile::device_peak(device_, autocast_dtype_.value_or(at::kFloat));
+  std::vector<at::Tensor> params = model_->parameters();
+  const auto fopts = at::TensorOptions().device(device_).dtype(at::kFloat);
+  auto reset_window = [&] {
+    st.window_loss_sum = at::zeros({}, fopts);
+    st.window_good_targets = at::zeros({}, fopts);
+    st.window_steps = 0;
+    st.window_tokens = 0;
+    st.window_start = std::chrono::steady_clock::now();
+  };
+  reset_window();
+  st.first_bad_step = at::full({}, -1.0, fopts);
+  optim::ScheduleConfig sched{
+      .type = config_.lr_scheduler_type,
+      .total_steps = plan_.total_steps,
+      .warmup_steps = optim::resolve_warmup_steps(config_.warmup_steps, config_.warmup_ratio, plan_.total_steps),
+      .min_lr_ratio = config_.min_lr_ratio,
+      .decay_ratio = config_.decay_ratio};
+  TrainResult result;
+  ProgressBar bar(plan_.total_steps, st.global_step);
+  model_->train();
+  double last_lr = 0;
+  std::optional<at::Tensor> last_norm;
+
+  auto log_window = [&](int64_t step) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.window_start).count();
+    const double first_bad = st.first_bad_step.item<double>();  // the one host sync of the window
+    if (first_bad >= 0 && config_.nan_policy == "stop") {
+      throw NonFiniteLossError(
+          fmt::format("non-finite loss or gradient at step {} (nan_policy: stop; the update of that step was skipped). "
+                      "Lower learning_rate, use bf16 instead of fp16, or set nan_policy: skip",
+                      static_cast<int64_t>(first_bad)));
+    }
+    const double good = st.window_good_targets.item<double>();
+    const double loss = good > 0 ? st.window_loss_sum.item<double>() / good : NAN;
+    const double tokens_per_s = static_cast<double>(st.window_tokens) / seconds;
+    json entry = {{"loss", loss},
+                  {"grad_norm", last_norm ? last_norm->item<double>() : 0.0},
+                  {"learning_rate", last_lr},
+                  {"epoch", static_cast<double>(step * config_.gradient_accumulation_steps) /
+                                static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1))},
+                  {"step", step},
+                  {"tokens_per_second", tokens_per_s},
+                  {"peak_memory_bytes", profile::peak_memory_bytes(device_)}};
+    if (st.peak) {
+      entry["tflops"] = st.flops.train() * tokens_per_s / 1e12;
+      entry["mfu"] = st.flops.train() * tokens_per_s / (st.peak->tflops * 1e12);
+    }
+    if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
+    st.log_history.push_back(entry);
+    log_metrics(step, entry.dump());
+    result.final_loss = loss;
+    bar.clear();
+    fmt::print(stderr,
+               "{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}\n",
+               loss, entry["grad_norm"].get<double>(), last_lr, entry["epoch"].get<double>(),
+               with_commas(static_cast<int64_t>(tokens_per_s)) + " tokens",
+               st.peak ? fmt::format(", MFU {:.1f}% of {:.1f} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
+                                     st.peak->tflops, st.peak->name)
+                       : "",
+               human_bytes(entry["peak_memory_bytes"].get<double>()));
+    bar.print_line();
+    st.first_bad_step.fill_(-1.0);
+    reset_window();
+  };
+
+  auto run_eval = [&](int64_t step) {
+    if (!val_set_) return;
+    const EvalResult ev = evaluate();
+    model_->train();
+    st.last_eval = ev;
+    json entry = {
+        {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
+    st.log_history.push_back(entry);
+    log_metrics(step, entry.dump());
+    bar.clear();
+    fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
+               step);
+    st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
+  };
+
+  while (st.global_step < plan_.total_steps) {
+    if (const int sig = g_pending_signal.exchange(0); sig != 0) {
+      bar.clear();
+      fmt::print(stderr, "kiln-pretrain: {} received at step {}; saving a checkpoint\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", st.global_step);
+      save_checkpoint(st.global_step);
+      result.interrupted = true;
+      break;
+    }
+    std::vector<MicroBatch> micro;
+    int64_t targets = 0;
+    for (int64_t i = 0; i < config_.gradient_accumulation_steps; ++i) {
+      data::Batch b = loader_->next();
+      targets += count_targets(b.labels);
+      st.window_tokens += b.input_ids.numel();
+      micro.push_back({std::move(b.input_ids), std::move(b.labels)});
+    }
+    AccumulateOptions acc_opts;
+    acc_opts.autocast_dtype = autocast_dtype_;
+    acc_opts.total_targets = targets;
+    acc_opts.device = device_;
+    if (scaler_) acc_opts.loss_scale = scaler_->scale();
+    const AccumulateResult acc = accumulate_gradients(model_, micro, acc_opts);
+    if (scaler_) scaler_->unscale(params);
+    const at::Tensor norm = optim::clip_grad_norm(params, config_.max_grad_norm);
+    const at::Tensor bad = acc.loss_sum.isfinite().logical_and(norm.to(device_).isfinite()).logical_not();
+    at::Tensor skip = bad.to(at::kFloat).reshape({1});
+    if (scaler_) skip = at::maximum(skip, scaler_->found_inf());
+    last_lr = config_.learning_rate * optim::lr_multiplier(sched, st.global_step);
+    optimizer_->step(last_lr, std::nullopt, skip);
+    if (scaler_) scaler_->update();
+    optimizer_->zero_grad();
+    ++st.global_step;
+    // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
+    st.window_loss_sum.add_(at::where(bad, at::zeros_like(acc.loss_sum), acc.loss_sum));
+    st.window_good_targets.add_(bad.logical_not().to(at::kFloat) * static_cast<double>(targets));
+    st.first_bad_step.copy_(at::where(bad.logical_and(st.first_bad_step < 0),
+                                      at::full({}, static_cast<double>(st.global_step), fopts), st.first_bad_step));
+    last_norm = norm;
+    ++st.window_steps;
+    bar.update(st.global_step);
+
+    const int64_t step = st.global_step;
+    if (step % config_.logging_steps == 0 || step == plan_.total_steps) log_window(step);
+    if (config_.eval_steps > 0 && step % config_.eval_steps == 0 && step != plan_.total_steps) run_eval(step);
+    if (config_.save_steps > 0 && step % config_.save_steps == 0 && step != plan_.total_steps) {
+      save_checkpoint(step);
+      result.last_checkpoint = latest_checkpoint(config_.output_dir);
+    }
+  }
+  if (!result.interrupted) {
+    if (st.window_steps > 0) log_window(st.global_step);
+    run_eval(st.global_step);
+    save_checkpoint(st.global_step);
+  }
+  bar.finish();
+  result.global_step = st.global_step;
+  result.final_eval = st.last_eval;
+  result.last_checkpoint = latest_checkpoint(config_.output_dir);
+  return result;
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  State& st = *state_;
+  const fs::path final_dir = fs::path(config_.output_dir) / fmt::format("checkpoint-{}", step);
+  const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".checkpoint-{}.tmp", step);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  model::save_pretrained(model_, tmp.string());
+
+  io::NamedTensors opt;
+  for (const auto& [name, t] : optimizer_->state_dict()) opt.emplace_back(name, t);
+  if (scaler_) {
+    opt.emplace_back("grad_scaler.scale", scaler_->scale());
+    opt.emplace_back("grad_scaler.growth_tracker", scaler_->growth_tracker());
+  }
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), opt);
+  const at::Tensor cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
+  io::save_safetensors((tmp / "rng_state.safetensors").string(), {{"cpu", cpu_rng}});
+  io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
+  json trainer_state = {{"global_step", step},
+                        {"max_steps", plan_.total_steps},
+                        {"num_train_epochs", plan_.num_epochs},
+                        {"logging_steps", config_.logging_steps},
+                        {"save_steps", config_.save_steps},
+                        {"train_batch_size", config_.per_device_train_batch_size},
+                        {"log_history", st.log_history}};
+  io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2));
+
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  if (config_.save_total_limit > 0) {
+    auto all = checkpoints_in(config_.output_dir);
+    while (static_cast<int64_t>(all.size()) > config_.save_total_limit) {
+      fs::remove_all(all.front());
+      all.erase(all.begin());
+    }
+  }
+}
+
+void Trainer::resume(const std::string& dir) {
+  const fs::path d(dir);
+  for (const char* f : {"config.json", "optimizer.safetensors", "loader_state.json", "trainer_state.json"}) {
+    if (!fs::exists(d / f)) {
+      throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, f));
+    }
+  }
+  io::SafetensorsCheckpoint weights(dir);
+  model::load_weights(*model_, weights, dir);
+
+  io::SafetensorsFile opt((d / "optimizer.safetensors").string());
+  std::map<std::string, at::Tensor> state;
+  for (const auto& name : opt.names()) state[name] = opt.tensor(name);
+  try {
+    optimizer_->load_state_dict(state);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", opt.path(), e.what()));
+  }
+  if (scaler_ && opt.contains("grad_scaler.scale")) {
+    scaler_->mutable_scale().copy_(opt.tensor("grad_scaler.scale"));
+    scaler_->growth_tracker().copy_(opt.tensor("grad_scaler.growth_tracker"));
+  }
+  if (fs::exists(d / "rng_state.safetensors")) {
+    io::SafetensorsFile rng((d / "rng_state.safetensors").string());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng.tensor("cpu").clone());
+  }
+  loader_->restore(data::LoaderState::from_json(read_text(d / "loader_state.json")));
+  json ts;
+  try {
+    ts = json::parse(read_text(d / "trainer_state.json"));
+    state_->global_step = ts.at("global_step").get<int64_t>();
+    state_->log_history = ts.at("log_history");
+  } catch (const json::exception& e) {
+    throw std::runtime_error(
+        fmt::format("{}: invalid trainer state: {}", (d / "trainer_state.json").string(), e.what()));
+  }
+  if (state_->global_step > plan_.total_steps) {
+    throw std::runtime_error(fmt::format("{}: checkpoint is at step {}, past this run's {} steps", dir,
+                                         state_->global_step, plan_.total_steps));
+  }
+}
+
+}  // namespace kiln::train

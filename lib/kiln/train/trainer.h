@@ -1,0 +1,94 @@
+// The pretraining loop behind kiln-pretrain (docs/training.md).
+//
+// One Trainer owns a run: device, model (fp32 master parameters; bf16/fp16 compute through
+// autocast), data (packed token shards, the embedded corpus by default), AdamW with HF's
+// schedules, checkpoints in HF layout that resume exactly, logs and metrics. The loop never
+// waits for the device except when it logs, evaluates or saves: loss, token counts, the
+// non-finite check and the loss scale all stay on the device between those points.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/model/llama.h"
+#include "kiln/train/pretrain_config.h"
+#include "kiln/train/step_math.h"
+
+namespace kiln::data {
+class DataLoader;
+class PackedDataset;
+}  // namespace kiln::data
+
+namespace kiln::optim {
+class AdamW;
+class GradScaler;
+}  // namespace kiln::optim
+
+namespace kiln::train {
+
+struct EvalResult {
+  double loss = 0;        // mean token loss over the whole split
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;     // target tokens scored
+};
+
+struct TrainResult {
+  int64_t global_step = 0;
+  bool interrupted = false;          // stopped by SIGINT/SIGTERM (a checkpoint was saved)
+  std::string last_checkpoint;       // path, or empty
+  std::optional<double> final_loss;  // training loss of the last logging window
+  std::optional<EvalResult> final_eval;
+};
+
+// Raised for a non-finite loss under nan_policy: stop; names the step.
+class NonFiniteLossError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(PretrainConfig config);
+  ~Trainer();
+
+  const StepPlan& plan() const { return plan_; }
+  const model::LlamaForCausalLM& model() const { return model_; }
+  // The HF-style banner plus kiln's run facts (device, dtype, data, predicted memory).
+  std::string banner() const;
+
+  // Trains until the planned step count, a signal, or an error.
+  TrainResult train();
+  // Mean loss over the validation split (or any loader over a split, in order).
+  EvalResult evaluate();
+
+  // Installs SIGINT/SIGTERM handlers that make train() save a checkpoint and return.
+  static void install_signal_handlers();
+  // What the handlers set; exposed so tests can simulate a signal.
+  static std::atomic<int>& pending_signal();
+
+ private:
+  struct State;
+  void save_checkpoint(int64_t step);
+  void resume(const std::string& checkpoint_dir);
+  void log_metrics(int64_t step, const std::string& json_line);
+
+  PretrainConfig config_;
+  at::Device device_ = at::kCPU;
+  std::optional<at::ScalarType> autocast_dtype_;
+  model::LlamaForCausalLM model_{nullptr};
+  std::shared_ptr<const data::PackedDataset> train_set_, val_set_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::GradScaler> scaler_;
+  StepPlan plan_;
+  std::unique_ptr<State> state_;
+};
+
+// "output/checkpoint-1200" for the highest N in `output_dir`, or "" when there is none.
+std::string latest_checkpoint(const std::string& output_dir);
+
+}  // namespace kiln::train

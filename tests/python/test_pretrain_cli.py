@@ -1,0 +1,140 @@
+"""kiln-pretrain, kiln-eval and kiln-generate end to end, on the embedded corpus (byte tokenizer).
+
+References: transformers (a continued-pretraining run starts from a directory transformers wrote
+and its result loads back in transformers with the same logits kiln computes); the definition of
+the mean loss (kiln-eval must not depend on the batch size); a real SIGINT delivered to the
+process (a checkpoint is saved and the exit is clean).
+"""
+import json
+import math
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+BYTE_VOCAB = 320  # >= the byte tokenizer's 259 ids
+
+
+def run_ok(run_kiln, *args, timeout=600):
+    out = run_kiln(*args, timeout=timeout)
+    assert out.returncode == 0, f"{args}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    return out
+
+
+def tiny_hf_model(path: Path):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=BYTE_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=256, eos_token_id=257)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    return model
+
+
+def test_continued_pretraining_from_an_hf_directory(run_kiln, tmp_path):
+    start = tmp_path / "hf-start"
+    tiny_hf_model(start)
+    out_dir = tmp_path / "run"
+    out = run_ok(run_kiln, "kiln-pretrain", "--model_name_or_path", start, "--max_steps", "6", "--cutoff_len", "64",
+                 "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--logging_steps", "2",
+                 "--output_dir", out_dir, "--save_steps", "0")
+    assert "Number of trainable parameters" in out.stdout
+    ckpt = out_dir / "checkpoint-6"
+    assert (ckpt / "model.safetensors").exists()
+    history = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [h["loss"] for h in history if "loss" in h]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    # The result loads in transformers, its weights moved, and its logits equal kiln's own.
+    trained = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval()
+    moved = [(a - b).abs().max().item() for a, b in zip(trained.parameters(), original.parameters())]
+    assert min(moved) > 0
+    ids = torch.randint(0, 256, (1, 20))
+    batch = tmp_path / "batch.safetensors"
+    from safetensors.torch import load_file, save_file
+    save_file({"input_ids": ids}, str(batch))
+    run_ok(run_kiln, "kiln-hf", "forward", "--model", ckpt, "--batch", batch, "--out", tmp_path / "kiln.safetensors")
+    kiln_logits = load_file(str(tmp_path / "kiln.safetensors"))["logits"]
+    with torch.no_grad():
+        hf_logits = trained(ids).logits
+    assert (kiln_logits - hf_logits).abs().max().item() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def quick_checkpoint(run_kiln, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("quick")
+    run_ok(run_kiln, "kiln-pretrain", "--max_steps", "40", "--logging_steps", "20", "--eval_steps", "0",
+           "--output_dir", out_dir, "--save_steps", "0")
+    return out_dir / "checkpoint-40"
+
+
+def test_eval_does_not_depend_on_batch_size(run_kiln, quick_checkpoint):
+    data_dir = run_ok(run_kiln, "kiln-tokenize", "--default-corpus").stdout.strip().splitlines()[-1]
+    results = {}
+    for batch in ("1", "7"):
+        out = run_ok(run_kiln, "kiln-eval", "--model", quick_checkpoint, "--dataset-dir", data_dir, "--cutoff-len", "128",
+                     "--batch-size", batch)
+        results[batch] = float(out.stdout.split("loss ")[1].split()[0])
+        assert "perplexity" in out.stdout
+    assert math.isclose(results["1"], results["7"], rel_tol=1e-6)
+    # The training run's own final evaluation used the same split and cutoff: the same number.
+    state = json.loads((quick_checkpoint / "trainer_state.json").read_text())
+    eval_loss = [h["eval_loss"] for h in state["log_history"] if "eval_loss" in h][-1]
+    assert math.isclose(results["1"], eval_loss, rel_tol=1e-5)
+
+
+def test_bad_keys_and_values_are_named(run_kiln, tmp_path):
+    out = run_kiln("kiln-pretrain", "--dry-run", "--learning_rate", "fast", "--output_dir", tmp_path)
+    assert out.returncode == 2 and "learning_rate" in out.stderr and "'fast'" in out.stderr
+    out = run_kiln("kiln-pretrain", "--dry-run", "--lr", "1e-3")
+    assert out.returncode == 2 and "'lr'" in out.stderr and "unknown" in out.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: tiny\ncutoff_len: -5\n")
+    out = run_kiln("kiln-pretrain", "--config", bad, "--dry-run")
+    assert out.returncode == 2 and str(bad) in out.stderr and "cutoff_len" in out.stderr and "-5" in out.stderr
+
+
+def test_dry_run_prints_the_banner_and_memory(run_kiln, tmp_path):
+    out = run_ok(run_kiln, "kiln-pretrain", "--dry-run", "--output_dir", tmp_path / "x")
+    for line in ("***** Running training *****", "Num examples =", "Total optimization steps = 600",
+                 "Number of trainable parameters = 475,776", "Predicted peak memory"):
+        assert line in out.stdout
+    assert not (tmp_path / "x").exists()  # a dry run writes nothing
+
+
+def test_sigint_saves_a_checkpoint_and_exits_cleanly(kiln_bin, tmp_path):
+    out_dir = tmp_path / "sig"
+    proc = subprocess.Popen([str(kiln_bin("kiln-pretrain")), "--max_steps", "100000", "--logging_steps", "5",
+                             "--eval_steps", "0", "--save_steps", "0", "--output_dir", str(out_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not metrics.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert metrics.exists(), "training never logged"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "SIGINT received" in stderr and "interrupted" in stdout
+    ckpts = sorted(out_dir.glob("checkpoint-*"))
+    assert len(ckpts) == 1
+    step = int(ckpts[0].name.split("-")[1])
+    assert step >= 5
+    state = json.loads((ckpts[0] / "trainer_state.json").read_text())
+    assert state["global_step"] == step
+    assert not list(out_dir.glob(".checkpoint-*"))  # no half-written checkpoint left behind
+
+
+def test_generate_continues_a_prompt(run_kiln, quick_checkpoint):
+    out = run_ok(run_kiln, "kiln-generate", "--model", quick_checkpoint, "--prompt", "The ", "--max-new-tokens", "40",
+                 "--greedy")
+    assert out.stdout.startswith("The ") and len(out.stdout) > 20
+    again = run_ok(run_kiln, "kiln-generate", "--model", quick_checkpoint, "--prompt", "The ", "--max-new-tokens", "40",
+                   "--greedy")
+    assert again.stdout == out.stdout
