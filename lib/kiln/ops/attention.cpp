@@ -21,6 +21,15 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
   const bool gqa = q.size(1) != k.size(1);
   const int64_t t = q.size(2), s = k.size(2);
+  if (options.segment_ids.defined()) {
+    // Document-boundary masking: a query sees only keys of its own segment (and the past).
+    const at::Tensor& seg = options.segment_ids;
+    TORCH_CHECK(seg.dim() == 2 && seg.size(0) == q.size(0) && seg.size(1) == t && t == s,
+                "attention: segment_ids must be [B, T] with as many keys as queries, got ", seg.sizes());
+    at::Tensor mask = (seg.unsqueeze(2) == seg.unsqueeze(1)).unsqueeze(1).to(q.device());  // [B, 1, T, T]
+    if (options.causal) mask = mask.logical_and(at::ones({t, s}, mask.options()).tril());
+    return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false, options.scale, gqa);
+  }
   if (options.causal && t != s) {
     // SDPA's is_causal aligns the first query with the first key; with a KV cache the queries are
     // the last t positions, so the mask must be aligned bottom-right: query i sees keys <= s - t + i.

@@ -13,6 +13,7 @@ namespace kiln::ops {
 struct AttentionOptions {
   bool causal = true;
   std::optional<double> scale;  // default 1/sqrt(head_dim)
+  at::Tensor segment_ids;       // [B, T] document index per position (packed rows); optional, S == T
 };
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, S, D] with Hkv dividing Hq. Returns [B, Hq, T, D].
