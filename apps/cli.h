@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <ATen/core/Tensor.h>
+#include <torch/cuda.h>
 #include <cxxopts.hpp>
 
 namespace kiln::cli {
@@ -31,6 +33,23 @@ inline cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** ar
     }
     throw std::invalid_argument(what);
   }
+}
+
+// Throws naming the first of `names` that was not given.
+inline void require(const cxxopts::ParseResult& args, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (!args.count(name)) throw std::invalid_argument(std::string("--") + name + " is required");
+  }
+}
+
+// "cpu", "cuda", or "" = cuda when a GPU is present; anything else is an error naming --device.
+inline at::Device device(const std::string& name) {
+  if (name == "cuda" || (name.empty() && torch::cuda::is_available())) {
+    if (!torch::cuda::is_available()) throw std::invalid_argument("--device cuda: no CUDA device is present");
+    return at::Device(at::kCUDA, 0);
+  }
+  if (name == "cpu" || name.empty()) return at::Device(at::kCPU);
+  throw std::invalid_argument("--device must be cpu or cuda, got '" + name + "'");
 }
 
 }  // namespace kiln::cli

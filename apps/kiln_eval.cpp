@@ -4,7 +4,6 @@
 #include <iostream>
 
 #include <fmt/format.h>
-#include <torch/cuda.h>
 #include <cxxopts.hpp>
 
 #include "cli.h"
@@ -34,14 +33,10 @@ int main(int argc, char** argv) {
       std::cout << options.help() << "\n";
       return 0;
     }
-    for (const char* required : {"model", "dataset-dir"}) {
-      if (!args.count(required)) throw std::invalid_argument(fmt::format("--{} is required", required));
-    }
+    kiln::cli::require(args, {"model", "dataset-dir"});
     const int64_t cutoff = args["cutoff-len"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
     if (cutoff < 2 || batch < 1) throw std::invalid_argument("--cutoff-len must be >= 2 and --batch-size >= 1");
-    std::string device_name = args["device"].as<std::string>();
-    if (device_name.empty()) device_name = torch::cuda::is_available() ? "cuda" : "cpu";
-    const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
     auto model = kiln::model::load_pretrained(args["model"].as<std::string>(), {.dtype = at::kFloat, .device = device});
     const auto shards = kiln::data::TokenShards::open(args["dataset-dir"].as<std::string>());
     std::string split = args["split"].as<std::string>();

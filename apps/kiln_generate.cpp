@@ -3,7 +3,6 @@
 #include <iostream>
 
 #include <fmt/format.h>
-#include <torch/cuda.h>
 #include <cxxopts.hpp>
 
 #include "cli.h"
@@ -36,16 +35,12 @@ int main(int argc, char** argv) {
       std::cout << options.help() << "\n";
       return 0;
     }
-    for (const char* required : {"model", "prompt"}) {
-      if (!args.count(required)) throw std::invalid_argument(fmt::format("--{} is required", required));
-    }
+    kiln::cli::require(args, {"model", "prompt"});
     const std::string dir = args["model"].as<std::string>();
     std::string tok = args["tokenizer"].as<std::string>();
     if (tok.empty()) tok = std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json") ? dir : "byte";
     const auto tokenizer = kiln::data::load_tokenizer(tok);
-    std::string device_name = args["device"].as<std::string>();
-    if (device_name.empty()) device_name = torch::cuda::is_available() ? "cuda" : "cpu";
-    const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
     auto model = kiln::model::load_pretrained(dir, {.dtype = at::kFloat, .device = device});
 
     std::vector<int64_t> prompt;

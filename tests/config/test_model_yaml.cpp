@@ -103,8 +103,7 @@ TEST_CASE("invalid YAML reports the line", "[config]") {
 }
 
 TEST_CASE("model files load by path and errors name the path", "[config]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kiln_test_model_yaml";
-  std::filesystem::create_directories(dir);
+  const auto dir = kiln::test::scratch_dir("model_yaml");
   const auto good = dir / "good.yaml", bad = dir / "bad.yaml";
   std::ofstream(good) << kGood;
   std::ofstream(bad) << with("intermediate_size", "intermediate_size: -64");
@@ -115,5 +114,4 @@ TEST_CASE("model files load by path and errors name the path", "[config]") {
   CHECK_THAT(error_of([&] { load_llama_config(bad.string()); }),
              Contains(bad.string()) && Contains("intermediate_size") && Contains("-64"));
   CHECK_THAT(error_of([] { load_llama_config("no-such-preset"); }), Contains("no-such-preset") && Contains("tiny"));
-  std::filesystem::remove_all(dir);
 }

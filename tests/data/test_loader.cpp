@@ -20,8 +20,7 @@ namespace {
 // A shard set of `docs` documents of varied lengths; token t of the stream is t % 251 so that
 // any block's expected content is a formula.
 std::shared_ptr<const TokenSplit> make_split(const std::string& name, int docs) {
-  const fs::path dir = fs::temp_directory_path() / ("kiln_test_loader_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = kiln::test::scratch_dir("loader_" + name);
   ShardSetMeta meta;
   meta.tokenizer = "test";
   meta.vocab_size = 259;

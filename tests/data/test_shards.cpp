@@ -19,13 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("kiln_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
 void write(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
 }
@@ -63,7 +56,7 @@ std::vector<int64_t> flatten(const std::vector<std::vector<int32_t>>& docs) {
 
 TEST_CASE("shards round-trip tokens and document offsets (uint16 and uint32)", "[data]") {
   for (const int64_t vocab : {259, 70000}) {
-    const fs::path dir = fresh_dir("roundtrip" + std::to_string(vocab));
+    const fs::path dir = kiln::test::scratch_dir("shards_roundtrip" + std::to_string(vocab));
     const auto docs = write_docs(dir, vocab, 100);
     const auto shards = TokenShards::open(dir.string(), {.expected_fingerprint = 42});
     CHECK(shards->meta().dtype == (vocab == 259 ? TokenDtype::kUint16 : TokenDtype::kUint32));
@@ -89,7 +82,7 @@ TEST_CASE("shards round-trip tokens and document offsets (uint16 and uint32)", "
 }
 
 TEST_CASE("bad shards are refused with a message naming the file", "[data]") {
-  const fs::path dir = fresh_dir("bad");
+  const fs::path dir = kiln::test::scratch_dir("shards_bad");
   write_docs(dir, 259, 100);
   using kiln::test::error_of;
   CHECK_THAT(error_of([&] { TokenShards::open(dir.string(), {.expected_fingerprint = 43}); }),
@@ -110,7 +103,7 @@ TEST_CASE("bad shards are refused with a message naming the file", "[data]") {
 }
 
 TEST_CASE("tokenize_to_shards: txt and jsonl, val split, thread-count independent", "[data]") {
-  const fs::path dir = fresh_dir("tokenize");
+  const fs::path dir = kiln::test::scratch_dir("shards_tokenize");
   fs::create_directories(dir / "in");
   write(dir / "in" / "a.txt", "first document\nstill first");
   write(dir / "in" / "b.jsonl", "{\"text\": \"second\"}\n\n{\"text\": \"third \\u00e9\"}\n{\"text\": \"fourth\"}\n");
@@ -152,7 +145,7 @@ TEST_CASE("tokenize_to_shards: txt and jsonl, val split, thread-count independen
 }
 
 TEST_CASE("malformed JSONL lines name file and line; fatal by default, skipped on request", "[data]") {
-  const fs::path dir = fresh_dir("badjsonl");
+  const fs::path dir = kiln::test::scratch_dir("shards_badjsonl");
   write(dir / "c.jsonl",
         "{\"text\": \"ok\"}\n{\"text\": oops}\n{\"body\": \"x\"}\n{\"text\": 5}\n{\"text\": \"ok2\"}\n");
   const ByteTokenizer tok;

@@ -25,26 +25,6 @@ using kiln::test::error_of;
 
 namespace {
 
-// This process's scratch root, removed when the test program exits.
-const fs::path& scratch_root() {
-  struct Root {
-    fs::path path = fs::temp_directory_path() / ("kiln_test_safetensors_" + std::to_string(::getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root;
-  return root.path;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 // A file with the given JSON header (padded to `pad_to`) and data bytes, exactly as the spec lays it out.
 std::string write_raw(const fs::path& path, const std::string& header, const std::string& data,
                       int64_t header_len = -1) {
@@ -69,7 +49,7 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 TEST_CASE("reader decodes a file assembled from the specification", "[io]") {
-  const fs::path dir = fresh_dir("spec");
+  const fs::path dir = kiln::test::scratch_dir("st_spec");
   // A 1-byte U8 tensor first puts the F32 data at offset 1: misaligned, so it must be copied.
   const float values[3] = {1.5f, -2.0f, 3.25f};
   std::string data = "\x07";
@@ -89,7 +69,7 @@ TEST_CASE("reader decodes a file assembled from the specification", "[io]") {
 }
 
 TEST_CASE("aligned tensors view the mapping without a copy; writes never reach the file", "[io]") {
-  const fs::path dir = fresh_dir("zerocopy");
+  const fs::path dir = kiln::test::scratch_dir("st_zerocopy");
   const std::string path = (dir / "w.safetensors").string();
   const at::Tensor w = at::arange(12, at::kFloat).reshape({3, 4});
   kiln::io::save_safetensors(path, {{"w", w}});
@@ -105,7 +85,7 @@ TEST_CASE("aligned tensors view the mapping without a copy; writes never reach t
 }
 
 TEST_CASE("every supported dtype round trips bit-exactly, with metadata", "[io]") {
-  const fs::path dir = fresh_dir("dtypes");
+  const fs::path dir = kiln::test::scratch_dir("st_dtypes");
   const std::string path = (dir / "all.safetensors").string();
   kiln::io::NamedTensors tensors;
   for (const std::string& name : kiln::io::safetensors_dtype_names()) {
@@ -133,7 +113,7 @@ TEST_CASE("every supported dtype round trips bit-exactly, with metadata", "[io]"
 }
 
 TEST_CASE("bad files fail with the file and the tensor named", "[io]") {
-  const fs::path dir = fresh_dir("bad");
+  const fs::path dir = kiln::test::scratch_dir("st_bad");
   const std::string entry = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
   const std::string zeros(8, '\0');
   struct Case {
@@ -206,7 +186,7 @@ TEST_CASE("bad files fail with the file and the tensor named", "[io]") {
 }
 
 TEST_CASE("sharded checkpoints: index, lazy shards, stale files removed", "[io]") {
-  const fs::path dir = fresh_dir("sharded");
+  const fs::path dir = kiln::test::scratch_dir("st_sharded");
   kiln::io::NamedTensors tensors;
   for (int i = 0; i < 5; ++i) tensors.emplace_back("t" + std::to_string(i), at::full({100}, i, at::kFloat));
   // 400 bytes each, 1000 bytes per shard: shards of 2, 2, 1 tensors.
@@ -228,7 +208,7 @@ TEST_CASE("sharded checkpoints: index, lazy shards, stale files removed", "[io]"
   CHECK(at::equal(SafetensorsCheckpoint(dir.string()).tensor("t4"), tensors[4].second));
 
   // An index that points at a shard lacking the tensor, or outside the directory.
-  const fs::path bad = fresh_dir("bad_index");
+  const fs::path bad = kiln::test::scratch_dir("st_bad_index");
   kiln::io::save_safetensors((bad / "a.safetensors").string(), {{"x", at::zeros({2})}});
   std::ofstream(bad / "model.safetensors.index.json") << R"({"weight_map":{"x":"a.safetensors","y":"a.safetensors"}})";
   SafetensorsCheckpoint ckpt(bad.string());
@@ -239,6 +219,6 @@ TEST_CASE("sharded checkpoints: index, lazy shards, stale files removed", "[io]"
              Catch::Contains("index.json") && Catch::Contains("weight_map['x']"));
   std::ofstream(bad / "model.safetensors.index.json", std::ios::trunc) << R"({"weight_map":)";
   CHECK_THAT(error_of([&] { SafetensorsCheckpoint c(bad.string()); }), Catch::Contains("not valid JSON"));
-  CHECK_THAT(error_of([&] { SafetensorsCheckpoint c(fresh_dir("empty").string()); }),
+  CHECK_THAT(error_of([&] { SafetensorsCheckpoint c(kiln::test::scratch_dir("st_empty").string()); }),
              Catch::Contains("model.safetensors"));
 }

@@ -69,26 +69,6 @@ void check_same(const LlamaConfig& a, const LlamaConfig& b) {
   CHECK(a.eos_token_id == b.eos_token_id);
 }
 
-// This process's scratch root, removed when the test program exits.
-const fs::path& scratch_root() {
-  struct Root {
-    fs::path path = fs::temp_directory_path() / ("kiln_test_hf_" + std::to_string(::getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root;
-  return root.path;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 LlamaConfig small_config(bool tied) {
   LlamaConfig c;
   c.vocab_size = 40;
@@ -165,7 +145,7 @@ TEST_CASE("save_pretrained then load_pretrained is bit-exact, sharded or not, in
       CAPTURE(tied, dtype);
       LlamaForCausalLM model(small_config(tied), at::TensorOptions().dtype(dtype));
       model->init_weights(5);
-      const fs::path dir = fresh_dir("roundtrip");
+      const fs::path dir = kiln::test::scratch_dir("hf_roundtrip");
       kiln::model::SaveOptions options;
       options.max_shard_bytes = 4096;  // several shards
       kiln::model::save_pretrained(model, dir.string(), options);
@@ -192,13 +172,13 @@ TEST_CASE("save_pretrained then load_pretrained is bit-exact, sharded or not, in
 TEST_CASE("checkpoint mismatches are reported by tensor name", "[model][hf]") {
   LlamaForCausalLM model(small_config(false));
   model->init_weights(1);
-  const fs::path base = fresh_dir("base");
+  const fs::path base = kiln::test::scratch_dir("hf_base");
   kiln::model::save_pretrained(model, base.string());
   kiln::io::NamedTensors tensors;
   for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value().detach());
 
   auto with = [&](const std::string& name, kiln::io::NamedTensors ts, const std::string& config_text) {
-    const fs::path dir = fresh_dir(name);
+    const fs::path dir = kiln::test::scratch_dir("hf_" + name);
     kiln::io::save_safetensors((dir / "model.safetensors").string(), ts);
     std::ofstream(dir / "config.json") << config_text;
     return error_of([&] { kiln::model::load_pretrained(dir.string()); });

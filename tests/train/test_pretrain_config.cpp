@@ -15,8 +15,7 @@ using kiln::train::parse_overrides;
 
 namespace {
 std::string write_yaml(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / "kiln_test_pretrain_config";
-  std::filesystem::create_directories(dir);
+  static const auto dir = kiln::test::scratch_dir("pretrain_config");
   const auto path = dir / name;
   std::ofstream(path) << text;
   return path.string();

@@ -30,8 +30,7 @@ PretrainConfig small_run(const std::string& name) {
   c.logging_steps = 1;
   c.save_steps = 4;
   c.device = "cpu";
-  c.output_dir = (fs::temp_directory_path() / "kiln_test_trainer" / name).string();
-  fs::remove_all(c.output_dir);
+  c.output_dir = kiln::test::scratch_dir("trainer_" + name).string();
   return c;
 }
 

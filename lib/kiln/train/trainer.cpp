@@ -212,8 +212,7 @@ EvalResult Trainer::evaluate() {
   return evaluate_dataset(model_, val_set_, config_.per_device_train_batch_size, device_, autocast_dtype_);
 }
 
-void Trainer::log_metrics(int64_t step, const std::string& json_line) {
-  (void)step;
+void Trainer::log_metrics(const std::string& json_line) {
   const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
   std::ofstream out(path, std::ios::app);
   out << json_line << "\n";
@@ -273,7 +272,7 @@ TrainResult Trainer::train() {
     }
     if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
     st.log_history.push_back(entry);
-    log_metrics(step, entry.dump());
+    log_metrics(entry.dump());
     result.final_loss = loss;
     bar.clear();
     fmt::print(stderr,
@@ -297,7 +296,7 @@ TrainResult Trainer::train() {
     json entry = {
         {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
     st.log_history.push_back(entry);
-    log_metrics(step, entry.dump());
+    log_metrics(entry.dump());
     bar.clear();
     fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
                step);

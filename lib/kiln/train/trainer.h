@@ -74,7 +74,7 @@ class Trainer {
   struct State;
   void save_checkpoint(int64_t step);
   void resume(const std::string& checkpoint_dir);
-  void log_metrics(int64_t step, const std::string& json_line);
+  void log_metrics(const std::string& json_line);  // appends a line to output_dir/metrics.jsonl
 
   PretrainConfig config_;
   at::Device device_ = at::kCPU;
