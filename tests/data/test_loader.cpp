@@ -46,6 +46,14 @@ TEST_CASE("packing: floor(tokens / cutoff_len) blocks of the concatenated stream
   const PackedDataset ds(split, 16);
   CHECK(ds.num_blocks() == split->num_tokens() / 16);
   CHECK(ds.dropped_tokens() == split->num_tokens() % 16);
+  // A block range reads the same blocks as the full packing, shifted.
+  const PackedDataset tail(split, 16, ds.num_blocks() - 3, 3);
+  CHECK(tail.num_blocks() == 3);
+  std::vector<int64_t> a(16), b(16);
+  tail.read_block(1, a.data());
+  ds.read_block(ds.num_blocks() - 2, b.data());
+  CHECK(a == b);
+  CHECK_THROWS_AS(PackedDataset(split, 16, ds.num_blocks() - 1, 2), std::invalid_argument);
   std::vector<int64_t> ids(16);
   std::vector<int32_t> seg(16);
   for (int64_t b = 0; b < ds.num_blocks(); ++b) {

@@ -107,6 +107,18 @@ TEST_CASE("a pending signal saves a checkpoint and stops cleanly", "[train]") {
   CHECK(Trainer::pending_signal().load() == 0);
 }
 
+TEST_CASE("val_size holds out the last blocks of the train split", "[train]") {
+  PretrainConfig c = small_run("val_size");
+  const int64_t all = Trainer(c).plan().num_examples;
+  c.val_size = 10;
+  Trainer t(c);
+  CHECK(t.plan().num_examples == all - 10);
+  CHECK_THAT(t.banner(), Catch::Matchers::Contains("val 10 blocks held out by val_size"));
+  c.val_size = static_cast<double>(all);
+  CHECK_THAT(kiln::test::error_of([&] { Trainer bad(c); }),
+             Catch::Matchers::Contains("val_size") && Catch::Matchers::Contains("nothing is left"));
+}
+
 TEST_CASE("resume_from_checkpoint: true without checkpoints is a clear error", "[train]") {
   PretrainConfig c = small_run("no_ckpt");
   c.resume_from_checkpoint = "true";

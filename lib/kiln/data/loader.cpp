@@ -13,19 +13,25 @@
 
 namespace kiln::data {
 
-PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len)
-    : split_(std::move(split)), cutoff_len_(cutoff_len) {
+PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, int64_t first_block,
+                             int64_t num_blocks)
+    : split_(std::move(split)), cutoff_len_(cutoff_len), first_block_(first_block) {
   if (cutoff_len_ < 2) throw std::invalid_argument(fmt::format("cutoff_len must be >= 2, got {}", cutoff_len_));
-  blocks_ = split_->num_tokens() / cutoff_len_;
-  if (blocks_ == 0) {
+  const int64_t total = split_->num_tokens() / cutoff_len_;
+  if (total == 0) {
     throw std::invalid_argument(fmt::format("the split has {} tokens, fewer than one block of cutoff_len {}",
                                             split_->num_tokens(), cutoff_len_));
+  }
+  blocks_ = num_blocks < 0 ? total - first_block : num_blocks;
+  if (first_block < 0 || blocks_ <= 0 || first_block + blocks_ > total) {
+    throw std::invalid_argument(fmt::format("blocks [{}, {}) are not a non-empty range of the split's {} blocks",
+                                            first_block, first_block + blocks_, total));
   }
 }
 
 void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) const {
   if (index < 0 || index >= blocks_) throw std::out_of_range(fmt::format("block {} outside [0, {})", index, blocks_));
-  const int64_t start = index * cutoff_len_;
+  const int64_t start = (first_block_ + index) * cutoff_len_;
   split_->copy_tokens(start, cutoff_len_, ids);
   if (segments) {
     const auto& starts = split_->document_starts();

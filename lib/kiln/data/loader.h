@@ -31,16 +31,20 @@ namespace kiln::data {
 
 class PackedDataset {
  public:
-  PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len);
+  // Blocks [first_block, first_block + num_blocks) of the split's packing (num_blocks -1 = all
+  // from first_block): a contiguous range, e.g. to hold out the last blocks for validation.
+  PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, int64_t first_block = 0,
+                int64_t num_blocks = -1);
   int64_t num_blocks() const { return blocks_; }  // "Num examples"
   int64_t cutoff_len() const { return cutoff_len_; }
-  int64_t dropped_tokens() const { return split_->num_tokens() - blocks_ * cutoff_len_; }
+  // Tokens of the split that no block of its full packing covers (the dropped tail).
+  int64_t dropped_tokens() const { return split_->num_tokens() % cutoff_len_; }
   // ids[0..cutoff_len) = block `index`; segments (optional) = document index within the block.
   void read_block(int64_t index, int64_t* ids, int32_t* segments = nullptr) const;
 
  private:
   std::shared_ptr<const TokenSplit> split_;
-  int64_t cutoff_len_, blocks_;
+  int64_t cutoff_len_, first_block_, blocks_;
 };
 
 struct LoaderOptions {

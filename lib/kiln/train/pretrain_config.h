@@ -18,7 +18,7 @@ struct PretrainConfig {
   // Data: a folder of token shards written by kiln-tokenize; empty = the embedded corpus.
   std::string dataset_dir;
   int64_t cutoff_len = 1024;
-  double val_size = 0.0;  // < 1: fraction of packed blocks held out; >= 1: number of blocks
+  double val_size = 0.0;  // > 0: hold out the last blocks of train (< 1: fraction, >= 1: count)
 
   int64_t per_device_train_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;

@@ -7,6 +7,7 @@
 // state (epoch, position) alone restores the exact next batch.
 #include "kiln/train/trainer.h"
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -139,21 +140,34 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
         fmt::format("{}: tokenizer vocabulary {} is larger than the model's vocab_size {} ({})", state_->data_dir,
                     meta.vocab_size, model_->config().vocab_size, model_->config().source)));
   }
-  train_set_ = std::make_shared<data::PackedDataset>(state_->shards->split("train"), config_.cutoff_len);
-  if (train_set_->num_blocks() == 0) {
-    throw config::ConfigError(config::config_message(
-        config_.source, "cutoff_len",
-        fmt::format("{} is longer than the whole train split of {} ({} tokens)", config_.cutoff_len, state_->data_dir,
-                    state_->shards->split("train")->num_tokens())));
+  const auto train_split = state_->shards->split("train");
+  const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+  if (blocks == 0) {
+    throw config::ConfigError(
+        config::config_message(config_.source, "cutoff_len",
+                               fmt::format("{} is longer than the whole train split of {} ({} tokens)",
+                                           config_.cutoff_len, state_->data_dir, train_split->num_tokens())));
   }
-  if (state_->shards->has_split("val")) {
-    val_set_ = std::make_shared<data::PackedDataset>(state_->shards->split("val"), config_.cutoff_len);
-    if (val_set_->num_blocks() == 0) val_set_.reset();
-  } else if (config_.val_size > 0) {
-    throw config::ConfigError(config::config_message(
-        config_.source, "val_size",
-        fmt::format("{} has no 'val' split to evaluate on; tokenize with --val-fraction", state_->data_dir)));
+  // Evaluation data: val_size > 0 holds out the last blocks of the train split (a fraction, or
+  // a count); otherwise the shard set's own val split, when it has one block or more.
+  int64_t held_out = 0;
+  if (config_.val_size > 0) {
+    held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
+                                    : static_cast<int64_t>(config_.val_size);
+    if (held_out >= blocks) {
+      throw config::ConfigError(config::config_message(
+          config_.source, "val_size",
+          fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
+                      config_.cutoff_len)));
+    }
+    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, blocks - held_out, held_out);
+  } else if (state_->shards->has_split("val")) {
+    const auto val_split = state_->shards->split("val");
+    if (val_split->num_tokens() >= config_.cutoff_len) {
+      val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
+    }
   }
+  train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, 0, blocks - held_out);
   data::LoaderOptions lo;
   lo.batch_size = config_.per_device_train_batch_size;
   lo.seed = static_cast<uint64_t>(config_.seed);
@@ -199,7 +213,9 @@ std::string Trainer::banner() const {
   out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
                      with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
                      config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
-                     val_set_ ? fmt::format("val {} blocks", with_commas(val_set_->num_blocks())) : "no val split");
+                     val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
+                                            config_.val_size > 0 ? " held out by val_size" : "")
+                              : "no val split");
   out += fmt::format("\n  Predicted peak memory = {} (first-order model:", human_bytes(memory.total()));
   for (const auto& [name, bytes] : memory.components) out += fmt::format(" {} {};", name, human_bytes(bytes));
   out.back() = ')';
