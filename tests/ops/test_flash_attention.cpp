@@ -6,9 +6,11 @@
 #include <cmath>
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 #include <catch2/catch.hpp>
 
 #include "kiln/ops/attention.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
 #include "support.h"
 
@@ -113,5 +115,51 @@ TEST_CASE("blocked gradients match central finite differences", "[ops][flash]") 
       CAPTURE(i, j);
       CHECK(gx.view({-1})[j].item<double>() == Approx(fd).margin(1e-7));
     }
+  }
+}
+
+TEST_CASE("flash-attention CUDA forward matches the fp32 reference", "[ops][flash][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  at::NoGradGuard no_grad;
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (int64_t d : {64, 128}) {
+      for (int64_t group : {1, 4, 8}) {
+        for (int64_t t : {1, 17, 128, 1000, 4096}) {
+          const int64_t hkv = 2, hq = hkv * group, b = t > 1000 ? 1 : 2;
+          const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+          const at::Tensor q32 = at::randn({b, hq, t, d}, opts), k32 = at::randn({b, hkv, t, d}, opts),
+                           v32 = at::randn({b, hkv, t, d}, opts);
+          const at::Tensor q = q32.to(dtype), k = k32.to(dtype), v = v32.to(dtype);
+          kiln::ops::set_backend(kiln::ops::Backend::kAten);
+          const auto ref = kiln::ops::flash_attention_forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), {});
+          const at::Tensor same_dtype = kiln::ops::attention(q, k, v);  // SDPA in `dtype`
+          kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+          const auto got = kiln::ops::flash_attention_forward(q, k, v, {});
+          CAPTURE(dtype, d, group, t);
+          CHECK(got.out.scalar_type() == dtype);
+          CHECK(max_abs_diff(got.out, ref.out) <= 2 * max_abs_diff(same_dtype, ref.out) + 1e-3);
+          CHECK(max_abs_diff(got.lse, ref.lse) < 1e-2);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("flash-attention gradients on CUDA match the fp32 reference", "[ops][flash][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  for (int64_t t : {17, 1000}) {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    const at::Tensor q = at::randn({1, 8, t, 64}, opts).requires_grad_(),
+                     k = at::randn({1, 2, t, 64}, opts).requires_grad_(),
+                     v = at::randn({1, 2, t, 64}, opts).requires_grad_();
+    const at::Tensor w = at::randn({1, 8, t, 64}, opts);
+    const auto got = torch::autograd::grad({(kiln::ops::flash_attention(q, k, v, {}) * w).sum()}, {q, k, v});
+    const at::Tensor q32 = q.detach().to(at::kFloat).requires_grad_(), k32 = k.detach().to(at::kFloat).requires_grad_(),
+                     v32 = v.detach().to(at::kFloat).requires_grad_();
+    const auto ref =
+        torch::autograd::grad({(kiln::ops::attention(q32, k32, v32) * w.to(at::kFloat)).sum()}, {q32, k32, v32});
+    const auto same = torch::autograd::grad({(kiln::ops::attention(q, k, v) * w).sum()}, {q, k, v});
+    CAPTURE(t);
+    for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(got[i], ref[i]) <= 2 * max_abs_diff(same[i], ref[i]) + 1e-2);
   }
 }

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/flash_attention.h"
+
 namespace kiln::ops {
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionOptions& options) {
@@ -19,6 +22,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                   (q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type()),
               "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
+  if (flash_attention_enabled() && backend() == Backend::kKiln && q.is_cuda()) {
+    return flash_attention(
+        q, k, v, {.scale = options.scale.value_or(0.0), .causal = options.causal, .segment_ids = options.segment_ids});
+  }
   const bool gqa = q.size(1) != k.size(1);
   const int64_t t = q.size(2), s = k.size(2);
   if (options.segment_ids.defined()) {

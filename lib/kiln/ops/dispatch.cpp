@@ -1,11 +1,23 @@
 #include "kiln/ops/dispatch.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace kiln::ops {
 namespace {
 std::atomic<Backend> g_backend{Backend::kKiln};
+std::atomic<bool> g_flash{[] {
+  const char* env = std::getenv("KILN_FLASH_ATTENTION");
+  return env != nullptr && std::string(env) == "1";
+}()};
+}  // namespace
+
+void set_flash_attention(bool enabled) {
+  g_flash.store(enabled);
+}
+bool flash_attention_enabled() {
+  return g_flash.load();
 }
 
 void set_backend(Backend b) {

@@ -17,6 +17,12 @@ Backend backend();
 std::string backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
 
+// kiln's flash-attention kernel inside ops::attention (CUDA, bf16/fp16, head_dim 64/128). Off by
+// default until it has been measured against SDPA on a GPU; on with set_flash_attention(true) or
+// the environment variable KILN_FLASH_ATTENTION=1. Off, ops::attention uses SDPA.
+void set_flash_attention(bool enabled);
+bool flash_attention_enabled();
+
 // True when this build compiled the CUDA kernels (KILN_CUDA on).
 bool kernels_compiled();
 

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/ops/dispatch.h"
+
 namespace kiln::ops {
 
 namespace {
@@ -65,10 +67,23 @@ int64_t key_limit(const Shape& sh, const FlashAttentionParams& p, int64_t t0, in
 
 }  // namespace
 
+#ifdef KILN_WITH_CUDA
+// ops/flash_attention_cuda.cpp
+bool flash_forward_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const FlashAttentionParams& params, double scale);
+FlashForward flash_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const FlashAttentionParams& params, double scale);
+#endif
+
 FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const FlashAttentionParams& p) {
   const Shape sh = check(q, k, v, p);
   const double scale = scale_of(p, sh.d);
+#ifdef KILN_WITH_CUDA
+  if (backend() == Backend::kKiln && flash_forward_cuda_applies(q, k, v, p, scale)) {
+    return flash_forward_cuda(q, k, v, p, scale);
+  }
+#endif
   const at::ScalarType acc = at::promote_types(q.scalar_type(), at::kFloat);
   const at::Tensor q5 = q.view({sh.b, sh.hkv, sh.g, sh.t, sh.d});
   at::Tensor out = at::empty({sh.b, sh.hkv, sh.g, sh.t, sh.d}, q.options());

@@ -33,6 +33,8 @@ struct FlashForward {
 };
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, S, D], Hkv dividing Hq. Accumulates in fp32 (fp64 for fp64).
+// On a GPU with bf16/fp16 inputs, head_dim 64 or 128 and no segment ids, kiln's CUDA kernel
+// (kernels/flash_attention.cu) computes it unless the ops backend is kAten.
 FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const FlashAttentionParams& params);
 
