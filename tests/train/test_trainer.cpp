@@ -1,9 +1,11 @@
 // The training loop on the embedded corpus (tiny model, CPU, fp32). References: a run stopped
 // at step k and resumed from its checkpoint must reproduce the uninterrupted run's losses
 // exactly; a poisoned parameter must stop the run naming the step (nan_policy: stop).
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -94,6 +96,37 @@ TEST_CASE("a non-finite loss stops the run and names the step", "[train]") {
   }
   CHECK_THAT(kiln::test::error_of([&] { t.train(); }),
              Catch::Matchers::Contains("non-finite") && Catch::Matchers::Contains("step 1"));
+}
+
+TEST_CASE("nan_policy skip skips every update of a poisoned run and finishes", "[train]") {
+  PretrainConfig c = small_run("nan_skip");
+  c.max_steps = 3;
+  c.nan_policy = "skip";
+  Trainer t(c);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : t.model()->named_parameters()) before[p.key()] = p.value().detach().clone();
+  {
+    at::NoGradGuard no_grad;
+    t.model()->named_parameters()["model.norm.weight"].fill_(NAN);
+  }
+  const auto r = t.train();
+  CHECK(r.global_step == 3);
+  for (const auto& p : t.model()->named_parameters()) {
+    if (p.key() != "model.norm.weight") CHECK(at::equal(p.value(), before[p.key()]));  // no update applied
+  }
+}
+
+TEST_CASE("fp16 autocast with loss scaling trains on the CPU", "[train]") {
+  PretrainConfig c = small_run("fp16");
+  c.fp16 = true;
+  c.max_steps = 4;
+  Trainer t(c);
+  CHECK_THAT(t.banner(), Catch::Matchers::Contains("fp16 (autocast, loss scaling)"));
+  const auto r = t.train();
+  REQUIRE(r.final_loss);
+  CHECK(std::isfinite(*r.final_loss));
+  CHECK(t.model()->named_parameters()["lm_head.weight"].scalar_type() == at::kFloat);  // fp32 masters
+  CHECK(fs::exists(fs::path(c.output_dir) / "checkpoint-4" / "optimizer.safetensors"));
 }
 
 TEST_CASE("a pending signal saves a checkpoint and stops cleanly", "[train]") {
