@@ -55,7 +55,17 @@ DevicePeak measure_cpu_peak() {
 std::string cuda_device_name(int index);
 int64_t cuda_peak_allocated_bytes(int index);
 void cuda_reset_peak(int index);
+void cuda_synchronize(int index);
+int64_t cuda_peak_reserved_bytes(int index);
+void cuda_empty_cache();
+void cuda_set_memory_cap(int index, int64_t bytes);
 #endif
+
+namespace {
+int cuda_index(const at::Device& device) {
+  return device.has_index() ? device.index() : 0;
+}
+}  // namespace
 
 int64_t peak_rss_bytes() {
   rusage usage{};
@@ -76,6 +86,36 @@ void reset_peak_memory(const at::Device& device) {
   if (device.is_cuda()) cuda_reset_peak(device.has_index() ? device.index() : 0);
 #endif
   (void)device;
+}
+
+void synchronize(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) cuda_synchronize(cuda_index(device));
+#endif
+  (void)device;
+}
+
+std::optional<double> peak_reserved_bytes(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) return static_cast<double>(cuda_peak_reserved_bytes(cuda_index(device)));
+#endif
+  (void)device;
+  return std::nullopt;
+}
+
+void release_cached_memory(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) cuda_empty_cache();
+#endif
+  (void)device;
+}
+
+void set_device_memory_cap(const at::Device& device, int64_t bytes) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) cuda_set_memory_cap(cuda_index(device), bytes);
+#endif
+  (void)device;
+  (void)bytes;
 }
 
 std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype) {

@@ -32,4 +32,14 @@ double peak_memory_bytes(const at::Device& device);
 void reset_peak_memory(const at::Device& device);
 int64_t peak_rss_bytes();
 
+// Waits for the device's queued work (CUDA); a no-op on the CPU, whose ops are synchronous.
+void synchronize(const at::Device& device);
+// The CUDA caching allocator's peak reserved bytes (what nvidia-smi roughly shows); nullopt on
+// the CPU.
+std::optional<double> peak_reserved_bytes(const at::Device& device);
+// Returns cached blocks to the driver after an out-of-memory point (CUDA); no-op on the CPU.
+void release_cached_memory(const at::Device& device);
+// Caps the CUDA caching allocator at `bytes` of the device (a fraction of its memory); 0 lifts it.
+void set_device_memory_cap(const at::Device& device, int64_t bytes);
+
 }  // namespace kiln::profile

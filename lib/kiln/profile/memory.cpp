@@ -1,5 +1,7 @@
 #include "kiln/profile/memory.h"
 
+#include <algorithm>
+
 namespace kiln::profile {
 
 double MemoryEstimate::total() const {
@@ -8,28 +10,69 @@ double MemoryEstimate::total() const {
   return t;
 }
 
-MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t batch, int64_t seq_len, int compute_bytes,
-                                        bool activation_checkpointing) {
+double MemoryEstimate::component(const std::string& name) const {
+  for (const auto& [n, bytes] : components) {
+    if (n == name) return bytes;
+  }
+  return 0;
+}
+
+MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t batch, int64_t seq_len,
+                                        const MemoryOptions& o) {
   const double n = static_cast<double>(c.num_parameters());
   const double tokens = static_cast<double>(batch * seq_len);
   const double layers = static_cast<double>(c.num_hidden_layers), h = static_cast<double>(c.hidden_size);
   const double ffn = static_cast<double>(c.intermediate_size), vocab = static_cast<double>(c.vocab_size);
-  const double cb = compute_bytes;
-  // Per layer per token: the fp32 residual inputs of both norms and their fp32 normalised values
-  // (4 x 4H), the compute-dtype copies of the attention and MLP inputs and the q, k, v, attention
-  // output (about 6 x cb x H), then gate, up and silu(gate) in the compute dtype (3 x cb x F).
-  const double per_hidden = 16.0 + 6.0 * cb;
-  const double per_ffn = 3.0 * cb;
+  const double q = static_cast<double>(c.num_attention_heads * c.resolved_head_dim());
+  const double kv = static_cast<double>(c.kv_heads() * c.resolved_head_dim());
+  const double cb = o.compute_bytes;
+  const bool autocast = o.compute_bytes < 4;
+
+  // Saved for backward per token (see the header and docs/performance.md).
+  double per_layer = 16.0 * h + cb * (2.0 * h + 3.0 * q + 2.0 * kv + 4.0 * ffn);
+  if (o.attention == "math") {
+    // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
+    per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
+  }
+  const double activations =
+      o.activation_checkpointing ? tokens * (layers * 4.0 * h + per_layer) : tokens * layers * per_layer;
+  const double head = tokens * ((8.0 + cb) * h + (autocast ? 16.0 : 10.0) * vocab);
+  // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward
+  // keeps using it. Matmul weights: all but the input embedding (unless tied to the head) and norms.
+  const double embed = vocab * h;
+  const double norms = h * (2.0 * layers + 1.0);
+  const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed);
+  const double weight_copies = autocast ? cb * matmul_weights : 0.0;
+  // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
+  // (autocast) or two (fp32) extra fp32 copies at the end of backward, as measured.
+  const double tied_extra = c.tie_word_embeddings ? (autocast ? 1.0 : 2.0) * 4.0 * embed : 0.0;
+
+  const double forward_side = weight_copies + activations + head;
+  const double backward_end = 4.0 * n + tied_extra;
   MemoryEstimate e;
-  e.components = {
-      {"parameters (fp32)", 4 * n},
-      {"gradients (fp32)", 4 * n},
-      {"optimizer (AdamW, fp32)", 8 * n},
-      {"activations", activation_checkpointing ? tokens * (layers * 4.0 * h + h * per_hidden + ffn * per_ffn)
-                                               : tokens * layers * (h * per_hidden + ffn * per_ffn)},
-      {"logits and loss", tokens * vocab * (cb + 8.0)},
-  };
+  e.components = {{"parameters (fp32)", 4.0 * n}, {"optimizer (AdamW, fp32)", 8.0 * n}};
+  if (forward_side >= backward_end) {
+    e.peak_phase = "forward/backward boundary";
+    e.components.emplace_back("gradients (fp32)", 0.0);
+    e.components.emplace_back("autocast weight copies", weight_copies);
+    e.components.emplace_back("activations", activations);
+    e.components.emplace_back("logits and loss", head);
+  } else {
+    e.peak_phase = "end of backward";
+    e.components.emplace_back("gradients (fp32)", backward_end);
+    e.components.emplace_back("autocast weight copies", 0.0);
+    e.components.emplace_back("activations", 0.0);
+    e.components.emplace_back("logits and loss", 0.0);
+  }
+  if (o.cuda) e.allocator_overhead = 0.05 * e.total() + 64.0 * 1024 * 1024;
   return e;
+}
+
+MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
+                                        int compute_bytes, bool activation_checkpointing) {
+  return estimate_training_memory(
+      config, batch, seq_len,
+      MemoryOptions{.compute_bytes = compute_bytes, .activation_checkpointing = activation_checkpointing});
 }
 
 }  // namespace kiln::profile

@@ -1,17 +1,21 @@
-// First-order memory model of a training step, per component, so a run (kiln-pretrain
-// --dry-run) and the profile report can say where the bytes go before anything is allocated.
+// Memory model of a training step, per component, so a run (kiln-pretrain --dry-run) and the
+// profile report can say where the bytes go before anything is allocated. Calibrated against
+// the counting CPU allocator (kiln-profile, tests/profile/test_memory.cpp); docs/performance.md
+// derives every coefficient from what autograd saves per op.
 //
-//   parameters        N * 4              fp32 master weights (bf16/fp16 runs compute via autocast)
-//   gradients         N * 4
-//   optimizer         N * 8              AdamW exp_avg + exp_avg_sq
-//   activations       B * T * L * H * a  a = bytes kept per layer per token per hidden unit for
-//                                        backward (Korthikanti et al. 2022, without the T x T
-//                                        score matrix: SDPA/flash keeps only the log-sum-exp)
-//                   + B * T * L * F * f  the MLP's gate/up/activation tensors
-//   logits            B * T * V * (c + 8)  logits in the compute dtype, their fp32 upcast and its
-//                                        gradient (the unfused loss)
-// The coefficients are documented in docs/performance.md; kiln-profile compares this model
-// with measured peaks.
+// The step's peak is the larger of two moments, on top of the fp32 parameters (4 N) and AdamW
+// moments (8 N) that live throughout:
+//   forward/backward boundary  every saved activation, the LM head's logits and loss tensors,
+//                              and autocast's low-precision weight copies (bf16/fp16)
+//   end of backward            all fp32 gradients (4 N), plus the tied embedding's second
+//                              gradient while its two contributions are summed
+// Per token, per decoder layer (c = compute bytes: 2 under bf16/fp16 autocast, 4 in fp32):
+//   16 H                  fp32 residual input, normalised values of both RMSNorms, the residual sum
+//   c (2H + 3q + 2kv)     the norms' outputs cast for the projections, q/k/v as SDPA keeps them,
+//                         its output and the o_proj input
+//   4 c F                 gate, silu(gate), up and their product (SwiGLU)
+// Head per token: the final norm (4H + 4H + c H) and, per vocabulary entry, 10 bytes (fp32) or
+// 16 bytes (bf16/fp16: logits, fp32 upcast, log-softmax, their gradients).
 #pragma once
 
 #include <cstdint>
@@ -24,12 +28,26 @@
 namespace kiln::profile {
 
 struct MemoryEstimate {
-  std::vector<std::pair<std::string, double>> components;  // (name, bytes)
+  std::vector<std::pair<std::string, double>> components;  // (name, bytes) at the peak
+  std::string peak_phase;                                  // "forward/backward boundary" | "end of backward"
+  // Extra the CUDA caching allocator reserves beyond allocated bytes (block rounding, cached
+  // free blocks): a first-order allowance, not part of total(); 0 on the CPU.
+  double allocator_overhead = 0;
   double total() const;
+  double component(const std::string& name) const;  // 0 when absent
 };
 
-// `compute_bytes`: 2 for bf16/fp16 autocast, 4 for fp32. With activation checkpointing only each
-// layer's fp32 input is kept, plus one layer's activations while it is recomputed.
+struct MemoryOptions {
+  int compute_bytes = 4;                  // 2 for bf16/fp16 autocast (fp32 master weights), 4 for fp32
+  bool activation_checkpointing = false;  // each layer keeps only its input; one layer recomputed at a time
+  std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
+  bool cuda = false;                      // adds the caching allocator's allowance
+};
+
+MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
+                                        const MemoryOptions& options);
+
+// The earlier signature (kiln-pretrain's banner): compute_bytes 2 or 4.
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
                                         int compute_bytes, bool activation_checkpointing = false);
 

@@ -204,8 +204,11 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
 Trainer::~Trainer() = default;
 
 std::string Trainer::banner() const {
-  const auto memory = profile::estimate_training_memory(model_->config(), config_.per_device_train_batch_size,
-                                                        config_.cutoff_len, autocast_dtype_ ? 2 : 4);
+  const auto memory = profile::estimate_training_memory(
+      model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
+      profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
+                             .activation_checkpointing = config_.gradient_checkpointing,
+                             .cuda = device_.is_cuda()});
   std::string out = training_banner(plan_, model_->num_parameters());
   out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
                      autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
@@ -216,8 +219,10 @@ std::string Trainer::banner() const {
                      val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
                                             config_.val_size > 0 ? " held out by val_size" : "")
                               : "no val split");
-  out += fmt::format("\n  Predicted peak memory = {} (first-order model:", human_bytes(memory.total()));
-  for (const auto& [name, bytes] : memory.components) out += fmt::format(" {} {};", name, human_bytes(bytes));
+  out += fmt::format("\n  Predicted peak memory = {} (at the {}:", human_bytes(memory.total()), memory.peak_phase);
+  for (const auto& [name, bytes] : memory.components) {
+    if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
+  }
   out.back() = ')';
   if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
   return out;

@@ -1,0 +1,31 @@
+// Writers for a kiln-profile sweep: a Markdown table (stdout), CSV and JSON (machine-readable,
+// every field), and a self-contained HTML report (no network: inline SVG charts of memory and
+// tokens/s against cutoff_len, and the predicted memory breakdown per point).
+//
+// The table's first columns follow the user's hand-made tables (task, fp16/bf16, speed, num_gpu,
+// batch size per gpu, gradient_accumulation_steps, cutoff_len, memory usage, memory bandwidth,
+// tensor core, fp engine); kiln's own columns follow. GB = 1e9 bytes. A value that could not be
+// measured (hardware counters on a CPU) is "n/a", never a guess.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kiln/profile/sweep.h"
+
+namespace kiln::profile {
+
+std::vector<std::string> table_header(const SweepReport& report);
+std::vector<std::vector<std::string>> table_rows(const SweepReport& report);
+
+std::string to_markdown(const SweepReport& report);
+std::string to_csv(const SweepReport& report);
+std::string to_json(const SweepReport& report);
+std::string to_html(const SweepReport& report);
+
+// Writes profile.{md,csv,json,html} (those in `formats`) into `dir` (created), each through a
+// temporary file and a rename. Returns the paths written.
+std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
+                                       const std::vector<std::string>& formats);
+
+}  // namespace kiln::profile

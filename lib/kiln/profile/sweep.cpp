@@ -1,0 +1,345 @@
+// The sweep runner. Each point builds a fresh model and optimizer so that one point's memory
+// (and an out-of-memory failure) does not leak into the next; on the CPU the counting allocator
+// is installed for the whole sweep and its peak is reset before every timed step, so a step's
+// peak includes the parameters and AdamW state it starts with, as the CUDA allocator's does.
+#include "kiln/profile/sweep.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <new>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "kiln/config/yaml.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/shards.h"
+#include "kiln/model/llama.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/grad.h"
+#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/device.h"
+#include "kiln/profile/flops.h"
+#include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/step.h"
+
+namespace kiln::profile {
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v <= 0) {
+      throw std::invalid_argument(fmt::format("{}: '{}' is not a positive integer (in '{}')", what, item, text));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument(fmt::format("{}: empty list", what));
+  return out;
+}
+
+void SweepConfig::validate() const {
+  auto fail = [&](const std::string& key, const std::string& problem) {
+    throw config::ConfigError(config::config_message(source, key, problem));
+  };
+  if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
+    fail("dtype", fmt::format("'{}' is not bf16, fp16 or fp32", dtype));
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    fail("device", fmt::format("'{}' is not auto, cpu or cuda", device));
+  if (attention != "sdpa") fail("attention", fmt::format("'{}': only sdpa is implemented", attention));
+  auto positive = [&](const std::vector<int64_t>& v, const std::string& key) {
+    if (v.empty()) fail(key, "empty list");
+    for (int64_t x : v) {
+      if (x <= 0) fail(key, fmt::format("{} is not positive", x));
+    }
+  };
+  positive(cutoff_lens, "cutoff_len");
+  positive(batch_sizes, "per_device_train_batch_size");
+  positive(grad_accums, "gradient_accumulation_steps");
+  if (steps < 1) fail("steps", fmt::format("{} (at least 1 timed step)", steps));
+  if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
+  if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
+  if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
+  for (const auto& f : formats) {
+    if (f != "md" && f != "csv" && f != "json" && f != "html")
+      fail("format", fmt::format("'{}' is not md, csv, json or html", f));
+  }
+}
+
+SweepConfig load_sweep_config(const std::string& path) {
+  auto reader = config::ConfigReader::from_file(path);
+  const YAML::Node root = YAML::LoadFile(path);
+  SweepConfig c;
+  c.source = path;
+  auto read_list = [&](const std::string& key, std::vector<int64_t>& out) {
+    if (!reader.has(key)) return;
+    reader.accept(key);
+    const YAML::Node n = root[key];
+    try {
+      if (n.IsSequence()) {
+        out.clear();
+        for (const auto& item : n) {
+          const auto v = item.as<int64_t>();
+          if (v <= 0) reader.fail(key, fmt::format("{} is not positive", v));
+          out.push_back(v);
+        }
+        if (out.empty()) reader.fail(key, "empty list");
+      } else {
+        out = parse_int_list(n.as<std::string>(), key);
+      }
+    } catch (const YAML::Exception&) {
+      reader.fail(key, "expected a list of positive integers");
+    } catch (const std::invalid_argument& e) {
+      reader.fail(key, e.what());
+    }
+  };
+  reader.read("model", c.model, config::Need::kRequired);
+  reader.read("dtype", c.dtype);
+  read_list("cutoff_len", c.cutoff_lens);
+  read_list("per_device_train_batch_size", c.batch_sizes);
+  read_list("gradient_accumulation_steps", c.grad_accums);
+  reader.read("steps", c.steps);
+  reader.read("warmup", c.warmup);
+  reader.read("device", c.device);
+  reader.read("dataset_dir", c.dataset_dir);
+  reader.read("gradient_checkpointing", c.gradient_checkpointing);
+  reader.read("peak_tflops", c.peak_tflops);
+  reader.read("memory_cap_bytes", c.memory_cap_bytes);
+  reader.read("task", c.task);
+  reader.read("output_dir", c.output_dir);
+  int64_t seed = static_cast<int64_t>(c.seed);
+  reader.read("seed", seed);
+  c.seed = static_cast<uint64_t>(seed);
+  std::string formats;
+  reader.read("format", formats);
+  if (!formats.empty()) {
+    c.formats.clear();
+    std::stringstream ss(formats);
+    std::string f;
+    while (std::getline(ss, f, ',')) c.formats.push_back(f);
+  }
+  reader.finish();
+  c.validate();
+  return c;
+}
+
+double ProfileRow::ratio() const {
+  const double p = predicted.total();
+  return p > 0 ? peak_allocated_bytes / p : 0.0;
+}
+
+std::string ProfileRow::speed() const {
+  if (status != "ok" || seconds_per_step <= 0) return status;
+  const double its = 1.0 / seconds_per_step;
+  return its >= 1.0 ? fmt::format("{:.2f} it/s", its) : fmt::format("{:.2f} s/it", seconds_per_step);
+}
+
+namespace {
+
+std::optional<at::ScalarType> autocast_dtype(const std::string& dtype) {
+  if (dtype == "bf16") return at::kBFloat16;
+  if (dtype == "fp16") return at::kHalf;
+  return std::nullopt;
+}
+
+struct PointContext {
+  const SweepConfig& config;
+  const model::LlamaConfig& model_config;
+  at::Device device;
+  std::optional<at::ScalarType> autocast;
+  CountingCpuAllocatorGuard* counter;                  // CPU only
+  std::shared_ptr<const data::PackedDataset> dataset;  // one per cutoff_len, or null (synthetic)
+  double peak_tflops;
+};
+
+void measure_point(const PointContext& ctx, ProfileRow& row) {
+  const SweepPoint& p = row.point;
+  at::manual_seed(ctx.config.seed);
+  model::LlamaForCausalLM model(ctx.model_config, at::TensorOptions().device(ctx.device).dtype(at::kFloat));
+  train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing);
+  model->train();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  optim::AdamW optimizer(named, optim::AdamWConfig{});
+  std::unique_ptr<optim::GradScaler> scaler;
+  if (ctx.autocast == at::kHalf) scaler = std::make_unique<optim::GradScaler>(ctx.device);
+  const std::vector<at::Tensor> params = model->parameters();
+
+  std::unique_ptr<data::DataLoader> loader;
+  std::vector<train::MicroBatch> synthetic;
+  if (ctx.dataset) {
+    data::LoaderOptions lo;
+    lo.batch_size = p.batch_size;
+    lo.seed = ctx.config.seed;
+    lo.prefetch = 0;
+    loader = std::make_unique<data::DataLoader>(ctx.dataset, lo);
+  } else {
+    for (int64_t i = 0; i < p.grad_accum; ++i) {
+      const at::Tensor ids = at::randint(0, ctx.model_config.vocab_size, {p.batch_size, p.cutoff_len}, at::kLong);
+      synthetic.push_back({ids, ids.clone()});
+    }
+  }
+
+  // The trainer's step (train/trainer.cpp), without its logging book-keeping.
+  auto step = [&] {
+    std::vector<train::MicroBatch> micro;
+    int64_t targets = 0;
+    for (int64_t i = 0; i < p.grad_accum; ++i) {
+      if (loader) {
+        data::Batch b = loader->next();
+        micro.push_back({std::move(b.input_ids), std::move(b.labels)});
+      } else {
+        micro.push_back(synthetic[static_cast<size_t>(i)]);
+      }
+      targets += train::count_targets(micro.back().labels);
+    }
+    train::AccumulateOptions acc;
+    acc.autocast_dtype = ctx.autocast;
+    acc.total_targets = std::max<int64_t>(targets, 1);  // cutoff_len 1 has no target: a zero loss
+    acc.device = ctx.device;
+    if (scaler) acc.loss_scale = scaler->scale();
+    const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
+    if (scaler) scaler->unscale(params);
+    const at::Tensor norm = optim::clip_grad_norm(params, 1.0);
+    at::Tensor skip =
+        r.loss_sum.isfinite().logical_and(norm.to(ctx.device).isfinite()).logical_not().to(at::kFloat).reshape({1});
+    if (scaler) skip = at::maximum(skip, scaler->found_inf());
+    optimizer.step(1e-4, std::nullopt, skip);
+    if (scaler) scaler->update();
+    optimizer.zero_grad();
+  };
+
+  for (int64_t i = 0; i < ctx.config.warmup; ++i) step();
+  synchronize(ctx.device);
+  double seconds = 0, peak = 0;
+  for (int64_t i = 0; i < ctx.config.steps; ++i) {
+    if (ctx.counter) ctx.counter->reset_peak();
+    reset_peak_memory(ctx.device);
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    synchronize(ctx.device);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    peak = std::max(peak,
+                    ctx.counter ? static_cast<double>(ctx.counter->stats().peak_bytes) : peak_memory_bytes(ctx.device));
+  }
+  const double tokens = static_cast<double>(p.batch_size * p.grad_accum * p.cutoff_len);
+  row.seconds_per_step = seconds / static_cast<double>(ctx.config.steps);
+  row.tokens_per_second = tokens / row.seconds_per_step;
+  row.tflops = flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / 1e12;
+  if (ctx.peak_tflops > 0) row.mfu = row.tflops / ctx.peak_tflops;
+  row.peak_allocated_bytes = peak;
+  row.peak_reserved_bytes = peak_reserved_bytes(ctx.device);
+}
+
+}  // namespace
+
+SweepReport run_sweep(const SweepConfig& config, const std::function<void(const ProfileRow&)>& on_row) {
+  config.validate();
+  SweepReport report;
+  report.config = config;
+  report.model = model::load_llama_config(config.model);
+  for (int64_t t : config.cutoff_lens) {
+    if (t > report.model.max_position_embeddings) {
+      throw config::ConfigError(
+          config::config_message(config.source, "cutoff_len",
+                                 fmt::format("{} exceeds the model's max_position_embeddings {} ({})", t,
+                                             report.model.max_position_embeddings, report.model.source)));
+    }
+  }
+  if (config.device == "cuda" && !torch::cuda::is_available()) {
+    throw config::ConfigError(config::config_message(config.source, "device", "'cuda' but no CUDA device is present"));
+  }
+  const at::Device device = (config.device == "cuda" || (config.device == "auto" && torch::cuda::is_available()))
+                                ? at::Device(at::kCUDA, 0)
+                                : at::Device(at::kCPU);
+  const auto autocast = autocast_dtype(config.dtype);
+  {
+    model::LlamaForCausalLM meta(report.model, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    report.num_parameters = meta->num_parameters();
+  }
+  report.device = device.str();
+  if (config.peak_tflops > 0) {
+    report.peak_name = "--peak-tflops";
+    report.peak_tflops = config.peak_tflops;
+    report.peak_source = "--peak-tflops";
+  } else if (const auto peak = device_peak(device, autocast.value_or(at::kFloat))) {
+    report.peak_name = peak->name;
+    report.peak_tflops = peak->tflops;
+    report.peak_source = peak->source;
+    if (device.is_cuda()) report.device += " (" + peak->name + ")";
+  }
+  report.counters_note =
+      "DRAM throughput and tensor-pipe use need hardware counters (CUPTI/Nsight Compute), which kiln-profile does "
+      "not read yet: n/a";
+
+  std::unique_ptr<CountingCpuAllocatorGuard> counter;
+  if (device.is_cpu()) counter = std::make_unique<CountingCpuAllocatorGuard>(config.memory_cap_bytes);
+  if (device.is_cuda() && config.memory_cap_bytes > 0) set_device_memory_cap(device, config.memory_cap_bytes);
+
+  std::shared_ptr<data::TokenShards> shards;
+  if (!config.dataset_dir.empty()) shards = data::TokenShards::open(config.dataset_dir);
+
+  for (int64_t cutoff : config.cutoff_lens) {
+    std::shared_ptr<const data::PackedDataset> dataset;
+    if (shards) {
+      dataset = std::make_shared<data::PackedDataset>(shards->split("train"), cutoff);
+      if (dataset->num_blocks() == 0) {
+        throw config::ConfigError(config::config_message(
+            config.source, "cutoff_len",
+            fmt::format("{} is longer than the whole train split of {}", cutoff, config.dataset_dir)));
+      }
+    }
+    for (int64_t batch : config.batch_sizes) {
+      for (int64_t accum : config.grad_accums) {
+        ProfileRow row;
+        row.point = {batch, accum, cutoff};
+        row.predicted =
+            estimate_training_memory(report.model, batch, cutoff,
+                                     MemoryOptions{.compute_bytes = autocast ? 2 : 4,
+                                                   .activation_checkpointing = config.gradient_checkpointing,
+                                                   .attention = config.attention,
+                                                   .cuda = device.is_cuda()});
+        const PointContext ctx{config, report.model, device, autocast, counter.get(), dataset, report.peak_tflops};
+        try {
+          measure_point(ctx, row);
+        } catch (const c10::OutOfMemoryError& e) {
+          row.status = "OOM";
+          row.message = e.what_without_backtrace();
+        } catch (const std::bad_alloc& e) {
+          row.status = "OOM";
+          row.message = e.what();
+        } catch (const c10::Error& e) {
+          row.status = "error";
+          row.message = e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          row.status = "error";
+          row.message = e.what();
+        }
+        release_cached_memory(device);
+        row.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
+        if (on_row) on_row(row);
+        report.rows.push_back(std::move(row));
+      }
+    }
+  }
+  if (device.is_cuda() && config.memory_cap_bytes > 0) set_device_memory_cap(device, 0);
+  return report;
+}
+
+}  // namespace kiln::profile

@@ -1,0 +1,91 @@
+// The kiln-profile sweep: one training step per grid point (cutoff_len x batch size x gradient
+// accumulation), timed with the device synchronised and with its peak memory measured, next to
+// the analytic FLOP and memory models, so that a table says how fast and how big a run is and
+// how far the prediction is off.
+//
+// A step here is the trainer's step, not a copy of it: train::accumulate_gradients (autocast for
+// bf16/fp16 over fp32 master weights), optim::clip_grad_norm, optim::AdamW::step, zero_grad, on a
+// model built as train::Trainer builds it. Data is synthetic (random token ids of the point's
+// shape) unless a shard directory is given. An out-of-memory point (a real one, or one past an
+// artificial cap) becomes a row marked OOM and the sweep goes on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/model/llama_config.h"
+#include "kiln/profile/memory.h"
+
+namespace kiln::profile {
+
+struct SweepConfig {
+  std::string source = "command line";  // where it came from, for error messages
+  std::string model = "tiny";           // preset name or model YAML
+  std::string dtype = "bf16";           // bf16 | fp16 | fp32 (compute; parameters stay fp32)
+  std::vector<int64_t> cutoff_lens{128};
+  std::vector<int64_t> batch_sizes{1};
+  std::vector<int64_t> grad_accums{1};
+  int64_t steps = 3;            // timed steps per point
+  int64_t warmup = 1;           // untimed steps first
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dataset_dir;      // token shards; empty = synthetic ids
+  bool gradient_checkpointing = false;
+  std::string attention = "sdpa";  // recorded for the memory model (kiln uses SDPA)
+  double peak_tflops = 0;          // > 0 overrides the device table / CPU measurement
+  int64_t memory_cap_bytes = 0;    // > 0: allocations past it fail as out-of-memory
+  std::string task = "pretrain";   // the table's first column
+  std::vector<std::string> formats{"md", "csv", "json", "html"};
+  std::string output_dir = "profile";
+  uint64_t seed = 42;
+
+  void validate() const;  // throws config::ConfigError naming source and key
+};
+
+// Reads a configs/profile/*.yaml (lists as YAML sequences or "128,256" strings).
+SweepConfig load_sweep_config(const std::string& path);
+// "128,256" -> {128, 256}; throws std::invalid_argument naming `what` for a bad entry.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what);
+
+struct SweepPoint {
+  int64_t batch_size = 1, grad_accum = 1, cutoff_len = 128;
+};
+
+struct ProfileRow {
+  SweepPoint point;
+  std::string status = "ok";  // ok | OOM | error: <what>
+  std::string message;        // the OOM/error text
+  double seconds_per_step = 0;
+  double tokens_per_second = 0;
+  double tflops = 0;  // model FLOPs (flops.h, no recomputation) per second
+  std::optional<double> mfu;
+  double peak_allocated_bytes = 0;            // CUDA: caching allocator peak; CPU: counted tensor bytes
+  std::optional<double> peak_reserved_bytes;  // CUDA only
+  double peak_rss_bytes = 0;                  // process peak RSS (never resets; host side)
+  MemoryEstimate predicted;
+  std::optional<double> dram_throughput;  // fraction of peak DRAM bandwidth (hardware counters)
+  std::optional<double> tensor_pipe;      // fraction of tensor-pipe cycles (hardware counters)
+  double ratio() const;                   // measured / predicted peak
+  // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.
+  std::string speed() const;
+};
+
+struct SweepReport {
+  SweepConfig config;
+  model::LlamaConfig model;
+  int64_t num_parameters = 0;
+  std::string device;       // "cpu", "cuda:0 (NVIDIA H200)"
+  std::string peak_name;    // what MFU divides by
+  double peak_tflops = 0;   // 0 = unknown (MFU n/a)
+  std::string peak_source;  // datasheet | measured | --peak-tflops
+  std::string counters_note;
+  std::vector<ProfileRow> rows;
+};
+
+// Runs every point of the grid (cutoff_len outermost, then batch size, then accumulation).
+// `on_row` is called after each point (progress output).
+SweepReport run_sweep(const SweepConfig& config, const std::function<void(const ProfileRow&)>& on_row = {});
+
+}  // namespace kiln::profile

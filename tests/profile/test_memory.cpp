@@ -1,0 +1,132 @@
+// The memory model and the counting CPU allocator. References: exact byte counts of tensors
+// whose sizes are known (numel x element size) for the allocator; for the model, the peak tensor
+// bytes of a real training step (the trainer's step through kiln::profile::run_sweep) counted by
+// that allocator, which the analytic prediction must match within 15% (issue 6's bound).
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/memory.h"
+#include "kiln/profile/sweep.h"
+
+using kiln::profile::CountingCpuAllocatorGuard;
+
+TEST_CASE("counting CPU allocator counts tensor bytes, current and peak", "[profile]") {
+  CountingCpuAllocatorGuard guard;
+  const int64_t base = guard.stats().current_bytes;
+  at::Tensor a = at::empty({1000}, at::kFloat);  // 4000 bytes
+  CHECK(guard.stats().current_bytes - base == 4000);
+  {
+    at::Tensor b = at::empty({250, 4}, at::kDouble);  // 8000 bytes
+    CHECK(guard.stats().current_bytes - base == 12000);
+  }
+  CHECK(guard.stats().current_bytes - base == 4000);
+  CHECK(guard.stats().peak_bytes - base == 12000);
+  guard.reset_peak();
+  CHECK(guard.stats().peak_bytes == guard.stats().current_bytes);
+  a = at::Tensor();
+  CHECK(guard.stats().current_bytes == base);
+}
+
+TEST_CASE("counting CPU allocator: a cap raises OutOfMemoryError and frees nothing it should not", "[profile]") {
+  CountingCpuAllocatorGuard guard;
+  const int64_t base = guard.stats().current_bytes;
+  guard.set_cap(base + (1 << 20));
+  at::Tensor small = at::empty({1024}, at::kFloat);
+  CHECK_THROWS_AS(at::empty({1 << 20}, at::kFloat), c10::OutOfMemoryError);
+  CHECK(guard.stats().current_bytes - base == 4096);  // the failed request is not counted
+  guard.set_cap(0);
+  CHECK_NOTHROW(at::empty({1 << 20}, at::kFloat));
+}
+
+TEST_CASE("counting CPU allocator is removed by its guard", "[profile]") {
+  at::Allocator* before = c10::GetCPUAllocator();
+  {
+    CountingCpuAllocatorGuard guard;
+    CHECK(c10::GetCPUAllocator() != before);
+    CHECK_THROWS_AS(CountingCpuAllocatorGuard(), std::logic_error);
+  }
+  CHECK(c10::GetCPUAllocator() == before);
+}
+
+TEST_CASE("memory model: components and phases", "[profile]") {
+  const auto c = kiln::model::load_llama_config("llama-3.2-1b");
+  const double n = 1235814400.0;
+  const auto m = kiln::profile::estimate_training_memory(c, 16, 1024, 2);
+  CHECK(m.component("parameters (fp32)") == 4.0 * n);
+  CHECK(m.component("optimizer (AdamW, fp32)") == 8.0 * n);
+  CHECK(m.peak_phase == "forward/backward boundary");
+  // Head: final norm (8 + 2) H plus 16 bytes per vocabulary entry, per token.
+  CHECK(m.component("logits and loss") == Approx(16.0 * 1024 * (10.0 * 2048 + 16.0 * 128256)));
+  // A single token: the gradients at the end of backward dominate (tied: one extra fp32 copy).
+  const auto one = kiln::profile::estimate_training_memory(c, 1, 1, 2);
+  CHECK(one.peak_phase == "end of backward");
+  CHECK(one.total() == Approx(16.0 * n + 4.0 * 128256 * 2048));
+  // Checkpointing keeps less; fp32 keeps more.
+  CHECK(kiln::profile::estimate_training_memory(c, 16, 1024, 2, true).total() < m.total());
+  CHECK(kiln::profile::estimate_training_memory(c, 16, 1024, 4).total() > m.total());
+}
+
+namespace {
+void check_sweep_within_15_percent(const std::string& model, const std::string& dtype, std::vector<int64_t> cutoffs,
+                                   std::vector<int64_t> batches, int64_t warmup) {
+  kiln::profile::SweepConfig cfg;
+  cfg.model = model;
+  cfg.dtype = dtype;
+  cfg.device = "cpu";
+  cfg.cutoff_lens = std::move(cutoffs);
+  cfg.batch_sizes = std::move(batches);
+  cfg.steps = 1;
+  cfg.warmup = warmup;
+  cfg.peak_tflops = 1.0;  // skip the CPU peak measurement
+  const auto report = kiln::profile::run_sweep(cfg);
+  for (const auto& r : report.rows) {
+    INFO(model << " " << dtype << " cutoff_len " << r.point.cutoff_len << " batch " << r.point.batch_size
+               << ": measured " << r.peak_allocated_bytes << " predicted " << r.predicted.total());
+    REQUIRE(r.status == "ok");
+    CHECK(r.ratio() > 0.85);
+    CHECK(r.ratio() < 1.15);
+  }
+}
+}  // namespace
+
+TEST_CASE("memory model within 15% of the counted CPU peak: tiny", "[profile]") {
+  check_sweep_within_15_percent("tiny", "fp32", {64, 256, 1024}, {1}, 0);
+  check_sweep_within_15_percent("tiny", "bf16", {64, 256}, {1}, 0);
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak: tiny, larger batches", "[profile][slow]") {
+  check_sweep_within_15_percent("tiny", "fp32", {64, 256, 1024}, {4}, 1);
+  check_sweep_within_15_percent("tiny", "bf16", {64, 256, 1024}, {1, 4}, 1);
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak: llama-100m, short", "[profile]") {
+  check_sweep_within_15_percent("llama-100m", "fp32", {64}, {1}, 0);
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak: llama-100m, long", "[profile][slow]") {
+  check_sweep_within_15_percent("llama-100m", "fp32", {256, 512, 1024}, {1}, 0);
+  check_sweep_within_15_percent("llama-100m", "bf16", {256}, {1}, 0);
+}
+
+TEST_CASE("an out-of-memory point is marked OOM and the sweep goes on", "[profile]") {
+  kiln::profile::SweepConfig cfg;
+  cfg.model = "tiny";
+  cfg.dtype = "fp32";
+  cfg.device = "cpu";
+  cfg.cutoff_lens = {16, 1024};
+  cfg.batch_sizes = {1};
+  cfg.steps = 1;
+  cfg.warmup = 0;
+  cfg.peak_tflops = 1.0;
+  // tiny at cutoff 16 peaks near 7.7 MB, at 1024 near 34 MB (test above): a 20 MB cap fails the second only.
+  cfg.memory_cap_bytes = 20'000'000;
+  const auto report = kiln::profile::run_sweep(cfg);
+  REQUIRE(report.rows.size() == 2);
+  CHECK(report.rows[0].status == "ok");
+  CHECK(report.rows[1].status == "OOM");
+  CHECK(report.rows[1].message.find("memory cap") != std::string::npos);
+}
