@@ -20,6 +20,7 @@ debian_packages=(
   g++ cmake ninja-build ccache clang-format pkg-config
   libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
   libpcre2-dev libbenchmark-dev
+  chromium  # headless screenshot check of kiln-profile's HTML report (tests only)
 )
 missing=()
 for p in "${debian_packages[@]}"; do

@@ -4,6 +4,7 @@ formats. References: the FLOP formula recomputed here from the model's config.js
 and, where Chromium is installed, a headless screenshot of the HTML report."""
 import csv
 import json
+import os
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -112,6 +113,8 @@ def test_html_report_structure(ci_sweep):
 def test_html_screenshot_in_headless_chromium(ci_sweep, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: scripts/setup.sh installs it for this check")
         pytest.skip("chromium is not installed (apt-get install chromium); the structural HTML test still ran")
     _, out = ci_sweep
     png = tmp_path / "report.png"
