@@ -294,7 +294,10 @@ std::string to_markdown(const SweepReport& report) {
 std::string to_csv(const SweepReport& report) {
   std::string out;
   auto line = [&](const std::vector<std::string>& cells) {
-    for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + csv_field(cells[i]);
+    for (size_t i = 0; i < cells.size(); ++i) {
+      if (i > 0) out += ',';
+      out += csv_field(cells[i]);
+    }
     out += "\n";
   };
   line(table_header(report));
