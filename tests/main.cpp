@@ -7,7 +7,18 @@
 #include <cstring>
 #include <vector>
 
+#include <ATen/Context.h>
 #include <torch/cuda.h>
+
+namespace {
+// Every test case starts from the same LibTorch random state, so random inputs (at::randn,
+// at::randint) are the same on every run and in any test order: no test can pass or fail by luck.
+struct SeedEachTest : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testCaseStarting(Catch::TestCaseInfo const&) override { at::manual_seed(20261129); }
+};
+}  // namespace
+CATCH_REGISTER_LISTENER(SeedEachTest)
 
 int main(int argc, char** argv) {
   std::vector<char*> args;

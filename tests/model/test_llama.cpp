@@ -104,7 +104,9 @@ TEST_CASE("gradients of every parameter match finite differences in fp64", "[mod
         const double down = m->forward(ids, ids).loss.item<double>();
         p[i].fill_(orig);
         const double fd = (up - down) / (2 * eps), ag = grad[i].item<double>();
-        const double rel = std::abs(fd - ag) / (1e-6 + std::abs(ag));
+        // Tolerance 1e-8 absolute + 1e-5 relative: central differences with eps 1e-6 in fp64 are
+        // good to ~1e-10, so anything past this is a wrong gradient, not rounding.
+        const double rel = std::abs(fd - ag) / (1e-8 + 1e-5 * std::abs(ag));
         if (rel > worst) worst_at = item.key() + "[" + std::to_string(i) + "]";
         worst = std::max(worst, rel);
         ++checked;
@@ -112,7 +114,7 @@ TEST_CASE("gradients of every parameter match finite differences in fp64", "[mod
     }
     CHECK(checked == m->num_parameters());
     INFO("largest relative difference at " << worst_at);
-    CHECK(worst < 1e-4);
+    CHECK(worst < 1.0);
   }
 }
 

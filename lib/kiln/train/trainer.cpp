@@ -300,7 +300,7 @@ TrainResult Trainer::train() {
                "{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}\n",
                loss, entry["grad_norm"].get<double>(), last_lr, entry["epoch"].get<double>(),
                with_commas(static_cast<int64_t>(tokens_per_s)) + " tokens",
-               st.peak ? fmt::format(", MFU {:.1f}% of {:.1f} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
+               st.peak ? fmt::format(", MFU {:.1f}% of {:.3g} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
                                      st.peak->tflops, st.peak->name)
                        : "",
                human_bytes(entry["peak_memory_bytes"].get<double>()));
