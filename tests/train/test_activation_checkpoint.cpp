@@ -39,8 +39,9 @@ TEST_CASE("checkpointing replaces the layers' graphs with one recomputing node e
   kiln::train::set_activation_checkpointing(m, false);
   CHECK_FALSE(has(plain, "CheckpointedLayer"));
   CHECK(has(checkpointed, "CheckpointedLayer"));
-  CHECK(has(plain, "SiluBackward"));
-  CHECK_FALSE(has(checkpointed, "SiluBackward"));  // the MLP's graph is gone from the saved graph
+  // The MLP's gating node (ATen's or kiln's fused one, by backend) is gone from the saved graph.
+  CHECK((has(plain, "SiluBackward") || has(plain, "SwiGlu")));
+  CHECK_FALSE((has(checkpointed, "SiluBackward") || has(checkpointed, "SwiGlu")));
 }
 
 TEST_CASE("checkpointed layers give the same loss and gradients", "[train]") {

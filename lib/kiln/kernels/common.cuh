@@ -36,4 +36,57 @@ enum class DType : int { kFloat32, kBFloat16, kFloat16 };
       }                                         \
     }                                           \
   }()
+
+namespace kiln::kernels {
+
+// 128-bit packs: a row is read and written 16 bytes at a time when its length and base allow.
+template <typename T>
+constexpr int kPack = 16 / static_cast<int>(sizeof(T));
+template <typename T>
+struct alignas(16) Pack {
+  T v[kPack<T>];
+};
+
+template <typename T>
+__host__ __device__ __forceinline__ bool aligned16(const T* ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
+}
+
+// Block-wide reductions for a block of kThreads (a multiple of 32, at most 1024). Safe to call
+// repeatedly in one kernel: the leading barrier keeps a second call from overwriting the slots
+// the first one is still reading.
+template <int kThreads, typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op) {
+  __shared__ float slots[32];
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kThreads / 32 ? slots[lane] : slots[0];
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (lane == 0) slots[0] = v;
+  }
+  __syncthreads();
+  return slots[0];
+}
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <int kThreads>
+__device__ __forceinline__ float block_sum(float v) {
+  return block_reduce<kThreads>(v, SumOp{});
+}
+template <int kThreads>
+__device__ __forceinline__ float block_max(float v) {
+  return block_reduce<kThreads>(v, MaxOp{});
+}
+
+}  // namespace kiln::kernels
 #endif

@@ -9,8 +9,10 @@
 
 #include "kiln/model/rope.h"
 #include "kiln/ops/attention.h"
+#include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/ops/rmsnorm.h"
 #include "kiln/ops/rope.h"
+#include "kiln/ops/swiglu.h"
 
 namespace kiln::model {
 
@@ -53,8 +55,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   const int64_t batch = x.size(0), seq = x.size(1);
   // [B, T, heads * D] -> [B, heads, T, D]
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
-  const at::Tensor q = ops::apply_rope(heads(q_proj->forward(x), num_heads), cos, sin);
-  at::Tensor k = ops::apply_rope(heads(k_proj->forward(x), num_kv_heads), cos, sin);
+  // The projections' outputs are fresh, so RoPE rotates them in place.
+  const at::Tensor q = ops::apply_rope_(heads(q_proj->forward(x), num_heads), cos, sin);
+  at::Tensor k = ops::apply_rope_(heads(k_proj->forward(x), num_kv_heads), cos, sin);
   at::Tensor v = heads(v_proj->forward(x), num_kv_heads);
   if (cache_k != nullptr) {
     if (cache_k->defined()) {
@@ -75,7 +78,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& option
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -153,6 +156,20 @@ CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const 
   const at::Tensor hidden = model->forward(input_ids, positions);
   const at::Tensor& head = lm_head ? lm_head->weight : model->embed_tokens->weight;
   CausalLMOutput out;
+  if (labels.defined() && fused_lm_loss) {
+    TORCH_CHECK(labels.sizes() == input_ids.sizes(), "labels ", labels.sizes(), " do not match input_ids ",
+                input_ids.sizes());
+    // Row t of hidden predicts labels[t + 1]: shift the labels left and ignore the last position,
+    // which keeps hidden's rows in place (no copy of the activations).
+    const at::Tensor y = labels.to(hidden.device());
+    const at::Tensor targets = at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1);
+    ops::LinearCrossEntropyResult r =
+        ops::linear_cross_entropy(hidden, head, targets, {.reduction = ops::LossReduction::kSum});
+    out.loss_sum = r.loss_sum;
+    out.num_tokens = r.num_tokens;
+    out.loss = out.loss_sum / out.num_tokens;
+    return out;
+  }
   out.logits = at::linear(hidden, head);
   if (labels.defined()) causal_lm_loss(out.logits, labels, out);
   return out;

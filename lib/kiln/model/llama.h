@@ -107,7 +107,7 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 struct CausalLMOutput {
-  at::Tensor logits;      // [B, T, V] in the model's dtype
+  at::Tensor logits;      // [B, T, V] in the model's dtype; undefined when the loss was fused
   at::Tensor loss;        // mean next-token loss over targets != -100 (fp32 scalar), if labels given
   at::Tensor loss_sum;    // the sum behind `loss`, for accumulation across micro-batches
   at::Tensor num_tokens;  // count of targets behind `loss` (int64 scalar)
@@ -137,6 +137,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   LlamaModel model{nullptr};
   Linear lm_head{nullptr};  // null when tie_word_embeddings (logits use embed_tokens.weight)
+  // When set, forward() with labels computes the loss with ops::linear_cross_entropy (chunked,
+  // never holding all logits) and leaves `logits` undefined. Off by default so that callers that
+  // want logits (kiln-hf, generation, tests) get them; the trainer turns it on.
+  bool fused_lm_loss = false;
 
  private:
   LlamaConfig config_;

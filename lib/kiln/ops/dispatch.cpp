@@ -1,16 +1,60 @@
 #include "kiln/ops/dispatch.h"
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace kiln::ops {
 namespace {
+
+constexpr int kNumOps = static_cast<int>(Op::kCount);
+constexpr int kNoOverride = -1;
+
 std::atomic<Backend> g_backend{Backend::kKiln};
 std::atomic<bool> g_flash{[] {
   const char* env = std::getenv("KILN_FLASH_ATTENTION");
   return env != nullptr && std::string(env) == "1";
 }()};
+std::array<std::atomic<int>, kNumOps> g_override{};  // kNoOverride or a Backend
+
+struct Parsed {
+  std::optional<Backend> all;
+  std::array<int, kNumOps> per_op{};
+};
+
+Parsed parse_spec(const std::string& spec) {
+  Parsed parsed;
+  parsed.per_op.fill(kNoOverride);
+  std::stringstream in(spec);
+  std::string item;
+  bool first = true;
+  bool any = false;
+  while (std::getline(in, item, ',')) {
+    any = true;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      if (!first) throw std::invalid_argument("kernels: only the first item may be a bare backend, got '" + item + "'");
+      parsed.all = parse_backend(item);
+    } else {
+      const std::string name = item.substr(0, eq);
+      int op = kNumOps;
+      for (int i = 0; i < kNumOps; ++i) {
+        if (op_name(static_cast<Op>(i)) == name) op = i;
+      }
+      if (op == kNumOps) {
+        throw std::invalid_argument("kernels: unknown op '" + name + "' (rmsnorm, rope, swiglu, linear_ce)");
+      }
+      parsed.per_op[op] = static_cast<int>(parse_backend(item.substr(eq + 1)));
+    }
+    first = false;
+  }
+  if (!any) throw std::invalid_argument("kernels: empty backend spec");
+  return parsed;
+}
+
 }  // namespace
 
 void set_flash_attention(bool enabled) {
@@ -22,9 +66,17 @@ bool flash_attention_enabled() {
 
 void set_backend(Backend b) {
   g_backend.store(b);
+  for (auto& o : g_override) o.store(kNoOverride);
 }
 Backend backend() {
   return g_backend.load();
+}
+void set_backend(Op op, Backend b) {
+  g_override[static_cast<int>(op)].store(static_cast<int>(b));
+}
+Backend backend(Op op) {
+  const int o = g_override[static_cast<int>(op)].load();
+  return o == kNoOverride ? g_backend.load() : static_cast<Backend>(o);
 }
 
 std::string backend_name(Backend b) {
@@ -35,6 +87,42 @@ Backend parse_backend(const std::string& name) {
   if (name == "kiln") return Backend::kKiln;
   if (name == "aten") return Backend::kAten;
   throw std::invalid_argument("kernel backend must be 'kiln' or 'aten', got '" + name + "'");
+}
+
+std::string op_name(Op op) {
+  switch (op) {
+    case Op::kRmsNorm:
+      return "rmsnorm";
+    case Op::kRope:
+      return "rope";
+    case Op::kSwiGlu:
+      return "swiglu";
+    case Op::kLinearCrossEntropy:
+      return "linear_ce";
+    default:
+      return "?";
+  }
+}
+
+void validate_backends(const std::string& spec) {
+  parse_spec(spec);
+}
+
+void set_backends(const std::string& spec) {
+  const Parsed parsed = parse_spec(spec);
+  set_backend(parsed.all.value_or(Backend::kKiln));
+  for (int i = 0; i < kNumOps; ++i) {
+    if (parsed.per_op[i] != kNoOverride) set_backend(static_cast<Op>(i), static_cast<Backend>(parsed.per_op[i]));
+  }
+}
+
+std::string backends_spec() {
+  std::string spec = backend_name(backend());
+  for (int i = 0; i < kNumOps; ++i) {
+    const int o = g_override[i].load();
+    if (o != kNoOverride) spec += "," + op_name(static_cast<Op>(i)) + "=" + backend_name(static_cast<Backend>(o));
+  }
+  return spec;
 }
 
 bool kernels_compiled() {

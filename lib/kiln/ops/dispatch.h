@@ -1,8 +1,13 @@
 // The one switch between kiln's CUDA kernels and the ATen reference ops.
 //
-// Every op in kiln::ops has an ATen reference path that runs on any device; where a kiln kernel
-// exists and applies (CUDA tensor, supported dtype and shape), the op uses it unless the backend
-// is set to kAten. Tests use kAten to get the reference on the same device.
+// Every op in kiln::ops has an ATen reference path that runs on any device; where a kiln
+// implementation exists and applies (CUDA tensor, supported dtype and shape; for the chunked
+// linear + cross-entropy, any device), the op uses it unless its backend is kAten. Tests use
+// kAten to get the reference on the same device.
+//
+// The choice is global with optional per-op overrides, written as one string (config key
+// `kernels`, CLI `--kernels`): "kiln", "aten", or a comma list whose first item may be the
+// default and whose other items are op=backend, e.g. "kiln,rope=aten" or "aten,linear_ce=kiln".
 #pragma once
 
 #include <string>
@@ -11,11 +16,29 @@ namespace kiln::ops {
 
 enum class Backend { kKiln, kAten };
 
+// The ops with a kiln implementation; names as in the spec string.
+enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kCount };
+
+// Sets the default for every op and clears per-op overrides.
 void set_backend(Backend backend);
+// The default backend (what ops without an override use).
 Backend backend();
+// One op's backend: its override, else the default.
+void set_backend(Op op, Backend backend);
+Backend backend(Op op);
+
 // "kiln" or "aten"; parse_backend throws std::invalid_argument naming the bad value.
 std::string backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
+// "rmsnorm", "rope", "swiglu", "linear_ce".
+std::string op_name(Op op);
+
+// Applies a spec string as described above. Throws std::invalid_argument naming the bad item;
+// nothing is changed then. validate_backends only checks.
+void set_backends(const std::string& spec);
+void validate_backends(const std::string& spec);
+// The current setting as a spec string ("kiln", "kiln,rope=aten").
+std::string backends_spec();
 
 // kiln's flash-attention kernel inside ops::attention (CUDA, bf16/fp16, head_dim 64/128). Off by
 // default until it has been measured against SDPA on a GPU; on with set_flash_attention(true) or

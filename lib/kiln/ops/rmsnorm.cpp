@@ -1,38 +1,139 @@
-// The CUDA kernel currently covers the forward pass only, so it serves calls that need no
-// gradient (evaluation, generation); training takes the ATen path until the fused backward lands.
+// RMSNorm op: validation, dispatch, and the autograd Functions whose forward/backward run either
+// the CUDA kernels (ops/rmsnorm_cuda.cpp) or the same formulas in ATen.
 #include "kiln/ops/rmsnorm.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
 
 #ifdef KILN_WITH_CUDA
-// ops/rmsnorm_cuda.cpp
-at::Tensor rmsnorm_cuda_forward(const at::Tensor& x, const at::Tensor& weight, double eps);
+// ops/rmsnorm_cuda.cpp. x2, residual2: [rows, H] (residual2 may be undefined); returns {y, h, rstd}.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_cuda_forward(const at::Tensor& x2, const at::Tensor& residual2,
+                                                                    const at::Tensor& weight, double eps);
+// h2, dy2, dh2 (may be undefined): [rows, H]; returns {dx, dweight}.
+std::pair<at::Tensor, at::Tensor> rmsnorm_cuda_backward(const at::Tensor& h2, const at::Tensor& weight,
+                                                        const at::Tensor& rstd, const at::Tensor& dy2,
+                                                        const at::Tensor& dh2);
+bool rmsnorm_cuda_applies(const at::Tensor& x, const at::Tensor& weight);
 #endif
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::ScalarType acc_type(const at::Tensor& x) {
+  return at::promote_types(x.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
+}
+
+bool use_cuda(const at::Tensor& x, const at::Tensor& weight) {
+#ifdef KILN_WITH_CUDA
+  return rmsnorm_cuda_applies(x, weight);
+#else
+  (void)x;
+  (void)weight;
+  return false;
+#endif
+}
+
+// Forward on [rows, H] rows; residual may be undefined. Returns {y, h, rstd [rows] fp32/fp64}.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_rows(const at::Tensor& x, const at::Tensor& residual,
+                                                            const at::Tensor& weight, double eps) {
+#ifdef KILN_WITH_CUDA
+  if (use_cuda(x, weight)) return rmsnorm_cuda_forward(x, residual, weight, eps);
+#endif
+  const at::Tensor h = residual.defined() ? x + residual : x;
+  const at::Tensor hf = h.to(acc_type(h));
+  const at::Tensor rstd = at::rsqrt(hf.pow(2).mean(-1) + eps);
+  const at::Tensor y = weight * (hf * rstd.unsqueeze(-1)).to(h.scalar_type());
+  return {y, h, rstd};
+}
+
+// dx = rstd * (g - n * mean(g * n)) + dh, g = dy * w, n = h * rstd; dweight = sum dy * T(n).
+std::pair<at::Tensor, at::Tensor> backward_rows(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& rstd,
+                                                const at::Tensor& dy, const at::Tensor& dh) {
+#ifdef KILN_WITH_CUDA
+  if (use_cuda(h, weight)) return rmsnorm_cuda_backward(h, weight, rstd, dy, dh);
+#endif
+  const at::ScalarType acc = acc_type(h);
+  const at::Tensor n = h.to(acc) * rstd.unsqueeze(-1);
+  const at::Tensor dyf = dy.to(acc);
+  const at::Tensor g = dyf * weight.to(acc);
+  at::Tensor dx = rstd.unsqueeze(-1) * (g - n * (g * n).mean(-1, /*keepdim=*/true));
+  if (dh.defined()) dx = dx + dh.to(acc);
+  const at::Tensor dweight = (dyf * n.to(h.scalar_type()).to(acc)).sum(0);
+  return {dx.to(h.scalar_type()), dweight.to(weight.scalar_type())};
+}
+
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    auto [y, h, rstd] = forward_rows(x, at::Tensor(), weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dw] = backward_rows(s[0], s[1], s[2], grads[0].contiguous(), at::Tensor());
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+struct AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
+                               const at::Tensor& weight, double eps) {
+    auto [y, h, rstd] = forward_rows(x, residual, weight, eps);
+    ctx->save_for_backward({h, weight, rstd});
+    return {y, h};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor dy = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(s[0]);
+    const at::Tensor dh = grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+    auto [dx, dw] = backward_rows(s[0], s[1], s[2], dy, dh);
+    return {dx, dx, dw, at::Tensor()};
+  }
+};
+
+void check(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && x.size(-1) == weight.size(0), "rmsnorm: weight ", weight.sizes(),
+              " does not match the last dimension of x ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rmsnorm: x is ", x.scalar_type(), " but weight is ",
+              weight.scalar_type());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "rmsnorm: x must be floating point, got ", x.scalar_type());
+}
+
+}  // namespace
+
 at::Tensor rmsnorm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor xf = x.to(at::promote_types(x.scalar_type(), at::kFloat));  // fp32, or fp64 for fp64
+  const at::Tensor xf = x.to(acc_type(x));
   const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 }
 
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && x.size(-1) == weight.size(0), "rmsnorm: weight ", weight.sizes(),
-              " does not match the last dimension of x ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rmsnorm: x is ", x.scalar_type(), " but weight is ",
-              weight.scalar_type());
-#ifdef KILN_WITH_CUDA
-  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  const bool kernel_dtype =
-      x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (backend() == Backend::kKiln && x.is_cuda() && weight.is_cuda() && !needs_grad && kernel_dtype) {
-    return rmsnorm_cuda_forward(x, weight, eps);
+  check(x, weight);
+  if (backend(Op::kRmsNorm) == Backend::kAten) return rmsnorm_reference(x, weight, eps);
+  const int64_t cols = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, cols}).contiguous();
+  return RmsNormFunction::apply(x2, weight.contiguous(), eps).view(x.sizes());
+}
+
+std::pair<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                              double eps) {
+  check(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(), "add_rmsnorm: residual ",
+              residual.sizes(), " ", residual.scalar_type(), " does not match x ", x.sizes(), " ", x.scalar_type());
+  if (backend(Op::kRmsNorm) == Backend::kAten) {
+    const at::Tensor h = x + residual;
+    return {rmsnorm_reference(h, weight, eps), h};
   }
-#endif
-  return rmsnorm_reference(x, weight, eps);
+  const int64_t cols = x.size(-1);
+  const variable_list out = AddRmsNormFunction::apply(
+      x.reshape({-1, cols}).contiguous(), residual.reshape({-1, cols}).contiguous(), weight.contiguous(), eps);
+  return {out[0].view(x.sizes()), out[1].view(x.sizes())};
 }
 
 }  // namespace kiln::ops

@@ -1,19 +1,89 @@
+// RoPE op: validation, dispatch and the in-place autograd Function.
 #include "kiln/ops/rope.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
 
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef KILN_WITH_CUDA
+// ops/rope_cuda.cpp: rotates x in place (backward = the transposed rotation).
+void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward);
+bool rope_cuda_applies(const at::Tensor& x);
+#endif
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x [B, H, T, D] rotated in place; transposed rotation when backward.
+void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+#ifdef KILN_WITH_CUDA
+  if (rope_cuda_applies(x)) {
+    rope_cuda_(x, cos, sin, backward);
+    return;
+  }
+#endif
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  // forward: rotate_half(x) = cat(-x2, x1); backward: rotate_half^T(v) = cat(v2, -v1)
+  const at::Tensor rotated =
+      backward ? at::cat({x2 * s.narrow(-1, half, half), -x1 * s.narrow(-1, 0, half)}, -1) : at::cat({-x2, x1}, -1) * s;
+  x.copy_(x * c + rotated);
+}
+
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+    rotate_(x, cos, sin, false);
+    ctx->mark_dirty({x});
+    ctx->save_for_backward({cos, sin});
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    at::Tensor dx = grads[0].clone(at::MemoryFormat::Contiguous);
+    rotate_(dx, s[0], s[1], true);
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+void check(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 4, "apply_rope: x must be [B, H, T, D], got ", x.sizes());
+  TORCH_CHECK(x.size(3) % 2 == 0, "apply_rope: head dim must be even, got ", x.size(3));
   TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes(), "apply_rope: cos/sin must be [B, T, D], got ", cos.sizes(),
               " and ", sin.sizes());
   TORCH_CHECK(cos.size(1) == x.size(2) && cos.size(2) == x.size(3) && (cos.size(0) == x.size(0) || cos.size(0) == 1),
               "apply_rope: cos/sin ", cos.sizes(), " do not fit x ", x.sizes());
+}
+
+}  // namespace
+
+at::Tensor apply_rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);  // [B, 1, T, D] broadcast over heads
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * c + rotated * s;
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check(x, cos, sin);
+  if (backend(Op::kRope) == Backend::kAten || cos.scalar_type() != x.scalar_type()) {
+    return apply_rope_reference(x, cos, sin);
+  }
+  return RopeFunction::apply(x.clone(), cos.contiguous(), sin.contiguous());
+}
+
+at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  check(x, cos, sin);
+  // Tables of another dtype (fp32 tables with bf16 activations under autocast) promote the
+  // result in the reference, which an in-place rotation cannot do: take the reference then.
+  if (cos.scalar_type() != x.scalar_type()) return apply_rope_reference(x, cos, sin);
+  if (backend(Op::kRope) == Backend::kAten) return x.copy_(apply_rope_reference(x, cos, sin));
+  return RopeFunction::apply(x, cos.contiguous(), sin.contiguous());
 }
 
 }  // namespace kiln::ops

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <stdexcept>
 #include <variant>
 
 #include <fmt/format.h>
 
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
+#include "kiln/ops/dispatch.h"
 
 namespace kiln::train {
 
@@ -123,7 +125,11 @@ void PretrainConfig::validate() const {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     fail("device", fmt::format("must be auto, cpu or cuda, got '{}'", device));
   }
-  if (kernels != "kiln" && kernels != "aten") fail("kernels", fmt::format("must be kiln or aten, got '{}'", kernels));
+  try {
+    ops::validate_backends(kernels);
+  } catch (const std::invalid_argument& e) {
+    fail("kernels", e.what());
+  }
   if (nan_policy != "stop" && nan_policy != "skip") {
     fail("nan_policy", fmt::format("must be stop or skip, got '{}'", nan_policy));
   }

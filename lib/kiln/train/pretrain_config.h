@@ -41,7 +41,7 @@ struct PretrainConfig {
   bool fp16 = false;
   bool gradient_checkpointing = false;
   std::string device = "auto";      // auto (cuda if available), cpu, cuda
-  std::string kernels = "kiln";     // kiln or aten (see ops/dispatch.h)
+  std::string kernels = "kiln";     // kiln, aten, or per op: "kiln,rope=aten" (ops/dispatch.h)
   std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does
 
   int64_t seed = 42;

@@ -110,7 +110,7 @@ void Trainer::install_signal_handlers() {
 
 Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std::make_unique<State>()) {
   config_.validate();
-  ops::set_backend(ops::parse_backend(config_.kernels));
+  ops::set_backends(config_.kernels);
   if (config_.device == "cuda" && !torch::cuda::is_available()) {
     throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
   }
@@ -129,6 +129,7 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
                                      at::TensorOptions().device(device_).dtype(at::kFloat));
     model_->init_weights(static_cast<uint64_t>(config_.seed));
   }
+  model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
 
   // Data: packed blocks of the shard set's train split; its val split for evaluation.
   state_->data_dir = config_.dataset_dir.empty() ? data::default_corpus_shards() : config_.dataset_dir;

@@ -1,0 +1,92 @@
+// Cross-entropy forward + backward over a chunk of logits rows, one block per row. The logits
+// are read twice and the gradient written once, in the logits' own dtype (bf16 in training), so
+// a chunk never needs an fp32 copy; all arithmetic is fp32. Rows whose length allows it move in
+// 128-bit packs.
+#include <cuda_runtime.h>
+
+#include "kiln/kernels/cross_entropy.cuh"
+
+namespace kiln::kernels {
+namespace {
+
+constexpr int kThreads = 512;
+
+struct OnlineSoftmax {
+  float max = -INFINITY;
+  float sum = 0.f;
+  __device__ __forceinline__ void add(float v) {
+    if (v > max) {
+      sum = sum * expf(max - v) + 1.f;
+      max = v;
+    } else {
+      sum += expf(v - max);
+    }
+  }
+};
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEntropyParams p) {
+  const int64_t row = blockIdx.x;
+  T* x = static_cast<T*>(p.logits) + row * p.vocab;
+  const int64_t label = p.labels[row];
+  const bool valid = label != p.ignore_index;
+  const float target = (threadIdx.x == 0 && valid) ? static_cast<float>(x[label]) : 0.f;
+
+  OnlineSoftmax acc;
+  if constexpr (kVec) {
+    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+    const int64_t packs = p.vocab / kPack<T>;
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      const Pack<T> pk = xp[i];
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) acc.add(static_cast<float>(pk.v[j]));
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) acc.add(static_cast<float>(x[i]));
+  }
+  const float row_max = block_max<kThreads>(acc.max);
+  const float scaled = acc.max == -INFINITY ? 0.f : acc.sum * expf(acc.max - row_max);
+  const float lse = row_max + logf(block_sum<kThreads>(scaled));
+
+  if (threadIdx.x == 0) {
+    p.lse[row] = lse;
+    p.loss[row] = valid ? lse - target + p.z_loss * lse * lse : 0.f;
+  }
+  if (!p.write_grad) return;
+  // d/dx_j [lse - x_t + z lse^2] = softmax_j (1 + 2 z lse) - [j == t]; an ignored row gets 0.
+  const float scale = valid ? 1.f + 2.f * p.z_loss * lse : 0.f;
+  auto grad = [&](float v, int64_t j) {
+    float g = expf(v - lse) * scale;
+    if (valid && j == label) g -= 1.f;
+    return static_cast<T>(g);
+  };
+  if constexpr (kVec) {
+    Pack<T>* xp = reinterpret_cast<Pack<T>*>(x);
+    const int64_t packs = p.vocab / kPack<T>;
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      Pack<T> pk = xp[i];
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) pk.v[j] = grad(static_cast<float>(pk.v[j]), i * kPack<T> + j);
+      xp[i] = pk;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) x[i] = grad(static_cast<float>(x[i]), i);
+  }
+}
+
+}  // namespace
+
+void launch_cross_entropy_fwd_bwd(const CrossEntropyParams& params, Stream stream) {
+  if (params.rows == 0) return;
+  KILN_DTYPE_SWITCH(params.dtype, T, [&] {
+    const bool vec = params.vocab % kPack<T> == 0 && aligned16(static_cast<const T*>(params.logits));
+    const dim3 grid(static_cast<unsigned>(params.rows));
+    if (vec) {
+      cross_entropy_fwd_bwd_kernel<T, true><<<grid, kThreads, 0, stream>>>(params);
+    } else {
+      cross_entropy_fwd_bwd_kernel<T, false><<<grid, kThreads, 0, stream>>>(params);
+    }
+  });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,62 @@
+// RoPE in place: one thread per (b, h, t, i < D/2) pair, reading x[i], x[i + D/2] and the table
+// entries once and writing both results. Forward keeps the reference's rounding
+//   y = T( float(T(x * cos)) + float(T(rotate_half(x) * sin)) )
+// and the backward applies the transposed rotation with the same rounding pattern.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kiln/kernels/rope.cuh"
+
+namespace kiln::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ T mul(T a, T b) {
+  return static_cast<T>(static_cast<float>(a) * static_cast<float>(b));
+}
+template <typename T>
+__device__ __forceinline__ T add(T a, T b) {
+  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
+  const int64_t half = p.dim / 2;
+  const int64_t total = p.batch * p.heads * p.seq * half;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; idx < total; idx += stride) {
+    const int64_t i = idx % half;
+    const int64_t t = (idx / half) % p.seq;
+    const int64_t h = (idx / (half * p.seq)) % p.heads;
+    const int64_t b = idx / (half * p.seq * p.heads);
+    T* row = static_cast<T*>(p.x) + b * p.stride_b + h * p.stride_h + t * p.stride_t;
+    const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
+    const T* c = static_cast<const T*>(p.cos) + table;
+    const T* s = static_cast<const T*>(p.sin) + table;
+    const T x1 = row[i], x2 = row[i + half];
+    const T neg_x1 = static_cast<T>(-static_cast<float>(x1)), neg_x2 = static_cast<T>(-static_cast<float>(x2));
+    if (!p.backward) {
+      // y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2
+      row[i] = add(mul(x1, c[i]), mul(neg_x2, s[i]));
+      row[i + half] = add(mul(x2, c[i + half]), mul(x1, s[i + half]));
+    } else {
+      // dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 - dy1 s1
+      row[i] = add(mul(x1, c[i]), mul(x2, s[i + half]));
+      row[i + half] = add(mul(x2, c[i + half]), mul(neg_x1, s[i]));
+    }
+  }
+}
+
+}  // namespace
+
+void launch_rope(const RopeParams& p, Stream stream) {
+  const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
+  if (total == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  KILN_DTYPE_SWITCH(p.dtype, T, [&] { rope_kernel<T><<<grid, kThreads, 0, stream>>>(p); });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,211 @@
+// The chunk loop, the autograd Function and the reference of ops::linear_cross_entropy. The
+// per-chunk softmax step is the only part with two implementations: ATen ops (any device) or the
+// kiln CUDA kernel; the matmuls are cuBLAS/MKL either way.
+#include "kiln/ops/linear_cross_entropy.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kiln/ops/dispatch.h"
+
+namespace kiln::ops {
+
+#ifdef KILN_WITH_CUDA
+// ops/linear_cross_entropy_cuda.cpp: the kernel on one chunk. logits [n, V] contiguous, in place.
+void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                              bool write_grad, at::Tensor& loss, at::Tensor& lse);
+#endif
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// loss [n], lse [n] in the accumulation dtype; with write_grad, d(loss)/d(logits) in the compute dtype.
+struct ChunkResult {
+  at::Tensor loss, lse, grad;
+};
+
+ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                       bool write_grad, at::ScalarType acc) {
+  const at::ScalarType compute = logits.scalar_type();
+  at::Tensor x = logits.to(acc);  // the chunk's only fp32 copy (none when the compute dtype is fp32)
+  logits = at::Tensor();
+  const at::Tensor valid = labels.ne(ignore_index);
+  const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);  // [n, 1]
+  const at::Tensor lse = at::logsumexp(x, -1);                                            // [n]
+  const at::Tensor target = x.gather(1, safe).squeeze(1);
+  ChunkResult r;
+  r.lse = lse;
+  r.loss = ((lse - target) + lse.square() * z_loss) * valid.to(acc);
+  if (!write_grad) return r;
+  // softmax * (1 + 2 z lse) - one_hot, in place over the fp32 copy; zero rows for ignored targets.
+  x.sub_(lse.unsqueeze(1)).exp_().mul_(((lse * (2 * z_loss) + 1) * valid.to(acc)).unsqueeze(1));
+  x.scatter_add_(1, safe, -valid.to(acc).unsqueeze(1));
+  r.grad = x.to(compute);
+  return r;
+}
+
+ChunkResult chunk_dispatch(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                           bool write_grad, at::ScalarType acc) {
+#ifdef KILN_WITH_CUDA
+  if (logits.is_cuda() && backend(Op::kLinearCrossEntropy) == Backend::kKiln && logits.scalar_type() != at::kDouble) {
+    ChunkResult r;
+    cross_entropy_chunk_cuda(logits, labels, ignore_index, z_loss, write_grad, r.loss, r.lse);
+    if (write_grad) r.grad = logits;
+    return r;
+  }
+#endif
+  return chunk_aten(std::move(logits), labels, ignore_index, z_loss, write_grad, acc);
+}
+
+// grad_hidden [N, H] and grad_weight [V, H] are filled when with_grad; returns {loss_sum, z_sum}.
+std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const at::Tensor& weight,
+                                               const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                                               int64_t chunk, bool with_grad, at::Tensor* grad_hidden,
+                                               at::Tensor* grad_weight) {
+  const int64_t rows = hidden.size(0);
+  const at::ScalarType acc = at::promote_types(hidden.scalar_type(), at::kFloat);
+  at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(acc));
+  at::Tensor z_sum = at::zeros({}, hidden.options().dtype(acc));
+  at::Tensor grad_w_acc;
+  if (with_grad) {
+    *grad_hidden = at::empty_like(hidden);
+    grad_w_acc = at::zeros(weight.sizes(), weight.options().dtype(acc));
+  }
+  const bool mixed_cuda = hidden.is_cuda() && acc != hidden.scalar_type();
+  for (int64_t start = 0; start < rows; start += chunk) {
+    const int64_t n = std::min(chunk, rows - start);
+    const at::Tensor h = hidden.narrow(0, start, n);  // [n, H]
+    const at::Tensor y = labels.narrow(0, start, n);  // [n]
+    ChunkResult r = chunk_dispatch(at::mm(h, weight.t()), y, ignore_index, z_loss, with_grad, acc);
+    loss_sum.add_(r.loss.to(acc).sum());
+    if (z_loss != 0) z_sum.add_((r.lse.to(acc).square() * y.ne(ignore_index).to(acc)).sum() * z_loss);
+    if (!with_grad) continue;
+    at::Tensor gh = grad_hidden->narrow(0, start, n);
+    at::mm_out(gh, r.grad, weight);  // [n, V] x [V, H]
+    if (!mixed_cuda && acc == hidden.scalar_type()) {
+      grad_w_acc.addmm_(r.grad.t(), h);
+    } else if (mixed_cuda) {
+      at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);  // bf16 x bf16 accumulated into fp32
+    } else {
+      grad_w_acc.add_(at::mm(r.grad.t(), h));
+    }
+  }
+  if (with_grad) *grad_weight = grad_w_acc.to(weight.scalar_type());
+  return {loss_sum, z_sum};
+}
+
+struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& labels, int64_t ignore_index, double z_loss, int64_t chunk) {
+    at::Tensor grad_hidden, grad_weight;
+    auto [loss_sum, z_sum] =
+        chunked_pass(hidden, weight, labels, ignore_index, z_loss, chunk, true, &grad_hidden, &grad_weight);
+    ctx->save_for_backward({grad_hidden, grad_weight});
+    ctx->mark_non_differentiable({z_sum});
+    return {loss_sum, z_sum};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& g = grad_outputs[0];  // 0-d
+    at::Tensor grad_hidden = saved[0], grad_weight = saved[1];
+    if (g.defined()) {
+      grad_hidden = grad_hidden * g.to(grad_hidden.scalar_type());
+      grad_weight = grad_weight * g.to(grad_weight.scalar_type());
+    }
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels) {
+  TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && hidden.size(-1) == weight.size(1),
+              "linear_cross_entropy: weight ", weight.sizes(), " must be [V, H] with H the last dimension of hidden ",
+              hidden.sizes());
+  TORCH_CHECK(labels.sizes() == hidden.sizes().slice(0, hidden.dim() - 1), "linear_cross_entropy: labels ",
+              labels.sizes(), " must match hidden ", hidden.sizes(), " without its last dimension");
+  TORCH_CHECK(at::isIntegralType(labels.scalar_type(), /*includeBool=*/false),
+              "linear_cross_entropy: labels must be integers, got ", labels.scalar_type());
+  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == weight.scalar_type(),
+              "linear_cross_entropy: hidden is ", hidden.scalar_type(), " and weight is ", weight.scalar_type(),
+              "; both must be the same floating type");
+  TORCH_CHECK(hidden.device() == weight.device() && labels.device() == hidden.device(),
+              "linear_cross_entropy: hidden, weight and labels must be on one device");
+}
+
+LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at::Tensor& labels,
+                                const LinearCrossEntropyOptions& o) {
+  LinearCrossEntropyResult r;
+  r.num_tokens = labels.ne(o.ignore_index).sum();
+  r.loss_sum = std::move(loss_sum);
+  r.z_loss_sum = z_sum.detach();
+  r.loss = o.reduction == LossReduction::kSum ? r.loss_sum : r.loss_sum / r.num_tokens;
+  return r;
+}
+
+}  // namespace
+
+int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden) {
+  const int64_t factor = std::max<int64_t>(1, (vocab + hidden - 1) / std::max<int64_t>(hidden, 1));
+  const int64_t want = (rows + factor - 1) / factor;
+  int64_t chunk = 1;
+  while (chunk < want) chunk *= 2;
+  return std::max<int64_t>(1, std::min(rows, std::max<int64_t>(chunk, 64)));
+}
+
+LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden, const at::Tensor& weight,
+                                                        const at::Tensor& labels, const LinearCrossEntropyOptions& o) {
+  check_inputs(hidden, weight, labels);
+  const at::Tensor logits = at::linear(hidden, weight);  // [..., V] under autocast in the autocast dtype
+  const at::ScalarType acc = at::promote_types(logits.scalar_type(), at::kFloat);
+  const at::Tensor x = logits.reshape({-1, weight.size(0)}).to(acc);
+  const at::Tensor y = labels.reshape({-1}).to(at::kLong);
+  at::Tensor loss_sum = at::cross_entropy_loss(x, y, {}, at::Reduction::Sum, o.ignore_index);
+  at::Tensor z_sum = at::zeros({}, x.options());
+  if (o.z_loss != 0) {
+    z_sum = (at::logsumexp(x, -1).square() * y.ne(o.ignore_index).to(acc)).sum() * o.z_loss;
+    loss_sum = loss_sum + z_sum;
+  }
+  return finish(loss_sum, z_sum, labels, o);
+}
+
+LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                              const at::Tensor& labels, const LinearCrossEntropyOptions& o) {
+  if (backend(Op::kLinearCrossEntropy) == Backend::kAten)
+    return linear_cross_entropy_reference(hidden, weight, labels, o);
+  check_inputs(hidden, weight, labels);
+  TORCH_CHECK(o.chunk_tokens >= 0, "linear_cross_entropy: chunk_tokens must be >= 0, got ", o.chunk_tokens);
+  const int64_t vocab = weight.size(0), dim = weight.size(1);
+  const at::Tensor y = labels.reshape({-1}).to(at::kLong).contiguous();
+  // An out-of-range target would read outside a row in the kernel; the reference rejects it too.
+  TORCH_CHECK(at::logical_or(y.eq(o.ignore_index), y.ge(0).logical_and(y.lt(vocab))).all().item<bool>(),
+              "linear_cross_entropy: a label is outside [0, ", vocab, ") and not ignore_index ", o.ignore_index);
+  // The compute dtype at::linear would use: the autocast dtype when autocast covers this device.
+  at::ScalarType compute = hidden.scalar_type();
+  const at::DeviceType dev = hidden.device().type();
+  if (at::autocast::is_autocast_enabled(dev) && at::isFloatingType(compute) && compute != at::kDouble) {
+    compute = at::autocast::get_autocast_dtype(dev);
+  }
+  const at::Tensor h = hidden.reshape({-1, dim}).to(compute).contiguous();  // [N, H]
+  const at::Tensor w = weight.to(compute).contiguous();                     // [V, H]
+  const int64_t rows = h.size(0);
+  const int64_t chunk = o.chunk_tokens > 0 ? o.chunk_tokens : auto_chunk_tokens(rows, vocab, dim);
+  const bool needs_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
+  if (!needs_grad || rows == 0) {
+    const at::AutoGradMode no_grad(false);
+    auto [loss_sum, z_sum] =
+        chunked_pass(h, w, y, o.ignore_index, o.z_loss, std::max<int64_t>(chunk, 1), false, nullptr, nullptr);
+    return finish(loss_sum, z_sum, labels, o);
+  }
+  // The Function's body calls ATen ops that autocast would re-cast; its inputs are already cast.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const variable_list out = LinearCrossEntropyFunction::apply(h, w, y, o.ignore_index, o.z_loss, chunk);
+  return finish(out[0], out[1], labels, o);
+}
+
+}  // namespace kiln::ops

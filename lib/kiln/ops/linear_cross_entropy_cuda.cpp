@@ -1,0 +1,35 @@
+// Torch-facing side of kernels/cross_entropy.cu: one chunk of logits, in place.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "kiln/kernels/cross_entropy.cuh"
+#include "kiln/ops/cuda_util.h"
+
+namespace kiln::ops {
+
+void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                              bool write_grad, at::Tensor& loss, at::Tensor& lse) {
+  TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2,
+              "cross_entropy_chunk_cuda: logits must be contiguous [n, V]");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  lse = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  kernels::CrossEntropyParams p;
+  p.logits = logits.data_ptr();
+  p.labels = y.data_ptr<int64_t>();
+  p.loss = loss.data_ptr<float>();
+  p.lse = lse.data_ptr<float>();
+  p.rows = logits.size(0);
+  p.vocab = logits.size(1);
+  p.ignore_index = ignore_index;
+  p.z_loss = static_cast<float>(z_loss);
+  p.write_grad = write_grad;
+  p.dtype = kernel_dtype(logits.scalar_type());
+  kernels::launch_cross_entropy_fwd_bwd(p, at::cuda::getCurrentCUDAStream().stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace kiln::ops

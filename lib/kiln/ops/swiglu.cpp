@@ -1,0 +1,75 @@
+// SwiGLU op: validation, dispatch, and the autograd Function.
+#include "kiln/ops/swiglu.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "kiln/ops/dispatch.h"
+
+namespace kiln::ops {
+
+#ifdef KILN_WITH_CUDA
+// ops/swiglu_cuda.cpp; contiguous inputs of one supported dtype.
+at::Tensor swiglu_cuda_forward(const at::Tensor& gate, const at::Tensor& up);
+std::pair<at::Tensor, at::Tensor> swiglu_cuda_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                       const at::Tensor& dy);
+bool swiglu_cuda_applies(const at::Tensor& gate);
+#endif
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool use_cuda(const at::Tensor& gate) {
+#ifdef KILN_WITH_CUDA
+  return swiglu_cuda_applies(gate);
+#else
+  (void)gate;
+  return false;
+#endif
+}
+
+struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+#ifdef KILN_WITH_CUDA
+    if (use_cuda(gate)) return swiglu_cuda_forward(gate, up);
+#endif
+    return at::silu(gate) * up;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor& gate = s[0];
+    const at::Tensor& up = s[1];
+    const at::Tensor dy = grads[0].contiguous();
+#ifdef KILN_WITH_CUDA
+    if (use_cuda(gate)) {
+      auto [dg, du] = swiglu_cuda_backward(gate, up, dy);
+      return {dg, du};
+    }
+#endif
+    const at::ScalarType acc = at::promote_types(gate.scalar_type(), at::kFloat);
+    const at::Tensor g = gate.to(acc), u = up.to(acc), d = dy.to(acc);
+    const at::Tensor sig = at::sigmoid(g);
+    const at::Tensor dg = d * u * sig * (1 + g * (1 - sig));
+    const at::Tensor du = d * g * sig;
+    return {dg.to(gate.scalar_type()), du.to(up.scalar_type())};
+  }
+};
+
+}  // namespace
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
+  return at::silu(gate) * up;
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(), "swiglu: gate ", gate.sizes(), " ",
+              gate.scalar_type(), " and up ", up.sizes(), " ", up.scalar_type(), " must have one shape and dtype");
+  TORCH_CHECK(at::isFloatingType(gate.scalar_type()), "swiglu: gate must be floating point, got ", gate.scalar_type());
+  if (backend(Op::kSwiGlu) == Backend::kAten) return swiglu_reference(gate, up);
+  return SwiGluFunction::apply(gate.contiguous(), up.contiguous());
+}
+
+}  // namespace kiln::ops

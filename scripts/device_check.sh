@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check, in one script for a machine with an NVIDIA GPU, CUDA 13, CMake, ninja and a
+# python3 with torch 2.11 (cu130), but none of kiln's Debian packages and no network:
+#   1. configure against .deps/usr (made here by scripts/bundle_deps.sh and carried along) and
+#      torch's own CMake package, build kiln for this GPU's architecture with -Xptxas -v;
+#   2. run the [cuda] tests, then the CPU op tests (quick);
+#   3. run kiln-bench (all ops, kiln vs ATen).
+# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), at most 8
+# files. Designed to end within 10 minutes on 16 cores; each step has its own time limit and a
+# failed step does not stop the later ones. With the device tool:
+#   run(command="scripts/device_check.sh", carry=[".deps"], timeout_s=600)
+# `scripts/device_check.sh --configure-only` stops after step 1's configure (a check that the
+# bundle is complete, runnable on any machine).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-$root/device_out}"
+mkdir -p "$out"
+deps="$root/.deps/usr"
+build="$root/build-device"
+arch="${KILN_DEVICE_ARCH:-90}"
+log="$out/env.log"
+status=0
+
+if [[ ! -d "$deps" ]]; then
+  echo "device_check: $deps missing: run scripts/bundle_deps.sh here and carry .deps" | tee -a "$log"
+  exit 2
+fi
+{
+  date
+  nvidia-smi || true
+  nvcc --version || true
+  cmake --version | head -1
+  "${KILN_DEVICE_PYTHON:-python3}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+} >>"$log" 2>&1
+
+# The carried pkg-config files name /usr as prefix; point them at the bundle.
+find "$deps" -name '*.pc' -exec sed -i "s|^prefix=.*|prefix=$deps|" {} +
+multi="$deps/lib/x86_64-linux-gnu"
+export PATH="$deps/bin:$PATH"
+export LD_LIBRARY_PATH="$multi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_LIBDIR="$multi/pkgconfig:$deps/share/pkgconfig"
+Torch_DIR="$("${KILN_DEVICE_PYTHON:-python3}" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "share/cmake/Torch"))')"
+
+# 1. configure + build (explicit package folders: the machine's CMake may not search multiarch paths)
+timeout 150 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$Torch_DIR" \
+  -DCMAKE_PREFIX_PATH="$deps" -DKILN_FETCH_MISSING=OFF -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DKILN_PTXAS_VERBOSE=ON -DKILN_PYTHON= -DPKG_CONFIG_EXECUTABLE="$deps/bin/pkgconf" \
+  -Dfmt_DIR="$multi/cmake/fmt" -Dspdlog_DIR="$multi/cmake/spdlog" -Dyaml-cpp_DIR="$multi/cmake/yaml-cpp" \
+  -Dbenchmark_DIR="$multi/cmake/benchmark" -Dcxxopts_DIR="$deps/lib/cmake/cxxopts" \
+  -DCatch2_DIR="$deps/lib/cmake/Catch2" -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >>"$log" 2>&1 ||
+  { echo "device_check: configure failed (env.log)" | tee -a "$log"; exit 1; }
+if [[ "${1:-}" == "--configure-only" ]]; then
+  echo "device_check: configured $build"
+  exit 0
+fi
+timeout 330 cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { echo "device_check: build failed (build.log)"; status=1; }
+grep -E "Compiling entry|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
+
+# 2. tests
+if [[ -x "$build/tests/kiln_tests" ]]; then
+  timeout 120 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" -d yes >"$out/cuda_tests.log" 2>&1 || status=1
+  timeout 60 "$build/tests/kiln_tests" "[ops]~[cuda]" >"$out/ops_cpu_tests.log" 2>&1 || status=1
+fi
+
+# 3. benchmark
+if [[ -x "$build/bin/kiln-bench" ]]; then
+  timeout 120 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
+fi
+tail -n 3 "$out/cuda_tests.log" "$out/ops_cpu_tests.log" 2>/dev/null
+cat "$out/bench.md" 2>/dev/null
+exit $status

@@ -1,0 +1,34 @@
+// The backend spec string of ops/dispatch.h: its documented grammar, checked item by item.
+#include <catch2/catch.hpp>
+
+#include "kiln/ops/dispatch.h"
+#include "support.h"
+
+using kiln::ops::Backend;
+using kiln::ops::Op;
+
+TEST_CASE("backend specs set a default and per-op overrides", "[ops][dispatch]") {
+  kiln::ops::set_backends("aten,rope=kiln,linear_ce=kiln");
+  CHECK(kiln::ops::backend() == Backend::kAten);
+  CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kAten);
+  CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
+  CHECK(kiln::ops::backend(Op::kLinearCrossEntropy) == Backend::kKiln);
+  CHECK(kiln::ops::backends_spec() == "aten,rope=kiln,linear_ce=kiln");
+  kiln::ops::set_backends("swiglu=aten");  // no bare item: the default is kiln
+  CHECK(kiln::ops::backend(Op::kSwiGlu) == Backend::kAten);
+  CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
+  kiln::ops::set_backend(Backend::kKiln);  // clears overrides
+  CHECK(kiln::ops::backends_spec() == "kiln");
+}
+
+TEST_CASE("bad backend specs are rejected and change nothing", "[ops][dispatch]") {
+  kiln::ops::set_backend(Backend::kKiln);
+  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("kiln,attention=aten"); }),
+             Catch::Matchers::Contains("unknown op 'attention'"));
+  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("rope=cuda"); }),
+             Catch::Matchers::Contains("got 'cuda'"));
+  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("rope=aten,aten"); }),
+             Catch::Matchers::Contains("only the first item"));
+  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends(""); }), Catch::Matchers::Contains("empty"));
+  CHECK(kiln::ops::backends_spec() == "kiln");
+}

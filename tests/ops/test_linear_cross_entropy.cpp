@@ -1,0 +1,189 @@
+// ops::linear_cross_entropy (chunked, gradients computed in the forward pass) against autograd
+// through the plain ATen composition at::linear + at::cross_entropy_loss (fp32, tight), against
+// finite differences in fp64, and the fused model loss against the model's full-logits loss.
+// [cuda]: the kiln kernel path against the fp32 reference with design.md's low-precision rule.
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+#include <catch2/catch.hpp>
+
+#include "kiln/model/llama.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear_cross_entropy.h"
+#include "ops/gradcheck.h"
+#include "support.h"
+
+using kiln::ops::LinearCrossEntropyOptions;
+using kiln::ops::LossReduction;
+using kiln::test::max_abs_diff;
+
+namespace {
+
+// The independent reference: autograd on the full logits.
+struct Ref {
+  at::Tensor loss, grad_hidden, grad_weight;
+};
+Ref reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, double z_loss,
+              LossReduction reduction, double grad_scale) {
+  const at::Tensor h = hidden.detach().clone().requires_grad_(true), w = weight.detach().clone().requires_grad_(true);
+  const at::Tensor logits = at::linear(h, w).reshape({-1, w.size(0)}).to(at::kFloat);
+  const at::Tensor y = labels.reshape({-1});
+  const at::Tensor valid = y.ne(-100);
+  at::Tensor loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum, -100);
+  loss = loss + (at::logsumexp(logits, -1).square() * valid).sum() * z_loss;
+  if (reduction == LossReduction::kMean) loss = loss / valid.sum();
+  (loss * grad_scale).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+at::Tensor random_labels(std::vector<int64_t> shape, int64_t vocab) {
+  at::Tensor y = at::randint(vocab, shape, at::kLong);
+  y.view({-1}).index_put_({at::rand({y.numel()}).lt(0.3)}, -100);  // about 30% ignored
+  y.view({-1})[0] = 3;                                             // at least one target
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("chunked linear cross-entropy matches autograd on the full logits (fp32)", "[ops][linear_ce]") {
+  at::manual_seed(1);
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t dim, vocab, chunk;
+    double z;
+    LossReduction reduction;
+  };
+  const std::vector<Case> cases = {
+      {{7}, 1000, 37, 3, 0.0, LossReduction::kMean},    // odd sizes, a partial last chunk
+      {{2, 5}, 16, 129, 4, 1e-3, LossReduction::kSum},  // z-loss, [B, T] rows
+      {{7}, 8, 50, 0, 0.0, LossReduction::kMean},       // automatic chunk
+      {{9}, 24, 64, 100, 1e-2, LossReduction::kMean},   // one chunk larger than the rows
+  };
+  for (const Case& c : cases) {
+    std::vector<int64_t> hshape = c.rows;
+    hshape.push_back(c.dim);
+    const at::Tensor hidden = at::randn(hshape), weight = at::randn({c.vocab, c.dim}) * 0.2;
+    const at::Tensor labels = random_labels(c.rows, c.vocab);
+    const Ref want = reference(hidden, weight, labels, c.z, c.reduction, 2.5);
+    const at::Tensor h = hidden.clone().requires_grad_(true), w = weight.clone().requires_grad_(true);
+    const auto got = kiln::ops::linear_cross_entropy(
+        h, w, labels, {.z_loss = c.z, .chunk_tokens = c.chunk, .reduction = c.reduction});
+    (got.loss * 2.5).backward();
+    CAPTURE(c.dim, c.vocab, c.chunk, c.z);
+    CHECK(got.num_tokens.item<int64_t>() == labels.ne(-100).sum().item<int64_t>());
+    CHECK(max_abs_diff(got.loss, want.loss) < 1e-4 * std::max(1.0, want.loss.abs().item<double>()));
+    CHECK(max_abs_diff(h.grad(), want.grad_hidden) < 1e-5);
+    CHECK(max_abs_diff(w.grad(), want.grad_weight) < 1e-5);
+    if (c.z == 0) CHECK(got.z_loss_sum.item<double>() == 0);
+    // Without gradients the same chunks give the same loss.
+    const at::NoGradGuard no_grad;
+    const auto eval = kiln::ops::linear_cross_entropy(
+        hidden, weight, labels, {.z_loss = c.z, .chunk_tokens = c.chunk, .reduction = c.reduction});
+    CHECK(max_abs_diff(eval.loss, got.loss) < 1e-6 * std::max(1.0, want.loss.abs().item<double>()));
+  }
+}
+
+TEST_CASE("chunked linear cross-entropy passes an fp64 finite-difference check", "[ops][linear_ce]") {
+  at::manual_seed(2);
+  const at::Tensor hidden = at::randn({5, 3}), weight = at::randn({11, 3});
+  const at::Tensor labels = at::tensor({4, -100, 0, 10, 7}, at::kLong);
+  for (double z : {0.0, 0.1}) {
+    const double err = kiln::test::gradcheck_max_error(
+        [&](const std::vector<at::Tensor>& in) {
+          return kiln::ops::linear_cross_entropy(in[0], in[1], labels, {.z_loss = z, .chunk_tokens = 2}).loss * 1.7;
+        },
+        {hidden, weight});
+    CAPTURE(z);
+    CHECK(err < 1e-7);
+  }
+}
+
+TEST_CASE("the aten backend of linear cross-entropy is the full-logits reference", "[ops][linear_ce]") {
+  at::manual_seed(3);
+  const at::Tensor hidden = at::randn({6, 10}), weight = at::randn({20, 10});
+  const at::Tensor labels = random_labels({6}, 20);
+  const auto chunked = kiln::ops::linear_cross_entropy(hidden, weight, labels, {.chunk_tokens = 4});
+  kiln::ops::set_backends("kiln,linear_ce=aten");
+  const auto aten = kiln::ops::linear_cross_entropy(hidden, weight, labels, {.chunk_tokens = 4});
+  kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+  CHECK(max_abs_diff(aten.loss, reference(hidden, weight, labels, 0, LossReduction::kMean, 1).loss) < 1e-6);
+  CHECK(max_abs_diff(aten.loss, chunked.loss) < 1e-5);
+}
+
+TEST_CASE("linear cross-entropy rejects bad labels and shapes", "[ops][linear_ce]") {
+  const at::Tensor hidden = at::randn({3, 4}), weight = at::randn({5, 4});
+  CHECK_THAT(kiln::test::error_of([&] {
+               kiln::ops::linear_cross_entropy(hidden, weight, at::tensor({0, 5, 1}, at::kLong));
+             }),
+             Catch::Matchers::Contains("outside [0, 5)"));
+  CHECK_THAT(kiln::test::error_of([&] {
+               kiln::ops::linear_cross_entropy(hidden, at::randn({5, 3}), at::tensor({0, 1, 1}, at::kLong));
+             }),
+             Catch::Matchers::Contains("must be [V, H]"));
+  CHECK_THAT(kiln::test::error_of([&] {
+               kiln::ops::linear_cross_entropy(hidden, weight, at::tensor({0, 1}, at::kLong));
+             }),
+             Catch::Matchers::Contains("labels"));
+}
+
+TEST_CASE("the model's fused loss equals its full-logits loss, gradients included", "[ops][linear_ce][model]") {
+  at::manual_seed(4);
+  kiln::model::LlamaConfig config = kiln::model::load_llama_config("tiny");
+  for (bool tie : {false, true}) {
+    config.tie_word_embeddings = tie;
+    kiln::model::LlamaForCausalLM m(config);
+    const at::Tensor ids = at::randint(config.vocab_size, {2, 9}, at::kLong);
+    at::Tensor labels = ids.clone();
+    labels[1][4] = -100;
+    const auto full = m->forward(ids, labels);
+    full.loss.backward();
+    std::vector<at::Tensor> want;
+    for (const auto& p : m->parameters()) want.push_back(p.grad().clone());
+    m->zero_grad();
+    m->fused_lm_loss = true;
+    const auto fused = m->forward(ids, labels);
+    CHECK_FALSE(fused.logits.defined());
+    CHECK(fused.num_tokens.item<int64_t>() == full.num_tokens.item<int64_t>());
+    CHECK(max_abs_diff(fused.loss_sum, full.loss_sum) < 1e-4);
+    CHECK(max_abs_diff(fused.loss, full.loss) < 1e-5);
+    fused.loss.backward();
+    size_t i = 0;
+    for (const auto& p : m->parameters()) CHECK(max_abs_diff(p.grad(), want[i++]) < 1e-5);
+  }
+}
+
+TEST_CASE("linear cross-entropy CUDA kernel matches the fp32 reference", "[ops][linear_ce][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  REQUIRE(kiln::ops::kernels_compiled());
+  at::manual_seed(5);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t vocab : {1000, 4099, 32000}) {
+      const at::Tensor hidden32 = at::randn({67, 256}), weight32 = at::randn({vocab, 256}) * 0.05;
+      const at::Tensor labels = random_labels({67}, vocab).cuda();
+      const Ref ref = reference(hidden32.cuda(), weight32.cuda(), labels, 1e-4, LossReduction::kMean, 1.0);
+      auto run = [&](kiln::ops::Backend b) {
+        kiln::ops::set_backend(b);
+        const at::Tensor h = hidden32.to(dtype).cuda().requires_grad_(true);
+        const at::Tensor w = weight32.to(dtype).cuda().requires_grad_(true);
+        const auto r = b == kiln::ops::Backend::kAten
+                           ? kiln::ops::linear_cross_entropy_reference(h, w, labels, {.z_loss = 1e-4})
+                           : kiln::ops::linear_cross_entropy(h, w, labels, {.z_loss = 1e-4, .chunk_tokens = 16});
+        r.loss.backward();
+        kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+        return Ref{r.loss.detach(), h.grad(), w.grad()};
+      };
+      const Ref aten = run(kiln::ops::Backend::kAten), kiln_ = run(kiln::ops::Backend::kKiln);
+      CAPTURE(dtype, vocab);
+      if (dtype == at::kFloat) {
+        CHECK(max_abs_diff(kiln_.loss, ref.loss) < 1e-4);
+        CHECK(max_abs_diff(kiln_.grad_hidden, ref.grad_hidden) < 1e-5);
+        CHECK(max_abs_diff(kiln_.grad_weight, ref.grad_weight) < 1e-5);
+      } else {
+        CHECK(max_abs_diff(kiln_.loss, ref.loss) <= 2 * max_abs_diff(aten.loss, ref.loss) + 1e-4);
+        CHECK(max_abs_diff(kiln_.grad_hidden, ref.grad_hidden) <=
+              2 * max_abs_diff(aten.grad_hidden, ref.grad_hidden) + 1e-5);
+        CHECK(max_abs_diff(kiln_.grad_weight, ref.grad_weight) <=
+              2 * max_abs_diff(aten.grad_weight, ref.grad_weight) + 1e-5);
+      }
+    }
+  }
+}

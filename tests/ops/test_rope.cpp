@@ -1,0 +1,97 @@
+// ops::apply_rope / apply_rope_ (in place, hand-written backward) against autograd through the
+// ATen composition (fp32) and finite differences (fp64), with default and llama3-scaled tables;
+// the CUDA kernel against the fp32 reference with design.md's low-precision rule.
+#include <torch/cuda.h>
+#include <catch2/catch.hpp>
+
+#include "kiln/model/llama_config.h"
+#include "kiln/model/rope.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/rope.h"
+#include "ops/gradcheck.h"
+#include "support.h"
+
+using kiln::test::max_abs_diff;
+
+namespace {
+kiln::model::RopeTables tables(bool llama3, int64_t batch, int64_t seq, at::ScalarType dtype, at::Device device) {
+  kiln::model::LlamaConfig c = kiln::model::load_llama_config("tiny");
+  if (llama3) {
+    c.rope_scaling.rope_type = "llama3";
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    c.rope_scaling.original_max_position_embeddings = 16;
+  }
+  const at::Tensor pos = at::randint(4 * seq, {batch, seq}, at::kLong).to(device);
+  return kiln::model::rope_cos_sin(kiln::model::rope_inv_freq(c).to(device), pos, dtype);
+}
+struct Grads {
+  at::Tensor y, dx;
+};
+// x as the model makes it: a [B, T, H*D] projection output viewed as [B, H, T, D].
+Grads run(const at::Tensor& x_bthd, const kiln::model::RopeTables& t, const at::Tensor& dy, int mode) {
+  const at::Tensor leaf = x_bthd.detach().clone().requires_grad_(true);
+  const at::Tensor x = (leaf * 1).transpose(1, 2);  // a non-leaf strided view, like the projection
+  at::Tensor y;
+  if (mode == 0) y = kiln::ops::apply_rope_reference(x, t.cos, t.sin);
+  if (mode == 1) y = kiln::ops::apply_rope(x, t.cos, t.sin);
+  if (mode == 2) y = kiln::ops::apply_rope_(x, t.cos, t.sin);
+  y.backward(dy);
+  return {y.detach(), leaf.grad()};
+}
+}  // namespace
+
+TEST_CASE("rope's in-place Function matches autograd on the ATen composition", "[ops][rope]") {
+  at::manual_seed(31);
+  const int64_t head_dim = kiln::model::load_llama_config("tiny").resolved_head_dim();
+  for (bool llama3 : {false, true}) {
+    const auto t = tables(llama3, 2, 7, at::kFloat, at::kCPU);
+    const at::Tensor x = at::randn({2, 7, 3, head_dim}), dy = at::randn({2, 3, 7, head_dim});
+    const Grads want = run(x, t, dy, 0);
+    for (int mode : {1, 2}) {
+      const Grads got = run(x, t, dy, mode);
+      CAPTURE(llama3, mode);
+      CHECK(max_abs_diff(got.y, want.y) == 0);
+      CHECK(max_abs_diff(got.dx, want.dx) < 1e-6);
+    }
+  }
+  const auto t = tables(true, 1, 3, at::kDouble, at::kCPU);
+  const at::Tensor dy = at::randn({1, 2, 3, head_dim});
+  CHECK(kiln::test::gradcheck_max_error(
+            [&](const std::vector<at::Tensor>& in) {
+              return (kiln::ops::apply_rope_((in[0] * 1).transpose(1, 2), t.cos, t.sin) * dy).sum();
+            },
+            {at::randn({1, 3, 2, head_dim})}) < 1e-7);
+}
+
+TEST_CASE("rope CUDA kernel matches the reference, forward and backward", "[ops][rope][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  REQUIRE(kiln::ops::kernels_compiled());
+  at::manual_seed(32);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (bool llama3 : {false, true}) {
+      for (int64_t d : {64, 128}) {
+        const at::Tensor x32 = at::randn({2, 33, 5, d}).cuda(), dy32 = at::randn({2, 5, 33, d}).cuda();
+        const at::Tensor pos = at::randint(1000, {2, 33}, at::kLong).cuda();
+        kiln::model::LlamaConfig c = kiln::model::load_llama_config("tiny");
+        c.head_dim = d;
+        if (llama3) c.rope_scaling.rope_type = "llama3";
+        const at::Tensor inv = kiln::model::rope_inv_freq(c).cuda();
+        const auto t32 = kiln::model::rope_cos_sin(inv, pos, at::kFloat);
+        const auto t = kiln::model::rope_cos_sin(inv, pos, dtype);
+        const Grads ref = run(x32, t32, dy32, 0);
+        const Grads aten = run(x32.to(dtype), t, dy32.to(dtype), 0);
+        const Grads kern = run(x32.to(dtype), t, dy32.to(dtype), 2);
+        CAPTURE(dtype, llama3, d);
+        if (dtype == at::kFloat) {
+          CHECK(max_abs_diff(kern.y, ref.y) < 1e-5);
+          CHECK(max_abs_diff(kern.dx, ref.dx) < 1e-5);
+        } else {
+          CHECK(max_abs_diff(kern.y, ref.y) <= 2 * max_abs_diff(aten.y, ref.y) + 1e-6);
+          CHECK(max_abs_diff(kern.dx, ref.dx) <= 2 * max_abs_diff(aten.dx, ref.dx) + 1e-6);
+        }
+      }
+    }
+  }
+}
