@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
@@ -33,42 +32,11 @@
 #include "kiln/ops/rmsnorm.h"
 #include "kiln/ops/rope.h"
 #include "kiln/ops/swiglu.h"
+#include "kiln/profile/cpu_allocator.h"
 
 namespace {
 
-// Counts live and peak bytes of CPU tensors by wrapping the default allocator.
-class CountingCpuAllocator : public c10::Allocator {
- public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr p = inner_->allocate(n);
-    auto* ctx = new Ctx{std::move(p), n, this};
-    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {ctx->inner.get(), ctx, &release, ctx->inner.device()};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  int64_t live() const { return live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  void reset_peak() { peak_.store(live_.load()); }
-
- private:
-  struct Ctx {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingCpuAllocator* owner;
-  };
-  static void release(void* raw) {
-    auto* ctx = static_cast<Ctx*>(raw);
-    ctx->owner->live_.fetch_sub(static_cast<int64_t>(ctx->bytes));
-    delete ctx;
-  }
-  c10::Allocator* inner_;
-  std::atomic<int64_t> live_{0}, peak_{0};
-};
-CountingCpuAllocator* g_cpu_counter = nullptr;
+kiln::profile::CountingCpuAllocatorGuard* g_cpu_counter = nullptr;  // installed in main()
 
 struct Memory {
   at::Device device;
@@ -82,7 +50,7 @@ struct Memory {
     }
 #endif
     g_cpu_counter->reset_peak();
-    base = g_cpu_counter->live();
+    base = g_cpu_counter->stats().current_bytes;
   }
   int64_t peak_extra() const {
 #ifdef KILN_WITH_CUDA
@@ -90,7 +58,7 @@ struct Memory {
       return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak - base;
     }
 #endif
-    return g_cpu_counter->peak() - base;
+    return g_cpu_counter->stats().peak_bytes - base;
   }
 };
 
@@ -123,9 +91,8 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  static CountingCpuAllocator counter(c10::GetCPUAllocator());
+  kiln::profile::CountingCpuAllocatorGuard counter;  // before any tensor exists, so all are counted
   g_cpu_counter = &counter;
-  c10::SetCPUAllocator(&counter, /*priority=*/UINT8_MAX);
 
   cxxopts::Options options("kiln-bench", "kiln fused ops vs their ATen reference: time, GB/s, peak memory");
   // clang-format off
@@ -148,13 +115,9 @@ int main(int argc, char** argv) {
       std::cout << options.help() << "\n";
       return 0;
     }
-    std::string dev_name = args["device"].as<std::string>();
-    if (dev_name.empty()) dev_name = torch::cuda::is_available() ? "cuda" : "cpu";
-    if (dev_name != "cpu" && dev_name != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-    if (dev_name == "cuda" && !torch::cuda::is_available())
-      throw std::invalid_argument("--device cuda: no CUDA device");
-    const bool cuda = dev_name == "cuda";
-    const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const bool cuda = device.is_cuda();
+    const std::string dev_name = cuda ? "cuda" : "cpu";
     std::string dtype_name = args["dtype"].as<std::string>();
     if (dtype_name.empty()) dtype_name = cuda ? "bf16" : "fp32";
     at::ScalarType dtype;
