@@ -43,14 +43,16 @@ TEST_CASE("a LLaMA-Factory style config loads", "[train][config]") {
   CHECK(c.warmup_ratio == 0.1);
   CHECK(c.bf16);
   CHECK(c.cutoff_len == 1024);
+  CHECK_FALSE(c.full_determinism);
 }
 
 TEST_CASE("command-line overrides win and are checked like the file", "[train][config]") {
   const std::string path = write_yaml("lf.yaml", kLlamaFactory);
-  const auto c =
-      load_pretrain_config(path, parse_overrides({"--learning_rate", "3e-4", "--cutoff_len=2048", "--bf16", "false"}));
+  const auto c = load_pretrain_config(path, parse_overrides({"--learning_rate", "3e-4", "--cutoff_len=2048", "--bf16",
+                                                             "false", "--full_determinism", "true"}));
   CHECK(c.learning_rate == 3e-4);
   CHECK(c.cutoff_len == 2048);
+  CHECK(c.full_determinism);
   CHECK_FALSE(c.bf16);
   CHECK_THAT(error_of([&] {
                load_pretrain_config(path, parse_overrides({"--learning_rate", "fast"}));

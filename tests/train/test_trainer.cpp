@@ -3,10 +3,12 @@
 // exactly; a poisoned parameter must stop the run naming the step (nan_policy: stop).
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include <ATen/Context.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -157,4 +159,18 @@ TEST_CASE("resume_from_checkpoint: true without checkpoints is a clear error", "
   c.resume_from_checkpoint = "true";
   CHECK_THAT(kiln::test::error_of([&] { Trainer t(c); }),
              Catch::Matchers::Contains("resume_from_checkpoint") && Catch::Matchers::Contains("no checkpoint"));
+}
+
+TEST_CASE("full_determinism turns on PyTorch's deterministic algorithms and cuBLAS's fixed workspace", "[train]") {
+  PretrainConfig c = small_run("determinism");
+  c.full_determinism = true;
+  const bool before = at::globalContext().deterministicAlgorithms();
+  const bool warn_before = at::globalContext().deterministicAlgorithmsWarnOnly();
+  {
+    const Trainer t(c);
+    CHECK(at::globalContext().deterministicAlgorithms());
+    CHECK(at::globalContext().deterministicAlgorithmsWarnOnly());
+    REQUIRE(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
+  }
+  at::globalContext().setDeterministicAlgorithms(before, warn_before);
 }

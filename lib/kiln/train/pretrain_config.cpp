@@ -52,6 +52,7 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"device", &C::device},
       {"kernels", &C::kernels},
       {"nan_policy", &C::nan_policy},
+      {"full_determinism", &C::full_determinism},
       {"seed", &C::seed},
       {"logging_steps", &C::logging_steps},
       {"save_steps", &C::save_steps},

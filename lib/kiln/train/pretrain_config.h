@@ -43,6 +43,10 @@ struct PretrainConfig {
   std::string device = "auto";      // auto (cuda if available), cpu, cuda
   std::string kernels = "kiln";     // kiln, aten, or per op: "kiln,rope=aten" (ops/dispatch.h)
   std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does
+  // HF's full_determinism: PyTorch's deterministic algorithms (warn-only for ops without one),
+  // which also selects the flash-attention kernels' deterministic backward, and cuBLAS's
+  // reproducible workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set).
+  bool full_determinism = false;
 
   int64_t seed = 42;
   int64_t logging_steps = 10;

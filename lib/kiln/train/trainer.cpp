@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -111,6 +112,10 @@ void Trainer::install_signal_handlers() {
 Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std::make_unique<State>()) {
   config_.validate();
   ops::set_backends(config_.kernels);
+  if (config_.full_determinism) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before cuBLAS's first handle
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
   if (config_.device == "cuda" && !torch::cuda::is_available()) {
     throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
   }
