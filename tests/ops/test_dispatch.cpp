@@ -14,6 +14,9 @@ TEST_CASE("backend specs set a default and per-op overrides", "[ops][dispatch]")
   CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
   CHECK(kiln::ops::backend(Op::kLinearCrossEntropy) == Backend::kKiln);
   CHECK(kiln::ops::backends_spec() == "aten,rope=kiln,linear_ce=kiln");
+  kiln::ops::set_backends("kiln,attention=aten");
+  CHECK(kiln::ops::backend(Op::kAttention) == Backend::kAten);
+  CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kKiln);
   kiln::ops::set_backends("swiglu=aten");  // no bare item: the default is kiln
   CHECK(kiln::ops::backend(Op::kSwiGlu) == Backend::kAten);
   CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
@@ -23,8 +26,8 @@ TEST_CASE("backend specs set a default and per-op overrides", "[ops][dispatch]")
 
 TEST_CASE("bad backend specs are rejected and change nothing", "[ops][dispatch]") {
   kiln::ops::set_backend(Backend::kKiln);
-  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("kiln,attention=aten"); }),
-             Catch::Matchers::Contains("unknown op 'attention'"));
+  CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("kiln,softmax=aten"); }),
+             Catch::Matchers::Contains("unknown op 'softmax'"));
   CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("rope=cuda"); }),
              Catch::Matchers::Contains("got 'cuda'"));
   CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends("rope=aten,aten"); }),

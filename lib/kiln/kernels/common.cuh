@@ -14,7 +14,20 @@ enum class DType : int { kFloat32, kBFloat16, kFloat16 };
 
 }  // namespace kiln::kernels
 
-#ifdef __CUDACC__
+// Kernel sources are also compiled as host C++ against kernels/emulation.h (tests without a GPU):
+// their entry points then live in kiln::kernels::emulated, and these two macros stand for the
+// dynamic shared memory declaration and the <<<...>>> launch.
+#ifdef KILN_CUDA_EMULATION
+#define KILN_KERNELS_NS kiln::kernels::emulated
+#define KILN_DYNAMIC_SMEM(name) unsigned char* name = ::kiln::emu::current_block()->dynamic_shared
+#define KILN_LAUNCH(kernel, grid, block, smem, stream, ...) ::kiln::emu::launch(kernel, grid, block, smem, __VA_ARGS__)
+#else
+#define KILN_KERNELS_NS kiln::kernels
+#define KILN_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define KILN_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
+#if defined(__CUDACC__) || defined(KILN_CUDA_EMULATION)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -1,48 +1,87 @@
-// Flash-attention forward, FlashAttention-2 style, on WMMA tensor-core tiles.
+// Flash attention, FlashAttention-2 style, on WMMA tensor-core tiles (the C++ face of mma.sync:
+// bf16/fp16 in, fp32 accumulate), with cp.async copies from global into shared memory.
 //
-// One CTA = 64 query rows of one (batch, query head); 4 warps of 16 rows each. Per key tile of 64:
-//   S = Q K^T (WMMA bf16/fp16 -> fp32, into shared memory), per-row online softmax by the warp
-//   (running max m, denominator l, rescale factor alpha), P in the input dtype, O = alpha * O + P V
-//   with O kept in fp32 in shared memory (WMMA accumulators are loaded from and stored back to it,
-//   since a fragment's element-to-row mapping is unspecified and rows must be rescaled).
-// GQA: the CTA reads the K/V head hq / (Hq / Hkv); nothing is repeated in memory. Causal tiles
-// past the diagonal are skipped. Shared memory: 640 * D + 25 KiB (66 KiB at D = 64, 105 KiB at
-// D = 128), hence the opt-in dynamic shared memory size.
-//
-// This first version favours clarity over the last factor of speed (no cp.async pipelining, no
-// register-resident O); docs/kernels.md lists what a faster one changes. The backward pass is
-// ops/flash_attention.cpp's blocked algorithm, which recomputes from the log-sum-exp written here.
+// Forward: one CTA = 64 query rows of one (batch, query head); 4 warps of 16 rows each. Per key
+//   tile of 64 (double-buffered: tile j + 1 is in flight while tile j is used):
+//   S = Q K^T (fp32, shared memory), per-row online softmax by the warp (running max m,
+//   denominator l, rescale alpha), P in the input dtype, O = alpha * O + P V with O in fp32 shared
+//   memory (a fragment's element-to-row mapping is unspecified, and rows must be rescaled).
+//   Writes O / l and lse = m + log l.
+// Backward: D = rowsum(dO * O) first (one warp per row). Then one CTA per 64 keys of one
+//   (batch, KV head), warp w owning keys 16w..16w+15, loops over every query head of its group
+//   and every query tile that can see its keys: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
+//   dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q stay in registers (WMMA accumulators)
+//   for the whole loop, so GQA's sum over the group needs no atomics and K/V are never repeated.
+//   dQ += dS K is either added to an fp32 buffer with atomics (default) or, deterministic,
+//   computed by a second kernel per 64 queries that recomputes the tiles over the keys in order.
+// GQA: query head hq reads KV head hq / (Hq / Hkv). Causal tiles entirely past the diagonal are
+// skipped in all three loops. Segment ids (packed documents) mask pairs whose ids differ.
+// 16-bit tiles are stored with 8 elements of padding per row against shared-memory bank
+// conflicts (WMMA wants ld % 8 == 0 and 32-byte aligned tile starts: both hold).
 #include "kiln/kernels/flash_attention.cuh"
 
+#ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
 #include <mma.h>
+#endif
 
+#include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
-namespace kiln::kernels {
+namespace KILN_KERNELS_NS {
 namespace {
 
 using namespace nvcuda;
 
-constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32, kRows = 16;
+constexpr int kBlock = 64;  // query and key tile
+constexpr int kWarps = 4, kThreads = kWarps * 32, kRows = 16;
+constexpr int kLdP = kBlock + 8;  // 16-bit [rows x 64] tiles (P, dS)
 
-__host__ __device__ constexpr size_t smem_bytes(int d) {
-  return 3 * size_t(kBlockQ) * d * 2             // Q, K, V tiles (16-bit)
-         + size_t(kWarps) * kRows * kBlockK * 4  // S (fp32) per warp
-         + size_t(kWarps) * kRows * kBlockK * 2  // P (16-bit) per warp
-         + size_t(kWarps) * kRows * d * 4        // O (fp32) per warp
-         + size_t(kWarps) * kRows * 3 * 4;       // m, l, alpha per row
+template <int D>
+constexpr int kLd = D + 8;  // 16-bit [64 x D] tiles (Q, K, V, dO)
+
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// ---- cp.async (sm_80+); a plain copy on older architectures, which the launcher refuses anyway.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
-// Copies rows [row0, row0 + 64) of a [rows, D] matrix into shared memory, zero past `rows`.
+// Starts copying rows [row0, row0 + 64) of a [rows, D] matrix into a [64 x kLd<D>] tile; rows
+// past `rows` become zero.
 template <typename T, int D>
-__device__ void load_tile(T* dst, const T* src, int row0, int rows) {
-  constexpr int kVec = 8;  // 16 bytes of 16-bit values
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int i = threadIdx.x; i < kBlockQ * D / kVec; i += kThreads) {
-    const int r = i * kVec / D, c = i * kVec % D;
-    const uint4 val = row0 + r < rows ? *reinterpret_cast<const uint4*>(src + size_t(row0 + r) * D + c) : zero;
-    *reinterpret_cast<uint4*>(dst + r * D + c) = val;
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int row0, int rows) {
+  constexpr int kVec = 8, kChunks = D / kVec;  // 16 bytes of 16-bit values
+  for (int i = threadIdx.x; i < kBlock * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks * kVec;
+    const bool valid = row0 + r < rows;
+    cp_async16(dst + r * kLd<D> + c, valid ? src + size_t(row0 + r) * D + c : src, valid);
+  }
+}
+
+// Segment ids of rows [row0, row0 + 64) into shared memory; `pad` past the end.
+__device__ __forceinline__ void load_segments(int* dst, const int* seg, int row0, int rows, int pad) {
+  if (seg != nullptr && threadIdx.x < kBlock) {
+    const int r = row0 + threadIdx.x;
+    dst[threadIdx.x] = r < rows ? seg[r] : pad;
   }
 }
 
@@ -55,71 +94,153 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// out[16 x 64] (fp32, ld 64) = A[16 x D] * B[64 x D]^T; A and B 16-bit row-major tiles.
+template <typename T, int D>
+__device__ __forceinline__ void mma_abt(float* out, const T* a, int lda, const T* b, int ldb) {
+#pragma unroll 1
+  for (int n = 0; n < kBlock / 16; ++n) {
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;  // B^T: B row-major is B^T column-major
+      wmma::load_matrix_sync(fa, a + kk * 16, lda);
+      wmma::load_matrix_sync(fb, b + n * 16 * ldb + kk * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, kBlock, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += A[16 x 64] * B[64 x D] (B a 16-bit row-major tile). A is 16-bit, row-major
+// (A(r, c) = a[r * lda + c]) or column-major (A(r, c) = a[r + c * lda]).
+template <typename T, int D, typename ALayout>
+__device__ __forceinline__ void mma_acc(Acc (&acc)[D / 16], const T* a, int lda, const T* b, int ldb) {
+#pragma unroll 1
+  for (int kk = 0; kk < kBlock / 16; ++kk) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, ALayout> fa;
+    wmma::load_matrix_sync(fa, std::is_same_v<ALayout, wmma::row_major> ? a + kk * 16 : a + kk * 16 * lda, lda);
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+      wmma::load_matrix_sync(fb, b + kk * 16 * ldb + n * 16, ldb);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes a warp's [16 x D] accumulator rows row0.. (those < rows) to dst [rows, D] as T,
+// times `scale`, through the warp's fp32 scratch (16 * D floats).
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(const Acc (&acc)[D / 16], float* scratch, float scale, T* dst, int row0,
+                                           int rows) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(scratch + n * 16, acc[n], D, wmma::mem_row_major);
+  __syncwarp();
+  for (int i = lane; i < kRows * D; i += 32) {
+    const int r = row0 + i / D;
+    if (r < rows) dst[size_t(r) * D + i % D] = static_cast<T>(scratch[i] * scale);
+  }
+  __syncwarp();
+}
+
+// Bump allocator over dynamic shared memory; every region starts 128-byte aligned.
+struct SmemCursor {
+  unsigned char* at;
+  template <typename U>
+  __device__ U* take(size_t count) {
+    U* p = reinterpret_cast<U*>(at);
+    at += (count * sizeof(U) + 127) / 128 * 128;
+    return p;
+  }
+};
+__host__ __device__ constexpr size_t rounded(size_t bytes) {
+  return (bytes + 127) / 128 * 128;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Forward
+
+template <int D>
+constexpr size_t fwd_smem_bytes() {
+  return 5 * rounded(size_t(kBlock) * kLd<D> * 2)        // Q, K x2, V x2
+         + rounded(size_t(kWarps) * kRows * kBlock * 4)  // S (fp32) per warp
+         + rounded(size_t(kWarps) * kRows * kLdP * 2)    // P per warp
+         + rounded(size_t(kWarps) * kRows * D * 4)       // O (fp32) per warp
+         + rounded(size_t(kWarps) * kRows * 3 * 4)       // m, l, alpha per row
+         + 3 * rounded(kBlock * 4);                      // segment ids: queries, keys x2
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  KILN_DYNAMIC_SMEM(smem);
+  constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* cursor = smem;
-  auto take = [&](size_t bytes) {
-    unsigned char* at = cursor;
-    cursor += bytes;
-    return at;
-  };
-  T* q_s = reinterpret_cast<T*>(take(sizeof(T) * kBlockQ * D));
-  T* k_s = reinterpret_cast<T*>(take(sizeof(T) * kBlockK * D));
-  T* v_s = reinterpret_cast<T*>(take(sizeof(T) * kBlockK * D));
-  float* s_w = reinterpret_cast<float*>(take(4 * kWarps * kRows * kBlockK)) + warp * kRows * kBlockK;
-  T* p_w = reinterpret_cast<T*>(take(sizeof(T) * kWarps * kRows * kBlockK)) + warp * kRows * kBlockK;
-  float* o_w = reinterpret_cast<float*>(take(4 * kWarps * kRows * D)) + warp * kRows * D;
-  float* m_row = reinterpret_cast<float*>(take(4 * kWarps * kRows * 3)) + warp * kRows * 3;
+  SmemCursor cur{smem};
+  T* q_s = cur.take<T>(kBlock * kLdT);
+  // Two buffers each, adjacent (rounded() is a no-op for these 32-byte-multiple sizes), picked
+  // by offset rather than through a pointer array, which would live in local memory.
+  T* k_s2 = cur.take<T>(2 * kBlock * kLdT);
+  T* v_s2 = cur.take<T>(2 * kBlock * kLdT);
+  float* s_w = cur.take<float>(kWarps * kRows * kBlock) + warp * kRows * kBlock;
+  T* p_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
+  float* o_w = cur.take<float>(kWarps * kRows * D) + warp * kRows * D;
+  float* m_row = cur.take<float>(kWarps * kRows * 3) + warp * kRows * 3;
   float* l_row = m_row + kRows;
   float* alpha_row = m_row + 2 * kRows;
+  int* qseg_s = cur.take<int>(kBlock);
+  int* kseg_s2 = cur.take<int>(2 * kBlock);
 
   const int bh = blockIdx.y, b = bh / p.heads_q, hq = bh % p.heads_q;
   const int hkv = hq / (p.heads_q / p.heads_kv);
-  const int q0 = blockIdx.x * kBlockQ;
+  const int q0 = blockIdx.x * kBlock;
   const T* q = static_cast<const T*>(p.q) + size_t(bh) * p.seq_q * D;
   const T* k = static_cast<const T*>(p.k) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
   const T* v = static_cast<const T*>(p.v) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
+  const int* seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
   const int offset = p.seq_k - p.seq_q;  // causal alignment: query i sees keys <= i + offset
+  const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
 
-  load_tile<T, D>(q_s, q, q0, p.seq_q);
+  load_tile_async<T, D>(q_s, q, q0, p.seq_q);
+  load_tile_async<T, D>(k_s2, k, 0, p.seq_k);
+  load_tile_async<T, D>(v_s2, v, 0, p.seq_k);
+  cp_async_commit();
+  load_segments(qseg_s, seg, q0, p.seq_q, -1);
+  load_segments(kseg_s2, seg, 0, p.seq_k, -2);
   for (int i = lane; i < kRows * D; i += 32) o_w[i] = 0.f;
   if (lane < kRows) {
     m_row[lane] = -FLT_MAX;
     l_row[lane] = 0.f;
   }
-  const int k_end = p.causal ? min(p.seq_k, q0 + kBlockQ + offset) : p.seq_k;
 
-  for (int k0 = 0; k0 < k_end; k0 += kBlockK) {
-    __syncthreads();  // the previous tile is no longer read
-    load_tile<T, D>(k_s, k, k0, p.seq_k);
-    load_tile<T, D>(v_s, v, k0, p.seq_k);
+  for (int k0 = 0, it = 0; k0 < k_end; k0 += kBlock, ++it) {
+    const int buf = it & 1, next = buf ^ 1;
+    T* k_s = k_s2 + buf * kBlock * kLdT;
+    T* v_s = v_s2 + buf * kBlock * kLdT;
+    const int* kseg_s = kseg_s2 + buf * kBlock;
+    if (k0 + kBlock < k_end) {  // prefetch the next tile into the other buffer
+      load_tile_async<T, D>(k_s2 + next * kBlock * kLdT, k, k0 + kBlock, p.seq_k);
+      load_tile_async<T, D>(v_s2 + next * kBlock * kLdT, v, k0 + kBlock, p.seq_k);
+      load_segments(kseg_s2 + next * kBlock, seg, k0 + kBlock, p.seq_k, -2);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the prefetch has landed
     __syncthreads();
 
-    // S = Q_w K^T: [16 x D] x [D x 64]; K stored row-major [64][D] is K^T in column-major.
-    for (int n = 0; n < kBlockK / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> bfrag;
-        wmma::load_matrix_sync(a, q_s + warp * kRows * D + kk * 16, D);
-        wmma::load_matrix_sync(bfrag, k_s + n * 16 * D + kk * 16, D);
-        wmma::mma_sync(acc, a, bfrag, acc);
-      }
-      wmma::store_matrix_sync(s_w + n * 16, acc, kBlockK, wmma::mem_row_major);
-    }
+    mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);  // S = Q_w K^T
     __syncwarp();
 
     // Online softmax, one row at a time; lane covers columns lane and lane + 32.
     for (int r = 0; r < kRows; ++r) {
-      const int qi = q0 + warp * kRows + r;
+      const int row = warp * kRows + r, qi = q0 + row;
       float s[2];
       for (int j = 0; j < 2; ++j) {
         const int c = lane + 32 * j, ki = k0 + c;
-        const bool masked = ki >= p.seq_k || (p.causal && ki > qi + offset);
-        s[j] = masked ? -INFINITY : s_w[r * kBlockK + c] * p.scale;
+        const bool masked =
+            ki >= p.seq_k || (p.causal && ki > qi + offset) || (seg != nullptr && qseg_s[row] != kseg_s[c]);
+        s[j] = masked ? -INFINITY : s_w[r * kBlock + c] * p.scale;
       }
       const float m_old = m_row[r];
       // m starts at -FLT_MAX, not -inf, so a row whose keys are all masked so far gives
@@ -127,8 +248,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
       const float m_new = fmaxf(m_old, warp_max(fmaxf(s[0], s[1])));
       const float p0 = __expf(s[0] - m_new), p1 = __expf(s[1] - m_new);
       const float sum = warp_sum(p0 + p1);
-      p_w[r * kBlockK + lane] = static_cast<T>(p0);
-      p_w[r * kBlockK + lane + 32] = static_cast<T>(p1);
+      p_w[r * kLdP + lane] = static_cast<T>(p0);
+      p_w[r * kLdP + lane + 32] = static_cast<T>(p1);
       __syncwarp();
       if (lane == 0) {
         const float alpha = m_old == -FLT_MAX ? 0.f : __expf(m_old - m_new);
@@ -136,60 +257,337 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
         l_row[r] = l_row[r] * alpha + sum;
         m_row[r] = m_new;
       }
+      __syncwarp();
     }
-    __syncwarp();
     for (int i = lane; i < kRows * D; i += 32) o_w[i] *= alpha_row[i / D];
     __syncwarp();
 
-    // O_w += P V: [16 x 64] x [64 x D].
+    // O_w += P V: [16 x 64] x [64 x D], accumulators loaded from and stored back to o_w.
     for (int n = 0; n < D / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      Acc acc;
       wmma::load_matrix_sync(acc, o_w + n * 16, D, wmma::mem_row_major);
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bfrag;
-        wmma::load_matrix_sync(a, p_w + kk * 16, kBlockK);
-        wmma::load_matrix_sync(bfrag, v_s + kk * 16 * D + n * 16, D);
-        wmma::mma_sync(acc, a, bfrag, acc);
+#pragma unroll
+      for (int kk = 0; kk < kBlock / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, p_w + kk * 16, kLdP);
+        wmma::load_matrix_sync(fb, v_s + kk * 16 * kLdT + n * 16, kLdT);
+        wmma::mma_sync(acc, fa, fb, acc);
       }
       wmma::store_matrix_sync(o_w + n * 16, acc, D, wmma::mem_row_major);
     }
-    __syncwarp();
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
+  cp_async_wait<0>();
 
-  // out = O / l, lse = m + log(l), for the rows that exist.
+  // out = O / l, lse = m + log(l), for the rows that exist; a row that saw no key gets out = 0
+  // and lse = +inf (so the backward's exp(s - lse) is 0 there).
   T* out = static_cast<T*>(p.out) + size_t(bh) * p.seq_q * D;
   for (int r = 0; r < kRows; ++r) {
     const int qi = q0 + warp * kRows + r;
     if (qi >= p.seq_q) break;
-    const float inv = 1.f / l_row[r];
+    const float l = l_row[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int c = lane; c < D; c += 32) out[size_t(qi) * D + c] = static_cast<T>(o_w[r * D + c] * inv);
-    if (lane == 0) p.lse[size_t(bh) * p.seq_q + qi] = m_row[r] + __logf(l_row[r]);
+    if (lane == 0) p.lse[size_t(bh) * p.seq_q + qi] = l > 0.f ? m_row[r] + __logf(l) : INFINITY;
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// Backward
+
+// delta[row] = sum_d dout[row, d] * out[row, d] in fp32; one warp per row.
 template <typename T, int D>
-void launch(const FlashFwdParams& p, Stream stream) {
-  const size_t bytes = smem_bytes(D);
-  cudaFuncSetAttribute(flash_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  const dim3 grid((p.seq_q + kBlockQ - 1) / kBlockQ, p.batch * p.heads_q);
-  flash_fwd_kernel<T, D><<<grid, kThreads, bytes, stream>>>(p);
+__global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const T* out, const T* dout, float* delta, size_t rows) {
+  const size_t row = size_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (int c = lane; c < D; c += 32) {
+    acc += static_cast<float>(out[row * D + c]) * static_cast<float>(dout[row * D + c]);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) delta[row] = acc;
+}
+
+// dq = dq_accum * scale in T.
+template <typename T>
+__global__ void flash_bwd_dq_convert_kernel(const float* acc, T* dq, float scale, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    dq[i] = static_cast<T>(acc[i] * scale);
+  }
+}
+
+template <int D>
+constexpr size_t bwd_smem_bytes() {
+  return 4 * rounded(size_t(kBlock) * kLd<D> * 2)             // K, V, Q, dO tiles
+         + 6 * rounded(kBlock * 4)                            // lse, delta, segment ids (q, k), spare
+         + rounded(size_t(kBlock) * kLdP * 2)                 // dS (CTA-wide)
+         + rounded(size_t(kWarps) * kRows * kLdP * 2)         // P per warp
+         + rounded(size_t(kWarps) * 2 * kRows * kBlock * 4);  // fp32 scratch per warp (>= 16 * D)
+}
+
+template <typename T, int D, bool kAtomicDQ>
+__global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdParams p) {
+  static_assert(2 * kBlock >= D, "the per-warp fp32 scratch must hold 16 x D");
+  KILN_DYNAMIC_SMEM(smem);
+  constexpr int kLdT = kLd<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  SmemCursor cur{smem};
+  T* k_s = cur.take<T>(kBlock * kLdT);
+  T* v_s = cur.take<T>(kBlock * kLdT);
+  T* q_s = cur.take<T>(kBlock * kLdT);
+  T* do_s = cur.take<T>(kBlock * kLdT);
+  float* lse_s = cur.take<float>(kBlock);
+  float* delta_s = cur.take<float>(kBlock);
+  int* qseg_s = cur.take<int>(kBlock);
+  int* kseg_s = cur.take<int>(kBlock);
+  cur.take<int>(2 * kBlock);
+  T* ds_s = cur.take<T>(kBlock * kLdP);  // dS^T: row = key, column = query
+  T* p_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
+  float* f_w = cur.take<float>(kWarps * 2 * kRows * kBlock) + warp * 2 * kRows * kBlock;
+  float* st_w = f_w;                    // S^T [16 x 64]
+  float* dpt_w = f_w + kRows * kBlock;  // dP^T [16 x 64]
+
+  const int bh = blockIdx.y, b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+  const int group = p.heads_q / p.heads_kv;
+  const int k0 = blockIdx.x * kBlock;
+  const size_t kv_off = (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
+  const int* seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
+  const int offset = p.seq_k - p.seq_q;
+
+  load_tile_async<T, D>(k_s, static_cast<const T*>(p.k) + kv_off, k0, p.seq_k);
+  load_tile_async<T, D>(v_s, static_cast<const T*>(p.v) + kv_off, k0, p.seq_k);
+  cp_async_commit();
+  load_segments(kseg_s, seg, k0, p.seq_k, -2);
+
+  Acc dk[D / 16], dv[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::fill_fragment(dk[n], 0.f);
+    wmma::fill_fragment(dv[n], 0.f);
+  }
+  // Causal: key j is seen by queries i >= j - offset; earlier query tiles are skipped.
+  const int q_begin = p.causal ? max(0, k0 - offset) / kBlock * kBlock : 0;
+
+  for (int h = 0; h < group; ++h) {
+    const size_t bhq = size_t(b) * p.heads_q + size_t(hkv) * group + h;
+    const T* q = static_cast<const T*>(p.q) + bhq * p.seq_q * D;
+    const T* dout = static_cast<const T*>(p.dout) + bhq * p.seq_q * D;
+    const float* lse = p.lse + bhq * p.seq_q;
+    const float* delta = p.delta + bhq * p.seq_q;
+    for (int q0 = q_begin; q0 < p.seq_q; q0 += kBlock) {
+      __syncthreads();  // the previous tile's Q, dO and dS are no longer read
+      load_tile_async<T, D>(q_s, q, q0, p.seq_q);
+      load_tile_async<T, D>(do_s, dout, q0, p.seq_q);
+      cp_async_commit();
+      if (threadIdx.x < kBlock) {
+        const int qi = q0 + threadIdx.x;
+        lse_s[threadIdx.x] = qi < p.seq_q ? lse[qi] : 0.f;
+        delta_s[threadIdx.x] = qi < p.seq_q ? delta[qi] : 0.f;
+      }
+      load_segments(qseg_s, seg, q0, p.seq_q, -1);
+      cp_async_wait<0>();
+      __syncthreads();
+
+      mma_abt<T, D>(st_w, k_s + warp * kRows * kLdT, kLdT, q_s, kLdT);    // S^T = K_w Q^T
+      mma_abt<T, D>(dpt_w, v_s + warp * kRows * kLdT, kLdT, do_s, kLdT);  // dP^T = V_w dO^T
+      __syncwarp();
+      for (int i = lane; i < kRows * kBlock; i += 32) {
+        const int j = i / kBlock, c = i % kBlock;  // key row j of the warp, query column c
+        const int kj = k0 + warp * kRows + j, qi = q0 + c;
+        const bool masked = kj >= p.seq_k || qi >= p.seq_q || (p.causal && kj > qi + offset) ||
+                            (seg != nullptr && qseg_s[c] != kseg_s[warp * kRows + j]);
+        const float pr = masked ? 0.f : __expf(st_w[i] * p.scale - lse_s[c]);
+        p_w[j * kLdP + c] = static_cast<T>(pr);
+        ds_s[(warp * kRows + j) * kLdP + c] = static_cast<T>(pr * (dpt_w[i] - delta_s[c]));
+      }
+      __syncwarp();
+      mma_acc<T, D, wmma::row_major>(dv, p_w, kLdP, do_s, kLdT);                        // dV_w += P^T dO
+      mma_acc<T, D, wmma::row_major>(dk, ds_s + warp * kRows * kLdP, kLdP, q_s, kLdT);  // dK_w += dS^T Q
+      if constexpr (kAtomicDQ) {
+        __syncthreads();  // every warp's dS^T rows are written
+        // dQ rows 16w.. of this tile = dS[16w.., all 64 keys] K; dS = (dS^T)^T is column-major.
+        float* scratch = f_w;  // S^T and dP^T are consumed
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) {
+          Acc acc;
+          wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+          for (int kk = 0; kk < kBlock / 16; ++kk) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+            wmma::load_matrix_sync(fa, ds_s + kk * 16 * kLdP + warp * kRows, kLdP);
+            wmma::load_matrix_sync(fb, k_s + kk * 16 * kLdT + n * 16, kLdT);
+            wmma::mma_sync(acc, fa, fb, acc);
+          }
+          wmma::store_matrix_sync(scratch + n * 16, acc, D, wmma::mem_row_major);
+        }
+        __syncwarp();
+        float* dq_acc = p.dq_accum + bhq * p.seq_q * D;
+        for (int i = lane; i < kRows * D; i += 32) {
+          const int qi = q0 + warp * kRows + i / D;
+          if (qi < p.seq_q) atomicAdd(dq_acc + size_t(qi) * D + i % D, scratch[i]);
+        }
+        __syncwarp();
+      }
+    }
+  }
+
+  store_rows<T, D>(dk, f_w, p.scale, static_cast<T*>(p.dk) + kv_off, k0 + warp * kRows, p.seq_k);
+  store_rows<T, D>(dv, f_w, 1.f, static_cast<T*>(p.dv) + kv_off, k0 + warp * kRows, p.seq_k);
+}
+
+// Deterministic dQ: one CTA per 64 queries of one (batch, query head), over the key tiles in order.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p) {
+  KILN_DYNAMIC_SMEM(smem);
+  constexpr int kLdT = kLd<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  SmemCursor cur{smem};
+  T* k_s = cur.take<T>(kBlock * kLdT);
+  T* v_s = cur.take<T>(kBlock * kLdT);
+  T* q_s = cur.take<T>(kBlock * kLdT);
+  T* do_s = cur.take<T>(kBlock * kLdT);
+  float* lse_s = cur.take<float>(kBlock);
+  float* delta_s = cur.take<float>(kBlock);
+  int* qseg_s = cur.take<int>(kBlock);
+  int* kseg_s = cur.take<int>(kBlock);
+  cur.take<int>(2 * kBlock);
+  cur.take<T>(kBlock * kLdP);
+  T* ds_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
+  float* f_w = cur.take<float>(kWarps * 2 * kRows * kBlock) + warp * 2 * kRows * kBlock;
+  float* s_w = f_w;
+  float* dp_w = f_w + kRows * kBlock;
+
+  const int bh = blockIdx.y, b = bh / p.heads_q, hq = bh % p.heads_q;
+  const int hkv = hq / (p.heads_q / p.heads_kv);
+  const int q0 = blockIdx.x * kBlock;
+  const size_t q_off = size_t(bh) * p.seq_q * D;
+  const size_t kv_off = (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
+  const T* k = static_cast<const T*>(p.k) + kv_off;
+  const T* v = static_cast<const T*>(p.v) + kv_off;
+  const int* seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
+  const int offset = p.seq_k - p.seq_q;
+  const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
+
+  load_tile_async<T, D>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
+  load_tile_async<T, D>(do_s, static_cast<const T*>(p.dout) + q_off, q0, p.seq_q);
+  cp_async_commit();
+  if (threadIdx.x < kBlock) {
+    const int qi = q0 + threadIdx.x;
+    lse_s[threadIdx.x] = qi < p.seq_q ? p.lse[size_t(bh) * p.seq_q + qi] : 0.f;
+    delta_s[threadIdx.x] = qi < p.seq_q ? p.delta[size_t(bh) * p.seq_q + qi] : 0.f;
+  }
+  load_segments(qseg_s, seg, q0, p.seq_q, -1);
+
+  Acc dq[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.f);
+
+  for (int k0 = 0; k0 < k_end; k0 += kBlock) {
+    __syncthreads();  // the previous K, V tiles are no longer read
+    load_tile_async<T, D>(k_s, k, k0, p.seq_k);
+    load_tile_async<T, D>(v_s, v, k0, p.seq_k);
+    cp_async_commit();
+    load_segments(kseg_s, seg, k0, p.seq_k, -2);
+    cp_async_wait<0>();
+    __syncthreads();
+
+    mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);    // S = Q_w K^T
+    mma_abt<T, D>(dp_w, do_s + warp * kRows * kLdT, kLdT, v_s, kLdT);  // dP = dO_w V^T
+    __syncwarp();
+    for (int i = lane; i < kRows * kBlock; i += 32) {
+      const int r = i / kBlock, c = i % kBlock;
+      const int row = warp * kRows + r, qi = q0 + row, kj = k0 + c;
+      const bool masked = kj >= p.seq_k || qi >= p.seq_q || (p.causal && kj > qi + offset) ||
+                          (seg != nullptr && qseg_s[row] != kseg_s[c]);
+      const float pr = masked ? 0.f : __expf(s_w[i] * p.scale - lse_s[row]);
+      ds_w[r * kLdP + c] = static_cast<T>(pr * (dp_w[i] - delta_s[row]));
+    }
+    __syncwarp();
+    mma_acc<T, D, wmma::row_major>(dq, ds_w, kLdP, k_s, kLdT);  // dQ_w += dS K
+  }
+  cp_async_wait<0>();
+  store_rows<T, D>(dq, f_w, p.scale, static_cast<T*>(p.dq) + q_off, q0 + warp * kRows, p.seq_q);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Launchers
+
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+#ifndef KILN_CUDA_EMULATION
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+#else
+  (void)kernel, (void)bytes;
+#endif
+}
+
+template <typename T, int D>
+void launch_fwd(const FlashFwdParams& p, Stream stream) {
+  constexpr size_t bytes = fwd_smem_bytes<D>();
+  const auto kernel = flash_fwd_kernel<T, D>;
+  allow_smem(kernel, bytes);
+  const dim3 grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
+  KILN_LAUNCH(kernel, grid, kThreads, bytes, stream, p);
+}
+
+template <typename T, int D>
+void launch_bwd(const FlashBwdParams& p, Stream stream) {
+  const size_t rows = size_t(p.batch) * p.heads_q * p.seq_q;
+  const auto delta_kernel = flash_bwd_delta_kernel<T, D>;
+  KILN_LAUNCH(delta_kernel, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream, static_cast<const T*>(p.out),
+              static_cast<const T*>(p.dout), p.delta, rows);
+  constexpr size_t bytes = bwd_smem_bytes<D>();
+  const dim3 kv_grid((p.seq_k + kBlock - 1) / kBlock, p.batch * p.heads_kv);
+  if (p.deterministic) {
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, false>;
+    allow_smem(dkdv, bytes);
+    KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
+    const auto dq = flash_bwd_dq_kernel<T, D>;
+    allow_smem(dq, bytes);
+    const dim3 q_grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
+    KILN_LAUNCH(dq, q_grid, kThreads, bytes, stream, p);
+  } else {
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, true>;
+    allow_smem(dkdv, bytes);
+    KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
+    const size_t n = rows * D;
+    const auto convert = flash_bwd_dq_convert_kernel<T>;
+    KILN_LAUNCH(convert, static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535)), 256, 0, stream, p.dq_accum,
+                static_cast<T*>(p.dq), p.scale, n);
+  }
 }
 
 }  // namespace
 
-bool flash_fwd_supported(const FlashFwdParams& p) {
+size_t flash_smem_bytes(int head_dim) {
+  return head_dim == 64 ? std::max(fwd_smem_bytes<64>(), bwd_smem_bytes<64>())
+                        : std::max(fwd_smem_bytes<128>(), bwd_smem_bytes<128>());
+}
+
+bool flash_supported(const FlashShape& p) {
   return (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16) && (p.head_dim == 64 || p.head_dim == 128) &&
          p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.seq_q > 0 &&
-         p.seq_k >= (p.causal ? p.seq_q : 1);
+         p.seq_k >= (p.causal ? p.seq_q : 1) && (p.segment_ids == nullptr || p.seq_q == p.seq_k) &&
+         int64_t(p.batch) * p.heads_q <= 65535;  // gridDim.y
 }
 
 void launch_flash_fwd(const FlashFwdParams& p, Stream stream) {
   if (p.dtype == DType::kBFloat16) {
-    p.head_dim == 64 ? launch<__nv_bfloat16, 64>(p, stream) : launch<__nv_bfloat16, 128>(p, stream);
+    p.head_dim == 64 ? launch_fwd<__nv_bfloat16, 64>(p, stream) : launch_fwd<__nv_bfloat16, 128>(p, stream);
   } else {
-    p.head_dim == 64 ? launch<__half, 64>(p, stream) : launch<__half, 128>(p, stream);
+    p.head_dim == 64 ? launch_fwd<__half, 64>(p, stream) : launch_fwd<__half, 128>(p, stream);
   }
 }
 
-}  // namespace kiln::kernels
+void launch_flash_bwd(const FlashBwdParams& p, Stream stream) {
+  if (p.dtype == DType::kBFloat16) {
+    p.head_dim == 64 ? launch_bwd<__nv_bfloat16, 64>(p, stream) : launch_bwd<__nv_bfloat16, 128>(p, stream);
+  } else {
+    p.head_dim == 64 ? launch_bwd<__half, 64>(p, stream) : launch_bwd<__half, 128>(p, stream);
+  }
+}
+
+}  // namespace KILN_KERNELS_NS

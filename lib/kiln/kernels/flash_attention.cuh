@@ -1,27 +1,57 @@
-// Flash-attention forward launcher (FlashAttention-2 algorithm, ops/flash_attention.h documents
-// it): tensor-core tiles (WMMA bf16/fp16 -> fp32), online softmax, no T x S matrix in memory,
-// writes the output and the log-sum-exp for the backward pass. Torch-free.
+// Flash-attention launchers (FlashAttention-2 algorithm, ops/flash_attention.h documents it):
+// tensor-core tiles (WMMA bf16/fp16 -> fp32, i.e. mma.sync), online softmax, no T x S matrix in
+// memory. The forward writes the output and the log-sum-exp; the backward recomputes the
+// probabilities from it. Torch-free.
 #pragma once
+
+#include <cstddef>
 
 #include "kiln/kernels/common.cuh"
 
 namespace kiln::kernels {
 
-struct FlashFwdParams {
+struct FlashShape {
+  int batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  float scale = 0;
+  bool causal = true;                // bottom-right aligned: query i sees keys <= seq_k - seq_q + i
+  const int* segment_ids = nullptr;  // [B, T] int32, optional (needs seq_q == seq_k): same id or masked
+  DType dtype = DType::kBFloat16;    // bf16 or fp16 (fp32 is not supported by the tensor-core path)
+};
+
+struct FlashFwdParams : FlashShape {
   const void* q = nullptr;  // [B, Hq, T, D] contiguous
   const void* k = nullptr;  // [B, Hkv, S, D] contiguous
   const void* v = nullptr;  // [B, Hkv, S, D] contiguous
   void* out = nullptr;      // [B, Hq, T, D] contiguous
-  float* lse = nullptr;     // [B, Hq, T]
-  int batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_k = 0, head_dim = 0;
-  float scale = 0;
-  bool causal = true;              // bottom-right aligned: query i sees keys <= seq_k - seq_q + i
-  DType dtype = DType::kBFloat16;  // bf16 or fp16 (fp32 is not supported by the tensor-core path)
+  float* lse = nullptr;     // [B, Hq, T]; +inf for a row that sees no key (its output is 0)
 };
 
-// True when the kernel handles these parameters (dtype bf16/fp16, head_dim 64 or 128).
-bool flash_fwd_supported(const FlashFwdParams& params);
+struct FlashBwdParams : FlashShape {
+  const void *q = nullptr, *k = nullptr, *v = nullptr;  // as in the forward
+  const void* out = nullptr;                            // [B, Hq, T, D], the forward's output
+  const void* dout = nullptr;                           // [B, Hq, T, D] contiguous
+  const float* lse = nullptr;                           // [B, Hq, T], the forward's
+  float* delta = nullptr;                               // [B, Hq, T] workspace: rowsum(dout * out)
+  float* dq_accum = nullptr;  // [B, Hq, T, D] fp32 workspace, zeroed by the caller (unused if deterministic)
+  void* dq = nullptr;         // [B, Hq, T, D]
+  void* dk = nullptr;         // [B, Hkv, S, D]: summed over the query heads of each group
+  void* dv = nullptr;         // [B, Hkv, S, D]
+  // false: dq is accumulated with fp32 atomics by the dk/dv kernel (fast; the summation order
+  // varies run to run). true: a second kernel recomputes the tiles per query block and writes dq
+  // in a fixed order (bit-reproducible, ~1.4x the backward's matmuls).
+  bool deterministic = false;
+};
+
+// True when the kernels handle this shape (bf16/fp16, head_dim 64 or 128, Hkv dividing Hq,
+// seq_k >= seq_q when causal, seq_q == seq_k with segment ids).
+bool flash_supported(const FlashShape& shape);
+
+// Dynamic shared memory per block the kernels for this head_dim need (64 or 128): 88 KiB at 64,
+// 144 KiB at 128, so head_dim 128 needs a GPU that opts in to that much (A100, H100; not the
+// 99 KiB of sm_86/sm_89 cards, where the ATen path runs instead).
+size_t flash_smem_bytes(int head_dim);
 
 void launch_flash_fwd(const FlashFwdParams& params, Stream stream);
+void launch_flash_bwd(const FlashBwdParams& params, Stream stream);
 
 }  // namespace kiln::kernels

@@ -1,12 +1,36 @@
 #include "kiln/ops/attention.h"
 
+#include <mutex>
+#include <set>
+#include <string>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
 
 namespace kiln::ops {
+
+namespace {
+
+// Logs which implementation ops::attention picked, once per distinct choice (dtype, head_dim,
+// device and path), so a run's log says what its attention ran on without a line per call.
+void log_choice(const std::string& choice) {
+  static std::mutex mutex;
+  static std::set<std::string> logged;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (logged.insert(choice).second) spdlog::info("kiln attention: {}", choice);
+}
+
+std::string describe(const at::Tensor& q, const at::Tensor& k) {
+  return fmt::format("{}, head_dim {}, {} query / {} KV heads, {}", c10::toString(q.scalar_type()), q.size(3),
+                     q.size(1), k.size(1), q.device().str());
+}
+
+}  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, H, T, D], got ", q.sizes(),
@@ -22,9 +46,21 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                   (q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type()),
               "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v devices differ");
-  if (flash_attention_enabled() && backend() == Backend::kKiln && q.is_cuda()) {
-    return flash_attention(
-        q, k, v, {.scale = options.scale.value_or(0.0), .causal = options.causal, .segment_ids = options.segment_ids});
+  if (q.is_cuda() && backend(Op::kAttention) == Backend::kKiln) {
+    // kiln's flash-attention kernels; under autocast they take the inputs in the autocast dtype,
+    // as SDPA (on autocast's lower-precision list) would.
+    at::Tensor qk = q, kk = k, vk = v;
+    if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+      const at::ScalarType dt = at::autocast::get_autocast_dtype(at::kCUDA);
+      qk = q.to(dt), kk = k.to(dt), vk = v.to(dt);
+    }
+    const FlashAttentionParams fp{
+        .scale = options.scale.value_or(0.0), .causal = options.causal, .segment_ids = options.segment_ids};
+    if (flash_attention_kernel_applies(qk, kk, vk, fp)) {
+      log_choice("kiln flash-attention kernels (" + describe(qk, kk) + ")");
+      return flash_attention(qk, kk, vk, fp);
+    }
+    log_choice("ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ (" + describe(qk, kk) + ")");
   }
   const bool gqa = q.size(1) != k.size(1);
   const int64_t t = q.size(2), s = k.size(2);

@@ -1,7 +1,9 @@
 // ops::attention: the single entry point for scaled dot-product attention in kiln.
 //
-// Reference path: at::scaled_dot_product_attention with enable_gqa, so grouped-query attention
-// never repeats K/V in memory. kiln's flash-attention kernels plug in here (see docs/kernels.md).
+// On CUDA with bf16/fp16 (or autocast to them), head_dim 64/128 and sm_80+, kiln's flash-attention
+// kernels run (ops/flash_attention.h), unless the `attention` op's backend is aten. Otherwise, and
+// on CPU: at::scaled_dot_product_attention with enable_gqa, so grouped-query attention never
+// repeats K/V in memory. The choice is logged once per dtype/head_dim/device (spdlog, info).
 #pragma once
 
 #include <optional>

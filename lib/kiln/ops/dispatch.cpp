@@ -2,7 +2,6 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -14,10 +13,6 @@ constexpr int kNumOps = static_cast<int>(Op::kCount);
 constexpr int kNoOverride = -1;
 
 std::atomic<Backend> g_backend{Backend::kKiln};
-std::atomic<bool> g_flash{[] {
-  const char* env = std::getenv("KILN_FLASH_ATTENTION");
-  return env != nullptr && std::string(env) == "1";
-}()};
 std::array<std::atomic<int>, kNumOps> g_override{};  // kNoOverride or a Backend
 
 struct Parsed {
@@ -45,7 +40,7 @@ Parsed parse_spec(const std::string& spec) {
         if (op_name(static_cast<Op>(i)) == name) op = i;
       }
       if (op == kNumOps) {
-        throw std::invalid_argument("kernels: unknown op '" + name + "' (rmsnorm, rope, swiglu, linear_ce)");
+        throw std::invalid_argument("kernels: unknown op '" + name + "' (rmsnorm, rope, swiglu, linear_ce, attention)");
       }
       parsed.per_op[op] = static_cast<int>(parse_backend(item.substr(eq + 1)));
     }
@@ -56,13 +51,6 @@ Parsed parse_spec(const std::string& spec) {
 }
 
 }  // namespace
-
-void set_flash_attention(bool enabled) {
-  g_flash.store(enabled);
-}
-bool flash_attention_enabled() {
-  return g_flash.load();
-}
 
 void set_backend(Backend b) {
   g_backend.store(b);
@@ -99,6 +87,8 @@ std::string op_name(Op op) {
       return "swiglu";
     case Op::kLinearCrossEntropy:
       return "linear_ce";
+    case Op::kAttention:
+      return "attention";
     default:
       return "?";
   }

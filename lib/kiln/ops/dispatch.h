@@ -17,7 +17,7 @@ namespace kiln::ops {
 enum class Backend { kKiln, kAten };
 
 // The ops with a kiln implementation; names as in the spec string.
-enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kCount };
+enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kAttention, kCount };
 
 // Sets the default for every op and clears per-op overrides.
 void set_backend(Backend backend);
@@ -30,7 +30,7 @@ Backend backend(Op op);
 // "kiln" or "aten"; parse_backend throws std::invalid_argument naming the bad value.
 std::string backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
-// "rmsnorm", "rope", "swiglu", "linear_ce".
+// "rmsnorm", "rope", "swiglu", "linear_ce", "attention".
 std::string op_name(Op op);
 
 // Applies a spec string as described above. Throws std::invalid_argument naming the bad item;
@@ -39,12 +39,6 @@ void set_backends(const std::string& spec);
 void validate_backends(const std::string& spec);
 // The current setting as a spec string ("kiln", "kiln,rope=aten").
 std::string backends_spec();
-
-// kiln's flash-attention kernel inside ops::attention (CUDA, bf16/fp16, head_dim 64/128). Off by
-// default until it has been measured against SDPA on a GPU; on with set_flash_attention(true) or
-// the environment variable KILN_FLASH_ATTENTION=1. Off, ops::attention uses SDPA.
-void set_flash_attention(bool enabled);
-bool flash_attention_enabled();
 
 // True when this build compiled the CUDA kernels (KILN_CUDA on).
 bool kernels_compiled();

@@ -69,20 +69,37 @@ int64_t key_limit(const Shape& sh, const FlashAttentionParams& p, int64_t t0, in
 
 #ifdef KILN_WITH_CUDA
 // ops/flash_attention_cuda.cpp
-bool flash_forward_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const FlashAttentionParams& params, double scale);
+bool flash_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const FlashAttentionParams& params);
 FlashForward flash_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const FlashAttentionParams& params, double scale);
+FlashGrads flash_backward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashForward& fwd,
+                               const at::Tensor& dout, const FlashAttentionParams& params, double scale,
+                               bool deterministic);
 #endif
+
+bool flash_attention_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const FlashAttentionParams& params) {
+#ifdef KILN_WITH_CUDA
+  return flash_cuda_applies(q, k, v, params);
+#else
+  (void)q, (void)k, (void)v, (void)params;
+  return false;
+#endif
+}
+
+namespace {
+bool use_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashAttentionParams& p) {
+  return backend(Op::kAttention) == Backend::kKiln && flash_attention_kernel_applies(q, k, v, p);
+}
+}  // namespace
 
 FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const FlashAttentionParams& p) {
   const Shape sh = check(q, k, v, p);
   const double scale = scale_of(p, sh.d);
 #ifdef KILN_WITH_CUDA
-  if (backend() == Backend::kKiln && flash_forward_cuda_applies(q, k, v, p, scale)) {
-    return flash_forward_cuda(q, k, v, p, scale);
-  }
+  if (use_kernel(q, k, v, p)) return flash_forward_cuda(q, k, v, p, scale);
 #endif
   const at::ScalarType acc = at::promote_types(q.scalar_type(), at::kFloat);
   const at::Tensor q5 = q.view({sh.b, sh.hkv, sh.g, sh.t, sh.d});
@@ -115,6 +132,12 @@ FlashGrads flash_attention_backward(const at::Tensor& q, const at::Tensor& k, co
                                     const FlashForward& fwd, const at::Tensor& dout, const FlashAttentionParams& p) {
   const Shape sh = check(q, k, v, p);
   const double scale = scale_of(p, sh.d);
+#ifdef KILN_WITH_CUDA
+  if (use_kernel(q, k, v, p)) {
+    return flash_backward_cuda(q, k, v, fwd, dout, p, scale,
+                               p.deterministic || at::globalContext().deterministicAlgorithms());
+  }
+#endif
   const at::ScalarType acc = at::promote_types(q.scalar_type(), at::kFloat);
   const at::Tensor q5 = q.view({sh.b, sh.hkv, sh.g, sh.t, sh.d});
   const at::Tensor do5 = dout.reshape({sh.b, sh.hkv, sh.g, sh.t, sh.d});
@@ -155,8 +178,8 @@ struct FlashAttentionFunction : public torch::autograd::Function<FlashAttentionF
   // tensors among a Function's inputs.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             std::optional<at::Tensor> segment_ids, double scale, bool causal, int64_t block_q,
-                            int64_t block_k) {
-    const FlashAttentionParams p{scale, causal, segment_ids.value_or(at::Tensor()), block_q, block_k};
+                            int64_t block_k, bool deterministic) {
+    const FlashAttentionParams p{scale, causal, segment_ids.value_or(at::Tensor()), block_q, block_k, deterministic};
     FlashForward f = flash_attention_forward(q, k, v, p);
     ctx->save_for_backward({q, k, v, f.out, f.lse});
     ctx->saved_data["segment_ids"] = segment_ids;
@@ -164,17 +187,21 @@ struct FlashAttentionFunction : public torch::autograd::Function<FlashAttentionF
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["block_k"] = block_k;
+    ctx->saved_data["deterministic"] = deterministic;
     return f.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const c10::IValue& seg = ctx->saved_data["segment_ids"];
-    const FlashAttentionParams p{ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(),
-                                 seg.isTensor() ? seg.toTensor() : at::Tensor(), ctx->saved_data["block_q"].toInt(),
-                                 ctx->saved_data["block_k"].toInt()};
+    const FlashAttentionParams p{ctx->saved_data["scale"].toDouble(),
+                                 ctx->saved_data["causal"].toBool(),
+                                 seg.isTensor() ? seg.toTensor() : at::Tensor(),
+                                 ctx->saved_data["block_q"].toInt(),
+                                 ctx->saved_data["block_k"].toInt(),
+                                 ctx->saved_data["deterministic"].toBool()};
     const FlashGrads g = flash_attention_backward(s[0], s[1], s[2], {s[3], s[4]}, grads[0], p);
-    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -184,7 +211,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const FlashAttentionParams& params) {
   const std::optional<at::Tensor> segments =
       params.segment_ids.defined() ? std::optional<at::Tensor>(params.segment_ids) : std::nullopt;
-  return FlashAttentionFunction::apply(q, k, v, segments, params.scale, params.causal, params.block_q, params.block_k);
+  return FlashAttentionFunction::apply(q, k, v, segments, params.scale, params.causal, params.block_q, params.block_k,
+                                       params.deterministic);
 }
 
 }  // namespace kiln::ops

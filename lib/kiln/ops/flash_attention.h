@@ -23,8 +23,12 @@ struct FlashAttentionParams {
   double scale = 0;  // 0 = 1/sqrt(head_dim)
   bool causal = true;
   at::Tensor segment_ids;  // [B, T] integer, optional (requires S == T)
-  int64_t block_q = 64;
+  int64_t block_q = 64;    // tiles of the ATen reference (the CUDA kernels use 64 x 64)
   int64_t block_k = 64;
+  // Bit-reproducible backward on the CUDA kernels (dq without atomics, about 1.4x the backward's
+  // matmuls); also on whenever at::globalContext().deterministicAlgorithms() is. The ATen
+  // reference is deterministic anyway.
+  bool deterministic = false;
 };
 
 struct FlashForward {
@@ -33,10 +37,17 @@ struct FlashForward {
 };
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, S, D], Hkv dividing Hq. Accumulates in fp32 (fp64 for fp64).
-// On a GPU with bf16/fp16 inputs, head_dim 64 or 128 and no segment ids, kiln's CUDA kernel
-// (kernels/flash_attention.cu) computes it unless the ops backend is kAten.
+// kiln's CUDA kernels (kernels/flash_attention.cu) compute forward and backward when
+// flash_attention_kernel_applies() and backend(Op::kAttention) is kKiln; otherwise the blocked
+// ATen reference below runs (any device, any dtype, any head_dim).
 FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const FlashAttentionParams& params);
+
+// True when kiln's CUDA kernels handle these inputs: CUDA tensors of one dtype, bf16 or fp16,
+// head_dim 64 or 128, compute capability >= 8.0, Hkv dividing Hq, S >= T when causal, S == T with
+// segment ids. Ignores the backend setting.
+bool flash_attention_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const FlashAttentionParams& params);
 
 struct FlashGrads {
   at::Tensor dq, dk, dv;  // shapes of q, k, v
