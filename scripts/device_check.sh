@@ -4,10 +4,14 @@
 #   1. configure against .deps/usr (made here by scripts/bundle_deps.sh and carried along) and
 #      torch's own CMake package, build kiln for this GPU's architecture with -Xptxas -v;
 #   2. run the [cuda] tests, then the CPU op tests (quick);
-#   3. run kiln-bench (all ops, kiln vs ATen).
-# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), at most 8
-# files. Designed to end within 10 minutes on 16 cores; each step has its own time limit and a
-# failed step does not stop the later ones. With the device tool:
+#   3. run kiln-bench (the fused ops, kiln vs ATen);
+#   4. run kiln-bench --ops attention (kiln's flash attention vs SDPA flash and cuDNN, T 512..8192,
+#      head dims 64/128, 3 timed iterations).
+# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 8 files:
+# env.log, build.log, ptxas.txt, tests.log (both test runs), bench.{md,json},
+# bench_attention.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
+# time limit, cut to what is left of a 570 s budget for the whole script (KILN_DEVICE_BUDGET_S),
+# and a failed or skipped step does not stop the later ones. With the device tool:
 #   run(command="scripts/device_check.sh", carry=[".deps"], timeout_s=600)
 # `scripts/device_check.sh --configure-only` stops after step 1's configure (a check that the
 # bundle is complete, runnable on any machine).
@@ -20,6 +24,25 @@ build="$root/build-device"
 arch="${KILN_DEVICE_ARCH:-90}"
 log="$out/env.log"
 status=0
+budget="${KILN_DEVICE_BUDGET_S:-570}"
+
+# Seconds step may run: its own limit $1, cut to what is left of the budget (0: no time left).
+limit() {
+  local left=$((budget - SECONDS))
+  ((left < 0)) && left=0
+  echo $((left < $1 ? left : $1))
+}
+# Runs "$@" under timeout with limit $1 (seconds), or records that no time was left for it.
+step() {
+  local secs
+  secs="$(limit "$1")"
+  shift
+  if ((secs < 10)); then
+    echo "device_check: no time left for: $*" | tee -a "$log"
+    return 124
+  fi
+  timeout "$secs" "$@"
+}
 
 if [[ ! -d "$deps" ]]; then
   echo "device_check: $deps missing: run scripts/bundle_deps.sh here and carry .deps" | tee -a "$log"
@@ -42,7 +65,7 @@ export PKG_CONFIG_LIBDIR="$multi/pkgconfig:$deps/share/pkgconfig"
 Torch_DIR="$("${KILN_DEVICE_PYTHON:-python3}" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "share/cmake/Torch"))')"
 
 # 1. configure + build (explicit package folders: the machine's CMake may not search multiarch paths)
-timeout 150 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$Torch_DIR" \
+step 150 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$Torch_DIR" \
   -DCMAKE_PREFIX_PATH="$deps" -DKILN_FETCH_MISSING=OFF -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DKILN_PTXAS_VERBOSE=ON -DKILN_PYTHON= -DPKG_CONFIG_EXECUTABLE="$deps/bin/pkgconf" \
   -Dfmt_DIR="$multi/cmake/fmt" -Dspdlog_DIR="$multi/cmake/spdlog" -Dyaml-cpp_DIR="$multi/cmake/yaml-cpp" \
@@ -53,19 +76,33 @@ if [[ "${1:-}" == "--configure-only" ]]; then
   echo "device_check: configured $build"
   exit 0
 fi
-timeout 330 cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { echo "device_check: build failed (build.log)"; status=1; }
+step 330 cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { echo "device_check: build failed (build.log)"; status=1; }
 grep -E "Compiling entry|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
 
-# 2. tests
+# 2. tests (one log, each run under a "== " heading)
 if [[ -x "$build/tests/kiln_tests" ]]; then
-  timeout 120 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" -d yes >"$out/cuda_tests.log" 2>&1 || status=1
-  timeout 60 "$build/tests/kiln_tests" "[ops]~[cuda]" >"$out/ops_cpu_tests.log" 2>&1 || status=1
+  echo "== [cuda] tests" >"$out/tests.log"
+  step 120 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" -d yes >>"$out/tests.log" 2>&1 || status=1
+  echo "== [ops]~[cuda] tests (CPU)" >>"$out/tests.log"
+  step 60 "$build/tests/kiln_tests" "[ops]~[cuda]" >>"$out/tests.log" 2>&1 || status=1
 fi
 
-# 3. benchmark
+# 3. benchmark of the fused ops
 if [[ -x "$build/bin/kiln-bench" ]]; then
-  timeout 120 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
+  step 90 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
 fi
-tail -n 3 "$out/cuda_tests.log" "$out/ops_cpu_tests.log" 2>/dev/null
+
+# 4. attention benchmark (rows stream to the .md, the JSON is rewritten after each (T, D))
+if [[ -x "$build/bin/kiln-bench" ]]; then
+  step 150 "$build/bin/kiln-bench" --ops attention --iters 3 --json "$out/bench_attention.json" \
+    >"$out/bench_attention.md" 2>&1 || status=1
+fi
+grep -E "^(== |All tests passed|test cases:|assertions:|device_check:)" "$out/tests.log" 2>/dev/null
 cat "$out/bench.md" 2>/dev/null
+if grep -q "^## kiln" "$out/bench_attention.md" 2>/dev/null; then
+  grep -h "^WARNING: T=" "$out/bench_attention.md"
+  sed -n '/^## kiln/,$p' "$out/bench_attention.md"
+else
+  tail -n 12 "$out/bench_attention.md" 2>/dev/null
+fi
 exit $status
