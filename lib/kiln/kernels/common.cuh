@@ -2,6 +2,7 @@
 // boundary, and the one static-switch helper that turns it into a template parameter.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 struct CUstream_st;  // cudaStream_t without <cuda_runtime.h>, so torch-side headers stay CUDA-free
@@ -77,7 +78,7 @@ __device__ __forceinline__ float block_reduce(float v, Op op) {
   if (lane == 0) slots[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < kThreads / 32 ? slots[lane] : slots[0];
+    v = lane < kThreads / 32 ? slots[lane] : Op::kIdentity;  // lanes past the last warp must not count
     for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
     if (lane == 0) slots[0] = v;
   }
@@ -86,9 +87,11 @@ __device__ __forceinline__ float block_reduce(float v, Op op) {
 }
 
 struct SumOp {
+  static constexpr float kIdentity = 0.f;
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
 struct MaxOp {
+  static constexpr float kIdentity = -INFINITY;
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
