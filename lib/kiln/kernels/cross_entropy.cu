@@ -2,11 +2,13 @@
 // are read twice and the gradient written once, in the logits' own dtype (bf16 in training), so
 // a chunk never needs an fp32 copy; all arithmetic is fp32. Rows whose length allows it move in
 // 128-bit packs.
+#ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include "kiln/kernels/cross_entropy.cuh"
 
-namespace kiln::kernels {
+namespace KILN_KERNELS_NS {
 namespace {
 
 constexpr int kThreads = 512;
@@ -82,11 +84,13 @@ void launch_cross_entropy_fwd_bwd(const CrossEntropyParams& params, Stream strea
     const bool vec = params.vocab % kPack<T> == 0 && aligned16(static_cast<const T*>(params.logits));
     const dim3 grid(static_cast<unsigned>(params.rows));
     if (vec) {
-      cross_entropy_fwd_bwd_kernel<T, true><<<grid, kThreads, 0, stream>>>(params);
+      const auto kernel = cross_entropy_fwd_bwd_kernel<T, true>;
+      KILN_LAUNCH(kernel, grid, kThreads, 0, stream, params);
     } else {
-      cross_entropy_fwd_bwd_kernel<T, false><<<grid, kThreads, 0, stream>>>(params);
+      const auto kernel = cross_entropy_fwd_bwd_kernel<T, false>;
+      KILN_LAUNCH(kernel, grid, kThreads, 0, stream, params);
     }
   });
 }
 
-}  // namespace kiln::kernels
+}  // namespace KILN_KERNELS_NS

@@ -206,6 +206,9 @@ inline float __expf(float x) {
 inline float __logf(float x) {
   return std::log(x);
 }
+inline float rsqrtf(float x) {
+  return 1.f / std::sqrt(x);
+}
 inline float atomicAdd(float* address, float value) {  // fibers never preempt one another
   const float old = *address;
   *address = old + value;

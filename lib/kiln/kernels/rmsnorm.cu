@@ -8,11 +8,13 @@
 //   dh = rstd * (g - n * mean(g * n)) (+ dh_direct),   dweight = sum_rows dy * T(n)
 // dweight is accumulated per block in shared memory over a grid-stride loop of rows, written as
 // one fp32 row per block, and summed over blocks by the caller: no atomics, deterministic.
+#ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include "kiln/kernels/rmsnorm.cuh"
 
-namespace kiln::kernels {
+namespace KILN_KERNELS_NS {
 namespace {
 
 constexpr int kFwdThreads = 256;
@@ -101,7 +103,8 @@ template <typename T, bool kVec, bool kDh>
 __global__ void __launch_bounds__(kBwdThreads) rmsnorm_bwd_kernel(RmsNormBwdParams p) {
   constexpr int kN = kVec ? kPack<T> : 1;
   using It = Items<T, kN>;
-  extern __shared__ float dw_acc[];  // [cols]
+  KILN_DYNAMIC_SMEM(dw_smem);
+  float* dw_acc = reinterpret_cast<float*>(dw_smem);  // [cols]
   const int64_t n_items = p.cols / kN;
   for (int64_t c = threadIdx.x; c < p.cols; c += kBwdThreads) dw_acc[c] = 0.f;
   __syncthreads();
@@ -161,14 +164,18 @@ void launch_rmsnorm_fwd(const RmsNormFwdParams& p, Stream stream) {
     const unsigned grid = static_cast<unsigned>(p.rows);
     if (p.residual != nullptr) {
       if (vec) {
-        rmsnorm_fwd_kernel<T, true, true><<<grid, kFwdThreads, 0, stream>>>(p);
+        const auto kernel = rmsnorm_fwd_kernel<T, true, true>;
+        KILN_LAUNCH(kernel, grid, kFwdThreads, 0, stream, p);
       } else {
-        rmsnorm_fwd_kernel<T, false, true><<<grid, kFwdThreads, 0, stream>>>(p);
+        const auto kernel = rmsnorm_fwd_kernel<T, false, true>;
+        KILN_LAUNCH(kernel, grid, kFwdThreads, 0, stream, p);
       }
     } else if (vec) {
-      rmsnorm_fwd_kernel<T, true, false><<<grid, kFwdThreads, 0, stream>>>(p);
+      const auto kernel = rmsnorm_fwd_kernel<T, true, false>;
+      KILN_LAUNCH(kernel, grid, kFwdThreads, 0, stream, p);
     } else {
-      rmsnorm_fwd_kernel<T, false, false><<<grid, kFwdThreads, 0, stream>>>(p);
+      const auto kernel = rmsnorm_fwd_kernel<T, false, false>;
+      KILN_LAUNCH(kernel, grid, kFwdThreads, 0, stream, p);
     }
   });
 }
@@ -186,8 +193,10 @@ void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
     const bool vec = can_vectorise<T>(p.cols, p.cols, {p.x, p.weight, p.dy, p.dh, p.dx});
     auto run = [&](auto kernel) {
+#ifndef KILN_CUDA_EMULATION
       if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      kernel<<<static_cast<unsigned>(p.blocks), kBwdThreads, smem, stream>>>(p);
+#endif
+      KILN_LAUNCH(kernel, static_cast<unsigned>(p.blocks), kBwdThreads, smem, stream, p);
     };
     if (p.dh != nullptr) {
       vec ? run(rmsnorm_bwd_kernel<T, true, true>) : run(rmsnorm_bwd_kernel<T, false, true>);
@@ -197,4 +206,4 @@ void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
   });
 }
 
-}  // namespace kiln::kernels
+}  // namespace KILN_KERNELS_NS

@@ -2,13 +2,15 @@
 // entries once and writing both results. Forward keeps the reference's rounding
 //   y = T( float(T(x * cos)) + float(T(rotate_half(x) * sin)) )
 // and the backward applies the transposed rotation with the same rounding pattern.
+#ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 
 #include "kiln/kernels/rope.cuh"
 
-namespace kiln::kernels {
+namespace KILN_KERNELS_NS {
 namespace {
 
 constexpr int kThreads = 256;
@@ -56,7 +58,10 @@ void launch_rope(const RopeParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
   if (total == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
-  KILN_DTYPE_SWITCH(p.dtype, T, [&] { rope_kernel<T><<<grid, kThreads, 0, stream>>>(p); });
+  KILN_DTYPE_SWITCH(p.dtype, T, [&] {
+    const auto kernel = rope_kernel<T>;
+    KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
+  });
 }
 
-}  // namespace kiln::kernels
+}  // namespace KILN_KERNELS_NS

@@ -2,13 +2,15 @@
 // rounding of the unfused ATen pair (at::silu rounds to the dtype, then the product rounds):
 //   y = T( float(T(silu(gate))) * up )
 // so it matches the reference to rounding in fp32 and to one rounding in bf16/fp16.
+#ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 
 #include "kiln/kernels/swiglu.cuh"
 
-namespace kiln::kernels {
+namespace KILN_KERNELS_NS {
 namespace {
 
 constexpr int kThreads = 256;
@@ -99,9 +101,11 @@ void launch_swiglu_fwd(const SwiGluParams& p, Stream stream) {
   if (p.n == 0) return;
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
     if (p.n % kPack<T> == 0 && aligned({p.gate, p.up, p.y})) {
-      swiglu_fwd_kernel<T, true><<<grid_for(p.n / kPack<T>), kThreads, 0, stream>>>(p);
+      const auto kernel = swiglu_fwd_kernel<T, true>;
+      KILN_LAUNCH(kernel, grid_for(p.n / kPack<T>), kThreads, 0, stream, p);
     } else {
-      swiglu_fwd_kernel<T, false><<<grid_for(p.n), kThreads, 0, stream>>>(p);
+      const auto kernel = swiglu_fwd_kernel<T, false>;
+      KILN_LAUNCH(kernel, grid_for(p.n), kThreads, 0, stream, p);
     }
   });
 }
@@ -110,11 +114,13 @@ void launch_swiglu_bwd(const SwiGluParams& p, Stream stream) {
   if (p.n == 0) return;
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
     if (p.n % kPack<T> == 0 && aligned({p.gate, p.up, p.dy, p.d_gate, p.d_up})) {
-      swiglu_bwd_kernel<T, true><<<grid_for(p.n / kPack<T>), kThreads, 0, stream>>>(p);
+      const auto kernel = swiglu_bwd_kernel<T, true>;
+      KILN_LAUNCH(kernel, grid_for(p.n / kPack<T>), kThreads, 0, stream, p);
     } else {
-      swiglu_bwd_kernel<T, false><<<grid_for(p.n), kThreads, 0, stream>>>(p);
+      const auto kernel = swiglu_bwd_kernel<T, false>;
+      KILN_LAUNCH(kernel, grid_for(p.n), kThreads, 0, stream, p);
     }
   });
 }
 
-}  // namespace kiln::kernels
+}  // namespace KILN_KERNELS_NS

@@ -1,0 +1,4 @@
+// kernels/cross_entropy.cu compiled as host C++ against the CUDA emulation (see flash_attention_emulated.cpp).
+#include "kiln/kernels/emulation.h"
+// The kernel source itself, not a copy.
+#include "kiln/kernels/cross_entropy.cu"

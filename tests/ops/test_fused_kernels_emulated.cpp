@@ -1,0 +1,189 @@
+// kiln's fused CUDA kernels (kernels/{rmsnorm,rope,swiglu,cross_entropy}.cu) run on the CPU
+// through the CUDA emulation (kernels/emulation.h), against autograd through the ATen reference
+// composition. fp32 checks the kernels' indexing and math tightly; bf16 runs their 128-bit pack
+// paths and is held to one-rounding tolerances. Sizes are chosen to hit both the packed and the
+// scalar path (lengths that are and are not multiples of 8), several blocks and grid-stride tails.
+#include <cmath>
+
+#include <torch/csrc/autograd/autograd.h>
+#include <catch2/catch.hpp>
+
+#include "kernels/emulated.h"
+#include "support.h"
+
+using kiln::test::max_abs_diff;
+namespace kk = kiln::kernels;
+
+namespace {
+
+kk::DType dtype_of(at::ScalarType t) {
+  return t == at::kBFloat16 ? kk::DType::kBFloat16 : t == at::kHalf ? kk::DType::kFloat16 : kk::DType::kFloat32;
+}
+
+double tolerance(at::ScalarType t) {
+  return t == at::kFloat ? 2e-5 : 3e-2;
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+}  // namespace
+
+TEST_CASE("RMSNorm kernels (emulated) match autograd through the composition", "[ops][emulated]") {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t cols : {1000, 1003}) {
+      for (bool residual : {false, true}) {
+        CAPTURE(dtype, cols, residual);
+        const int64_t rows = 5;
+        const at::Tensor x = at::randn({rows, cols}).to(dtype), res = at::randn({rows, cols}).to(dtype);
+        const at::Tensor w = (at::rand({cols}) + 0.5).to(dtype), dy = at::randn({rows, cols}).to(dtype);
+        at::Tensor y = at::empty_like(x), h = at::empty_like(x), rstd = at::empty({rows}, at::kFloat);
+        kk::RmsNormFwdParams f;
+        f.x = x.data_ptr();
+        f.residual = residual ? res.data_ptr() : nullptr;
+        f.weight = w.data_ptr();
+        f.y = y.data_ptr();
+        f.h = residual ? h.data_ptr() : nullptr;
+        f.rstd = rstd.data_ptr<float>();
+        f.rows = rows;
+        f.cols = cols;
+        f.x_row_stride = cols;
+        f.eps = 1e-5f;
+        f.dtype = dtype_of(dtype);
+        kk::emulated::launch_rmsnorm_fwd(f, nullptr);
+
+        // Reference in fp32: h = T(x + residual), y = w * h / rms(h).
+        const at::Tensor h_ref = residual ? (x.to(at::kFloat) + res.to(at::kFloat)).to(dtype) : x;
+        const at::Tensor hf = h_ref.to(at::kFloat).requires_grad_(), wf = w.to(at::kFloat).requires_grad_();
+        const at::Tensor rstd_ref = at::rsqrt(hf.pow(2).mean(-1, true) + 1e-5);
+        const at::Tensor y_ref = hf * rstd_ref * wf;
+        CHECK(max_abs_diff(y, y_ref) < tolerance(dtype));
+        CHECK(max_abs_diff(rstd, rstd_ref.squeeze(-1)) < 1e-4);
+        if (residual) CHECK(max_abs_diff(h, h_ref) == 0);
+
+        const int blocks = 2;  // two blocks over five rows: grid-stride rows and partial dweight sums
+        at::Tensor dx = at::empty_like(x), dw_partial = at::empty({blocks, cols}, at::kFloat);
+        kk::RmsNormBwdParams b;
+        b.x = h_ref.contiguous().data_ptr();
+        b.weight = w.data_ptr();
+        b.dy = dy.data_ptr();
+        b.rstd = rstd.data_ptr<float>();
+        b.dx = dx.data_ptr();
+        b.dweight_partial = dw_partial.data_ptr<float>();
+        b.rows = rows;
+        b.cols = cols;
+        b.blocks = blocks;
+        b.dtype = dtype_of(dtype);
+        kk::emulated::launch_rmsnorm_bwd(b, nullptr);
+        const auto g = torch::autograd::grad({(y_ref * dy.to(at::kFloat)).sum()}, {hf, wf});
+        CHECK(max_abs_diff(dx, g[0]) < tolerance(dtype) * 4);
+        CHECK(max_abs_diff(dw_partial.sum(0), g[1]) < (dtype == at::kFloat ? 1e-4 : 5e-2));
+      }
+    }
+  }
+}
+
+TEST_CASE("RoPE kernel (emulated) rotates a strided view in place, and its transpose", "[ops][emulated]") {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    CAPTURE(dtype);
+    const int64_t b = 2, heads = 3, t = 7, d = 16;
+    // [B, T, H, D] storage viewed as [B, H, T, D], as the model's projections are.
+    const at::Tensor base = at::randn({b, t, heads, d}).to(dtype);
+    const at::Tensor ang = at::arange(t).to(at::kFloat).unsqueeze(1) * at::rand({d});
+    const at::Tensor cos = ang.cos().to(dtype).unsqueeze(0).contiguous(),
+                     sin = ang.sin().to(dtype).unsqueeze(0).contiguous();
+    for (bool backward : {false, true}) {
+      CAPTURE(backward);
+      at::Tensor x = base.clone().transpose(1, 2);  // strided
+      kk::RopeParams p;
+      p.x = x.data_ptr();
+      p.cos = cos.data_ptr();
+      p.sin = sin.data_ptr();
+      p.batch = b;
+      p.heads = heads;
+      p.seq = t;
+      p.dim = d;
+      p.stride_b = x.stride(0);
+      p.stride_h = x.stride(1);
+      p.stride_t = x.stride(2);
+      p.backward = backward;
+      p.dtype = dtype_of(dtype);
+      kk::emulated::launch_rope(p, nullptr);
+      const at::Tensor xf = base.transpose(1, 2).to(at::kFloat).requires_grad_();
+      const at::Tensor cf = cos.to(at::kFloat).unsqueeze(1), sf = sin.to(at::kFloat).unsqueeze(1);
+      at::Tensor want;
+      if (!backward) {
+        want = xf * cf + rotate_half(xf) * sf;
+      } else {  // the transpose of the rotation, applied to x as the incoming gradient
+        const at::Tensor probe = at::randn_like(xf).requires_grad_();
+        const at::Tensor y = probe * cf + rotate_half(probe) * sf;
+        want = torch::autograd::grad({y}, {probe}, {xf.detach()})[0];
+      }
+      CHECK(max_abs_diff(x, want) < tolerance(dtype) * 2);
+    }
+  }
+}
+
+TEST_CASE("SwiGLU kernels (emulated) match autograd through silu(gate) * up", "[ops][emulated]") {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t n : {4096, 1001}) {
+      CAPTURE(dtype, n);
+      const at::Tensor g = at::randn({n}).to(dtype), u = at::randn({n}).to(dtype), dy = at::randn({n}).to(dtype);
+      at::Tensor y = at::empty_like(g), dg = at::empty_like(g), du = at::empty_like(g);
+      kk::SwiGluParams p;
+      p.gate = g.data_ptr();
+      p.up = u.data_ptr();
+      p.dy = dy.data_ptr();
+      p.y = y.data_ptr();
+      p.d_gate = dg.data_ptr();
+      p.d_up = du.data_ptr();
+      p.n = n;
+      p.dtype = dtype_of(dtype);
+      kk::emulated::launch_swiglu_fwd(p, nullptr);
+      kk::emulated::launch_swiglu_bwd(p, nullptr);
+      const at::Tensor gf = g.to(at::kFloat).requires_grad_(), uf = u.to(at::kFloat).requires_grad_();
+      const at::Tensor yf = at::silu(gf) * uf;
+      const auto grads = torch::autograd::grad({yf}, {gf, uf}, {dy.to(at::kFloat)});
+      CHECK(max_abs_diff(y, yf) < tolerance(dtype) * 2);
+      CHECK(max_abs_diff(dg, grads[0]) < tolerance(dtype) * 2);
+      CHECK(max_abs_diff(du, grads[1]) < tolerance(dtype) * 2);
+    }
+  }
+}
+
+TEST_CASE("cross-entropy kernel (emulated): loss, lse and the in-place gradient match autograd", "[ops][emulated]") {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t vocab : {1024, 1003}) {
+      for (double z : {0.0, 1e-3}) {
+        CAPTURE(dtype, vocab, z);
+        const int64_t rows = 4;
+        const at::Tensor logits = (at::randn({rows, vocab}) * 3).to(dtype);
+        const at::Tensor labels = at::tensor({int64_t{5}, int64_t{-100}, vocab - 1, int64_t{0}});
+        at::Tensor work = logits.clone(), loss = at::empty({rows}, at::kFloat), lse = at::empty({rows}, at::kFloat);
+        kk::CrossEntropyParams p;
+        p.logits = work.data_ptr();
+        p.labels = labels.data_ptr<int64_t>();
+        p.loss = loss.data_ptr<float>();
+        p.lse = lse.data_ptr<float>();
+        p.rows = rows;
+        p.vocab = vocab;
+        p.ignore_index = -100;
+        p.z_loss = static_cast<float>(z);
+        p.dtype = dtype_of(dtype);
+        kk::emulated::launch_cross_entropy_fwd_bwd(p, nullptr);
+
+        const at::Tensor x = logits.to(at::kFloat).requires_grad_();
+        const at::Tensor lse_ref = at::logsumexp(x, -1);
+        const at::Tensor valid = labels != -100;
+        const at::Tensor target = x.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1);
+        const at::Tensor loss_ref = at::where(valid, lse_ref - target + z * lse_ref * lse_ref, at::zeros_like(lse_ref));
+        const at::Tensor grad_ref = torch::autograd::grad({loss_ref.sum()}, {x})[0];
+        CHECK(max_abs_diff(lse, lse_ref) < 1e-4);
+        CHECK(max_abs_diff(loss, loss_ref) < 1e-4);
+        CHECK(max_abs_diff(work, grad_ref) < (dtype == at::kFloat ? 1e-6 : 1e-2));
+      }
+    }
+  }
+}
