@@ -124,3 +124,22 @@ TEST_CASE("loader: a restored state yields exactly the batches of an uninterrupt
   CHECK_THAT(kiln::test::error_of([&] { full.restore(other); }), Catch::Contains("seed"));
   CHECK_THAT(kiln::test::error_of([] { LoaderState::from_json("{\"epoch\": 1}"); }), Catch::Contains("position"));
 }
+
+TEST_CASE("loader: with segment ids (neat packing) a document's first token in a block is not a target", "[data]") {
+  const auto ds = std::make_shared<PackedDataset>(make_split("neat", 40), 16);
+  DataLoader loader(ds, {.batch_size = 4, .shuffle = false, .segment_ids = true, .prefetch = 0});
+  const Batch b = loader.next();
+  const auto seg = b.segment_ids.accessor<int32_t, 2>();
+  const auto ids = b.input_ids.accessor<int64_t, 2>();
+  const auto labels = b.labels.accessor<int64_t, 2>();
+  int64_t starts = 0;
+  for (int64_t r = 0; r < b.input_ids.size(0); ++r) {
+    CHECK(labels[r][0] == ids[r][0]);  // never a target anyway: the model shifts
+    for (int64_t t = 1; t < b.input_ids.size(1); ++t) {
+      const bool start = seg[r][t] != seg[r][t - 1];
+      starts += start;
+      CHECK(labels[r][t] == (start ? -100 : ids[r][t]));
+    }
+  }
+  CHECK(starts > 0);
+}

@@ -163,3 +163,24 @@ TEST_CASE("the model on CUDA matches the model on CPU", "[model][cuda]") {
   CHECK(max_abs_diff(got.logits, want.logits) < 1e-3);
   CHECK(got.loss.item<double>() == Approx(want.loss.item<double>()).epsilon(1e-4));
 }
+
+TEST_CASE("neat packing: documents packed with segment ids compute as if each were alone", "[model]") {
+  // Reference: each document run on its own (positions from 0, no other document to attend to).
+  LlamaForCausalLM m(kiln::model::load_llama_config("tiny"));
+  m->init_weights(5);
+  const at::Tensor d1 = at::randint(0, 320, {1, 7}, at::kLong), d2 = at::randint(0, 320, {1, 9}, at::kLong),
+                   d3 = at::randint(0, 320, {1, 4}, at::kLong);
+  const at::Tensor packed = at::cat({d1, d2, d3}, 1);
+  const at::Tensor seg = at::cat({at::zeros({1, 7}), at::ones({1, 9}), at::full({1, 4}, 2)}, 1).to(at::kInt);
+  CHECK(kiln::model::LlamaForCausalLMImpl::document_positions(seg).equal(
+      at::cat({at::arange(7), at::arange(9), at::arange(4)}).unsqueeze(0)));
+  const at::NoGradGuard no_grad;
+  const at::Tensor got = m->forward(packed, {}, {}, seg).logits;
+  CHECK(kiln::test::max_abs_diff(got.narrow(1, 0, 7), m->forward(d1).logits) < 1e-5);
+  CHECK(kiln::test::max_abs_diff(got.narrow(1, 7, 9), m->forward(d2).logits) < 1e-5);
+  CHECK(kiln::test::max_abs_diff(got.narrow(1, 16, 4), m->forward(d3).logits) < 1e-5);
+  // Without segment ids the second document sees the first: different logits.
+  CHECK(kiln::test::max_abs_diff(m->forward(packed).logits.narrow(1, 7, 9), m->forward(d2).logits) > 1e-3);
+  CHECK_THAT(kiln::test::error_of([&] { m->forward(packed, {}, {}, seg.narrow(1, 0, 5)); }),
+             Catch::Matchers::Contains("segment_ids"));
+}

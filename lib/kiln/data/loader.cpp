@@ -146,6 +146,14 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<
                          options_.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr);
   }
   b.labels = b.input_ids;
+  if (options_.segment_ids && len > 1) {
+    // Neat packing: a document's first token follows another document, which it cannot see, so
+    // it is not a target (the block's first token never is: the model shifts).
+    b.labels = b.input_ids.clone();
+    const at::Tensor seg = b.segment_ids;
+    const at::Tensor first = seg.narrow(1, 1, len - 1) != seg.narrow(1, 0, len - 1);
+    b.labels.narrow(1, 1, len - 1).masked_fill_(first, -100);
+  }
   return b;
 }
 

@@ -52,9 +52,11 @@ struct LoaderOptions {
   uint64_t seed = 0;
   bool shuffle = true;
   int64_t rank = 0, world_size = 1;
-  bool segment_ids = false;  // also produce Batch::segment_ids (document-boundary mask input)
-  int prefetch = 2;          // batches prepared ahead by the background thread; 0 = none
-  bool pin_memory = true;    // only takes effect when CUDA is present
+  // Also produce Batch::segment_ids (document-boundary mask input, "neat packing"); then the
+  // labels of each document's first token in a block are -100.
+  bool segment_ids = false;
+  int prefetch = 2;        // batches prepared ahead by the background thread; 0 = none
+  bool pin_memory = true;  // only takes effect when CUDA is present
 };
 
 // Where the loader is: the next batch is batch `position` of epoch `epoch`. The other fields

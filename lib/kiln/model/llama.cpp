@@ -51,7 +51,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const at::TensorOpt
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                       at::Tensor* cache_k, at::Tensor* cache_v) {
+                                       at::Tensor* cache_k, at::Tensor* cache_v, const at::Tensor& segment_ids) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // [B, T, heads * D] -> [B, heads, T, D]
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
@@ -67,7 +67,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     *cache_k = k;
     *cache_v = v;
   }
-  const at::Tensor out = ops::attention(q, k, v);  // causal; [B, Hq, T, D]
+  const at::Tensor out = ops::attention(q, k, v, {.segment_ids = segment_ids});  // causal; [B, Hq, T, D]
   return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
 }
 
@@ -90,8 +90,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::Ten
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                          at::Tensor* cache_k, at::Tensor* cache_v) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache_k, cache_v);
+                                          at::Tensor* cache_k, at::Tensor* cache_v, const at::Tensor& segment_ids) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache_k, cache_v, segment_ids);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -104,7 +104,9 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& op
   inv_freq = register_buffer("inv_freq", rope_inv_freq(c).to(options.device()));
 }
 
-at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache) {
+at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache,
+                                   const at::Tensor& segment_ids) {
+  TORCH_CHECK(!segment_ids.defined() || cache == nullptr, "segment_ids cannot be combined with a KV cache");
   at::Tensor h = embed_tokens->forward(input_ids);
   const RopeTables rope = rope_cos_sin(inv_freq, position_ids, h.scalar_type());
   if (cache != nullptr) {
@@ -114,9 +116,10 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers[i]->as<LlamaDecoderLayerImpl>();
     if (layer_runner && cache == nullptr) {
-      h = layer_runner(*layer, h, rope.cos, rope.sin);
+      h = layer_runner(*layer, h, rope.cos, rope.sin, segment_ids);
     } else {
-      h = layer->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr);
+      h = layer->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr,
+                         segment_ids);
     }
   }
   if (cache != nullptr) cache->length += input_ids.size(1);
@@ -146,14 +149,32 @@ void causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, CausalLM
   out.loss = out.loss_sum / out.num_tokens;
 }
 
+at::Tensor LlamaForCausalLMImpl::document_positions(const at::Tensor& segment_ids) {
+  TORCH_CHECK(segment_ids.dim() == 2, "segment_ids must be [B, T], got ", segment_ids.sizes());
+  const int64_t t = segment_ids.size(1);
+  const at::Tensor idx = at::arange(t, segment_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(segment_ids);
+  at::Tensor starts = at::zeros_like(idx);
+  if (t > 1) {
+    const at::Tensor changed = segment_ids.narrow(1, 1, t - 1) != segment_ids.narrow(1, 0, t - 1);
+    starts.narrow(1, 1, t - 1)
+        .copy_(at::where(changed, idx.narrow(1, 1, t - 1), at::zeros_like(changed, idx.options())));
+  }
+  return idx - std::get<0>(starts.cummax(1));  // distance to the latest document start
+}
+
 CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& labels,
-                                             const at::Tensor& position_ids) {
+                                             const at::Tensor& position_ids, const at::Tensor& segment_ids) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  TORCH_CHECK(!segment_ids.defined() || segment_ids.sizes() == input_ids.sizes(), "segment_ids ", segment_ids.sizes(),
+              " do not match input_ids ", input_ids.sizes());
+  const at::Tensor segments = segment_ids.defined() ? segment_ids.to(input_ids.device()) : at::Tensor();
   at::Tensor positions = position_ids;
-  if (!positions.defined()) {
+  if (!positions.defined() && segments.defined()) {
+    positions = document_positions(segments);
+  } else if (!positions.defined()) {
     positions = at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
   }
-  const at::Tensor hidden = model->forward(input_ids, positions);
+  const at::Tensor hidden = model->forward(input_ids, positions, nullptr, segments);
   const at::Tensor& head = lm_head ? lm_head->weight : model->embed_tokens->weight;
   CausalLMOutput out;
   if (labels.defined() && fused_lm_loss) {

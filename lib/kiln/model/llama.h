@@ -58,8 +58,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
   LlamaAttentionImpl(const LlamaConfig& config, const at::TensorOptions& options);
   // x: [B, T, H]; cos, sin: [B, T, head_dim]. Returns [B, T, H]. With `cache_k/cache_v`, the new
   // keys and values are appended to them and attention covers the cached positions too.
+  // segment_ids: [B, T] document index per position (packed rows), or undefined: positions
+  // attend only within their document.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor* cache_k = nullptr,
-                     at::Tensor* cache_v = nullptr);
+                     at::Tensor* cache_v = nullptr, const at::Tensor& segment_ids = {});
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
@@ -79,7 +81,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& config, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,  // [B, T, H]
-                     at::Tensor* cache_k = nullptr, at::Tensor* cache_v = nullptr);
+                     at::Tensor* cache_k = nullptr, at::Tensor* cache_v = nullptr, const at::Tensor& segment_ids = {});
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -89,15 +91,17 @@ TORCH_MODULE(LlamaDecoderLayer);
 // How a decoder layer is run. Empty = a plain call; the trainer installs activation
 // checkpointing here (train/activation_checkpoint.h), keeping the model single-device code.
 using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
-                                             const at::Tensor& sin)>;
+                                             const at::Tensor& sin, const at::Tensor& segment_ids)>;
 
 // Embedding, decoder layers and final norm ("model." in HF names).
 class LlamaModelImpl : public torch::nn::Module {
  public:
   LlamaModelImpl(const LlamaConfig& config, const at::TensorOptions& options);
   // input_ids, position_ids: [B, T] int64. Returns the final hidden states [B, T, H]. With a
-  // cache, the tokens continue the cached positions and the cache is extended.
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache = nullptr);
+  // cache, the tokens continue the cached positions and the cache is extended. segment_ids: see
+  // LlamaAttentionImpl::forward (not with a cache).
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache = nullptr,
+                     const at::Tensor& segment_ids = {});
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -119,9 +123,15 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   // input_ids: [B, T] int64; labels: [B, T] int64 with -100 = ignore, aligned with input_ids
   // (the model shifts: logits at t predict labels at t + 1, as in HF); position_ids: [B, T],
-  // default 0..T-1.
+  // default 0..T-1. segment_ids: [B, T] integer document index of each position in a packed row
+  // ("neat packing"): attention stays within a document and the default positions restart at 0
+  // at each document, so each document is computed as if it were alone. Labels are not changed:
+  // the data loader marks a document's first token -100 (data/loader.h).
   CausalLMOutput forward(const at::Tensor& input_ids, const at::Tensor& labels = {},
-                         const at::Tensor& position_ids = {});
+                         const at::Tensor& position_ids = {}, const at::Tensor& segment_ids = {});
+
+  // Positions restarting at 0 where the segment id changes: [B, T] int64.
+  static at::Tensor document_positions(const at::Tensor& segment_ids);
 
   // Incremental decoding: logits [B, T, V] of input_ids [B, T] placed after the cache.length
   // positions already in `cache`, which is extended by T.

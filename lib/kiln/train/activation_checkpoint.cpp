@@ -16,14 +16,17 @@ using torch::autograd::variable_list;
 
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   // `layer` travels as an integer because saved_data holds IValues; the model outlives the graph.
+  // segment_ids travels as an optional: autograd rejects undefined tensors among a Function's inputs.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            int64_t layer) {
+                            std::optional<at::Tensor> segment_ids, int64_t layer) {
     const at::DeviceType device = x.device().type();
     ctx->save_for_backward({x, cos, sin});
     ctx->saved_data["layer"] = layer;
+    ctx->saved_data["segment_ids"] = segment_ids;
     ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(device);
     ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_dtype(device));
-    return reinterpret_cast<model::LlamaDecoderLayerImpl*>(layer)->forward(x, cos, sin);
+    return reinterpret_cast<model::LlamaDecoderLayerImpl*>(layer)->forward(x, cos, sin, nullptr, nullptr,
+                                                                           segment_ids.value_or(at::Tensor()));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -38,10 +41,11 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     {
       const at::AutoGradMode grad(true);
       const AutocastGuard guard(x.device().type(), autocast);
-      out = layer->forward(x, saved[1], saved[2]);
+      const c10::IValue& seg = ctx->saved_data["segment_ids"];
+      out = layer->forward(x, saved[1], saved[2], nullptr, nullptr, seg.isTensor() ? seg.toTensor() : at::Tensor());
     }
     torch::autograd::backward({out}, {grad_outputs[0]});
-    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -53,9 +57,12 @@ void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable) {
     return;
   }
   model->model->layer_runner = [](model::LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
-                                  const at::Tensor& sin) -> at::Tensor {
-    if (!at::GradMode::is_enabled()) return layer.forward(x, cos, sin);  // evaluation: nothing to save
-    return CheckpointedLayer::apply(x, cos, sin, reinterpret_cast<int64_t>(&layer));
+                                  const at::Tensor& sin, const at::Tensor& segment_ids) -> at::Tensor {
+    if (!at::GradMode::is_enabled()) {
+      return layer.forward(x, cos, sin, nullptr, nullptr, segment_ids);  // evaluation: nothing to save
+    }
+    const std::optional<at::Tensor> seg = segment_ids.defined() ? std::optional<at::Tensor>(segment_ids) : std::nullopt;
+    return CheckpointedLayer::apply(x, cos, sin, seg, reinterpret_cast<int64_t>(&layer));
   };
 }
 

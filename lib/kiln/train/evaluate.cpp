@@ -11,20 +11,22 @@
 namespace kiln::train {
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
-                            int64_t batch_size, const at::Device& device,
-                            std::optional<at::ScalarType> autocast_dtype) {
+                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype,
+                            bool neat_packing) {
   at::NoGradGuard no_grad;
   model->eval();
   data::LoaderOptions options;
   options.batch_size = batch_size;
   options.shuffle = false;
+  options.segment_ids = neat_packing;
   data::DataLoader loader(dataset, options);
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device).dtype(at::kDouble));
   int64_t targets = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
     const data::Batch batch = loader.next();
     AutocastGuard autocast(device.type(), autocast_dtype);
-    const auto out = model->forward(batch.input_ids.to(device), batch.labels.to(device));
+    const at::Tensor segments = batch.segment_ids.defined() ? batch.segment_ids.to(device) : at::Tensor();
+    const auto out = model->forward(batch.input_ids.to(device), batch.labels.to(device), {}, segments);
     loss_sum.add_(out.loss_sum.to(at::kDouble));
     targets += count_targets(batch.labels);
   }

@@ -15,7 +15,9 @@ namespace kiln::train {
 
 struct EvalResult;
 
+// neat_packing: documents in a block do not see each other (as in training with neat_packing).
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
-                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype);
+                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype,
+                            bool neat_packing = false);
 
 }  // namespace kiln::train

@@ -53,6 +53,7 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"kernels", &C::kernels},
       {"nan_policy", &C::nan_policy},
       {"full_determinism", &C::full_determinism},
+      {"neat_packing", &C::neat_packing},
       {"seed", &C::seed},
       {"logging_steps", &C::logging_steps},
       {"save_steps", &C::save_steps},

@@ -47,6 +47,9 @@ struct PretrainConfig {
   // which also selects the flash-attention kernels' deterministic backward, and cuBLAS's
   // reproducible workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set).
   bool full_determinism = false;
+  // LLaMA-Factory's neat_packing: documents packed into one block do not attend to each other,
+  // positions restart at each document, and a document's first token is not a target.
+  bool neat_packing = false;
 
   int64_t seed = 42;
   int64_t logging_steps = 10;

@@ -37,8 +37,10 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
     at::Tensor loss_sum;
     {
       AutocastGuard autocast(options.device.type(), options.autocast_dtype);
+      const at::Tensor segments =
+          mb.segment_ids.defined() ? mb.segment_ids.to(options.device, /*non_blocking=*/true) : at::Tensor();
       const auto out = model->forward(mb.input_ids.to(options.device, /*non_blocking=*/true),
-                                      mb.labels.to(options.device, /*non_blocking=*/true));
+                                      mb.labels.to(options.device, /*non_blocking=*/true), {}, segments);
       loss_sum = out.loss_sum.to(at::kFloat);
       result.num_targets += count_targets(mb.labels.cpu());
     }

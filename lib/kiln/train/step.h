@@ -17,8 +17,9 @@
 namespace kiln::train {
 
 struct MicroBatch {
-  at::Tensor input_ids;  // [B, T] int64
-  at::Tensor labels;     // [B, T] int64, -100 = ignored; the model shifts
+  at::Tensor input_ids;    // [B, T] int64
+  at::Tensor labels;       // [B, T] int64, -100 = ignored; the model shifts
+  at::Tensor segment_ids;  // [B, T] int32 document index (neat packing), or undefined
 };
 
 // Target tokens of a micro-batch: labels[:, 1:] != -100. Counted on the host from CPU labels.

@@ -177,6 +177,7 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
   data::LoaderOptions lo;
   lo.batch_size = config_.per_device_train_batch_size;
   lo.seed = static_cast<uint64_t>(config_.seed);
+  lo.segment_ids = config_.neat_packing;
   loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
 
   plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, /*world_size=*/1,
@@ -236,7 +237,8 @@ std::string Trainer::banner() const {
 
 EvalResult Trainer::evaluate() {
   if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
-  return evaluate_dataset(model_, val_set_, config_.per_device_train_batch_size, device_, autocast_dtype_);
+  return evaluate_dataset(model_, val_set_, config_.per_device_train_batch_size, device_, autocast_dtype_,
+                          config_.neat_packing);
 }
 
 void Trainer::log_metrics(const std::string& json_line) {
@@ -345,7 +347,7 @@ TrainResult Trainer::train() {
       data::Batch b = loader_->next();
       targets += count_targets(b.labels);
       st.window_tokens += b.input_ids.numel();
-      micro.push_back({std::move(b.input_ids), std::move(b.labels)});
+      micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
     }
     AccumulateOptions acc_opts;
     acc_opts.autocast_dtype = autocast_dtype_;
