@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     ("batch-size", "comma-separated per-device batch sizes", cxxopts::value<std::string>())
     ("grad-accum", "comma-separated gradient_accumulation_steps", cxxopts::value<std::string>())
     ("dtype", "bf16 | fp16 | fp32 compute (parameters stay fp32)", cxxopts::value<std::string>())
+    ("kernels", "ops backends as kiln-pretrain's key: kiln (default), aten, or per op, e.g. kiln,linear_ce=aten", cxxopts::value<std::string>())
     ("steps", "timed steps per point", cxxopts::value<int64_t>())
     ("warmup", "untimed steps before them", cxxopts::value<int64_t>())
     ("device", "auto | cpu | cuda", cxxopts::value<std::string>())
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
     if (args.count("grad-accum"))
       config.grad_accums = kiln::profile::parse_int_list(args["grad-accum"].as<std::string>(), "--grad-accum");
     if (args.count("dtype")) config.dtype = args["dtype"].as<std::string>();
+    if (args.count("kernels")) config.kernels = args["kernels"].as<std::string>();
     if (args.count("steps")) config.steps = args["steps"].as<int64_t>();
     if (args.count("warmup")) config.warmup = args["warmup"].as<int64_t>();
     if (args.count("device")) config.device = args["device"].as<std::string>();

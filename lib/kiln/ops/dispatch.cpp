@@ -98,6 +98,12 @@ void validate_backends(const std::string& spec) {
   parse_spec(spec);
 }
 
+Backend backend_in_spec(const std::string& spec, Op op) {
+  const Parsed parsed = parse_spec(spec);
+  const int o = parsed.per_op[static_cast<int>(op)];
+  return o != kNoOverride ? static_cast<Backend>(o) : parsed.all.value_or(Backend::kKiln);
+}
+
 void set_backends(const std::string& spec) {
   const Parsed parsed = parse_spec(spec);
   set_backend(parsed.all.value_or(Backend::kKiln));

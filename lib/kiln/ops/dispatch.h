@@ -37,6 +37,8 @@ std::string op_name(Op op);
 // nothing is changed then. validate_backends only checks.
 void set_backends(const std::string& spec);
 void validate_backends(const std::string& spec);
+// What `spec` selects for one op, without applying it (validated as set_backends does).
+Backend backend_in_spec(const std::string& spec, Op op);
 // The current setting as a spec string ("kiln", "kiln,rope=aten").
 std::string backends_spec();
 

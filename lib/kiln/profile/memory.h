@@ -42,6 +42,7 @@ struct MemoryOptions {
   bool activation_checkpointing = false;  // each layer keeps only its input; one layer recomputed at a time
   std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
   bool cuda = false;                      // adds the caching allocator's allowance
+  std::string kernels = "aten";           // ops backends (ops/dispatch.h spec): kiln's fused ops save other tensors
 };
 
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,

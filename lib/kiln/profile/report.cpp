@@ -270,10 +270,10 @@ std::vector<std::vector<std::string>> table_rows(const SweepReport& report) {
 std::string to_markdown(const SweepReport& report) {
   const auto header = table_header(report);
   std::string out = fmt::format(
-      "kiln-profile: {} ({} parameters), {}, device {}, peak {:.3g} TFLOP/s ({})\n"
+      "kiln-profile: {} ({} parameters), {}, kernels {}, device {}, peak {:.3g} TFLOP/s ({})\n"
       "memory usage = peak bytes held by tensors during one step ({}); GB = 1e9 bytes\n\n",
-      report.config.model, report.num_parameters, report.config.dtype, report.device, report.peak_tflops,
-      report.peak_source.empty() ? "unknown" : report.peak_source,
+      report.config.model, report.num_parameters, report.config.dtype, report.config.kernels, report.device,
+      report.peak_tflops, report.peak_source.empty() ? "unknown" : report.peak_source,
       report.device.rfind("cuda", 0) == 0 ? "CUDA caching allocator, allocated" : "counting CPU allocator");
   auto line = [](const std::vector<std::string>& cells) {
     std::string l = "|";
@@ -339,6 +339,7 @@ std::string to_json(const SweepReport& report) {
   const json doc = {{"model", report.config.model},
                     {"num_parameters", report.num_parameters},
                     {"dtype", report.config.dtype},
+                    {"kernels", report.config.kernels},
                     {"device", report.device},
                     {"peak_tflops", report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr)},
                     {"peak_name", report.peak_name},

@@ -21,6 +21,7 @@
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/model/llama.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/profile/cpu_allocator.h"
@@ -63,6 +64,11 @@ void SweepConfig::validate() const {
   if (device != "auto" && device != "cpu" && device != "cuda")
     fail("device", fmt::format("'{}' is not auto, cpu or cuda", device));
   if (attention != "sdpa") fail("attention", fmt::format("'{}': only sdpa is implemented", attention));
+  try {
+    ops::validate_backends(kernels);
+  } catch (const std::invalid_argument& e) {
+    fail("kernels", e.what());
+  }
   auto positive = [&](const std::vector<int64_t>& v, const std::string& key) {
     if (v.empty()) fail(key, "empty list");
     for (int64_t x : v) {
@@ -111,6 +117,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   };
   reader.read("model", c.model, config::Need::kRequired);
   reader.read("dtype", c.dtype);
+  reader.read("kernels", c.kernels);
   read_list("cutoff_len", c.cutoff_lens);
   read_list("per_device_train_batch_size", c.batch_sizes);
   read_list("gradient_accumulation_steps", c.grad_accums);
@@ -173,6 +180,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   at::manual_seed(ctx.config.seed);
   model::LlamaForCausalLM model(ctx.model_config, at::TensorOptions().device(ctx.device).dtype(at::kFloat));
   train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing);
+  model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
   model->train();
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
@@ -288,6 +296,13 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       "DRAM throughput and tensor-pipe use need hardware counters (CUPTI/Nsight Compute), which kiln-profile does "
       "not read yet: n/a";
 
+  // The run's kernels, restored afterwards (the sweep may run inside a larger program).
+  struct BackendsGuard {
+    std::string previous = ops::backends_spec();
+    explicit BackendsGuard(const std::string& spec) { ops::set_backends(spec); }
+    ~BackendsGuard() { ops::set_backends(previous); }
+  } backends(config.kernels);
+
   std::unique_ptr<CountingCpuAllocatorGuard> counter;
   if (device.is_cpu()) counter = std::make_unique<CountingCpuAllocatorGuard>(config.memory_cap_bytes);
   if (device.is_cuda() && config.memory_cap_bytes > 0) set_device_memory_cap(device, config.memory_cap_bytes);
@@ -314,7 +329,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
                                      MemoryOptions{.compute_bytes = autocast ? 2 : 4,
                                                    .activation_checkpointing = config.gradient_checkpointing,
                                                    .attention = config.attention,
-                                                   .cuda = device.is_cuda()});
+                                                   .cuda = device.is_cuda(),
+                                                   .kernels = config.kernels});
         const PointContext ctx{config, report.model, device, autocast, counter.get(), dataset, report.peak_tflops};
         try {
           measure_point(ctx, row);

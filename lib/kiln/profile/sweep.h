@@ -34,6 +34,7 @@ struct SweepConfig {
   std::string dataset_dir;      // token shards; empty = synthetic ids
   bool gradient_checkpointing = false;
   std::string attention = "sdpa";  // recorded for the memory model (kiln uses SDPA)
+  std::string kernels = "kiln";    // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
   double peak_tflops = 0;          // > 0 overrides the device table / CPU measurement
   int64_t memory_cap_bytes = 0;    // > 0: allocations past it fail as out-of-memory
   std::string task = "pretrain";   // the table's first column

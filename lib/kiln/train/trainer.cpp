@@ -215,7 +215,8 @@ std::string Trainer::banner() const {
       model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
       profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
                              .activation_checkpointing = config_.gradient_checkpointing,
-                             .cuda = device_.is_cuda()});
+                             .cuda = device_.is_cuda(),
+                             .kernels = config_.kernels});
   std::string out = training_banner(plan_, model_->num_parameters());
   out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
                      autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
