@@ -2,6 +2,8 @@
 // the CUDA kernels (ops/rmsnorm_cuda.cpp) or the same formulas in ATen.
 #include "kiln/ops/rmsnorm.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -58,14 +60,26 @@ std::pair<at::Tensor, at::Tensor> backward_rows(const at::Tensor& h, const at::T
 #ifdef KILN_WITH_CUDA
   if (use_cuda(h, weight)) return rmsnorm_cuda_backward(h, weight, rstd, dy, dh);
 #endif
+  // The kernel's formulas in fp32 over blocks of rows (about 64K elements each), so that the
+  // temporaries stay bounded as in the kernel and the CPU's memory peak is the modelled one.
   const at::ScalarType acc = acc_type(h);
-  const at::Tensor n = h.to(acc) * rstd.unsqueeze(-1);
-  const at::Tensor dyf = dy.to(acc);
-  const at::Tensor g = dyf * weight.to(acc);
-  at::Tensor dx = rstd.unsqueeze(-1) * (g - n * (g * n).mean(-1, /*keepdim=*/true));
-  if (dh.defined()) dx = dx + dh.to(acc);
-  const at::Tensor dweight = (dyf * n.to(h.scalar_type()).to(acc)).sum(0);
-  return {dx.to(h.scalar_type()), dweight.to(weight.scalar_type())};
+  const int64_t rows = h.size(0), cols = h.size(1);
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  const at::Tensor wf = weight.to(acc);
+  at::Tensor dx = at::empty_like(h);
+  at::Tensor dweight = at::zeros({cols}, weight.options().dtype(acc));
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t nr = std::min(block, rows - r0);
+    const at::Tensor rs = rstd.narrow(0, r0, nr).unsqueeze(-1);
+    const at::Tensor n = h.narrow(0, r0, nr).to(acc) * rs;
+    const at::Tensor dyf = dy.narrow(0, r0, nr).to(acc);
+    const at::Tensor g = dyf * wf;
+    at::Tensor dxb = rs * (g - n * (g * n).mean(-1, /*keepdim=*/true));
+    if (dh.defined()) dxb.add_(dh.narrow(0, r0, nr).to(acc));
+    dx.narrow(0, r0, nr).copy_(dxb);
+    dweight.add_((dyf * n.to(h.scalar_type()).to(acc)).sum(0));
+  }
+  return {dx, dweight.to(weight.scalar_type())};
 }
 
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {

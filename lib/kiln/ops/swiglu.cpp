@@ -1,6 +1,8 @@
 // SwiGLU op: validation, dispatch, and the autograd Function.
 #include "kiln/ops/swiglu.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -49,12 +51,23 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
       return {dg, du};
     }
 #endif
+    // The same formulas as the kernel, in fp32, over chunks of 16K elements: the temporaries stay
+    // bounded (the kernel keeps them in registers), so the step's memory peak on the CPU is the
+    // one the memory model describes for the GPU.
     const at::ScalarType acc = at::promote_types(gate.scalar_type(), at::kFloat);
-    const at::Tensor g = gate.to(acc), u = up.to(acc), d = dy.to(acc);
-    const at::Tensor sig = at::sigmoid(g);
-    const at::Tensor dg = d * u * sig * (1 + g * (1 - sig));
-    const at::Tensor du = d * g * sig;
-    return {dg.to(gate.scalar_type()), du.to(up.scalar_type())};
+    at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
+    const at::Tensor gf = gate.view(-1), uf = up.view(-1), df = dy.view(-1);
+    at::Tensor dgf = dgate.view(-1), duf = dup.view(-1);
+    constexpr int64_t kChunk = int64_t{1} << 14;
+    for (int64_t start = 0; start < gf.numel(); start += kChunk) {
+      const int64_t n = std::min(kChunk, gf.numel() - start);
+      const at::Tensor g = gf.narrow(0, start, n).to(acc), u = uf.narrow(0, start, n).to(acc),
+                       d = df.narrow(0, start, n).to(acc);
+      const at::Tensor sig = at::sigmoid(g);
+      dgf.narrow(0, start, n).copy_(d * u * sig * (1 + g * (1 - sig)));
+      duf.narrow(0, start, n).copy_(d * g * sig);
+    }
+    return {dgate, dup};
   }
 };
 

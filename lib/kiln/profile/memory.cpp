@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear_cross_entropy.h"
+
 namespace kiln::profile {
 
 double MemoryEstimate::total() const {
@@ -28,15 +31,31 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   const double cb = o.compute_bytes;
   const bool autocast = o.compute_bytes < 4;
 
+  // Which ops run kiln's fused implementations: they save other tensors than the ATen
+  // composition autograd differentiates (RoPE works in place either way: no term).
+  auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(o.kernels, op) == ops::Backend::kKiln; };
+  const bool fused_norm = kiln_op(ops::Op::kRmsNorm), fused_swiglu = kiln_op(ops::Op::kSwiGlu);
+  const bool fused_head = kiln_op(ops::Op::kLinearCrossEntropy);
+
   // Saved for backward per token (see the header and docs/performance.md).
-  double per_layer = 16.0 * h + cb * (2.0 * h + 3.0 * q + 2.0 * kv + 4.0 * ffn);
+  double per_layer =
+      (fused_norm ? 6.0 : 16.0) * h + cb * (2.0 * h + 3.0 * q + 2.0 * kv + (fused_swiglu ? 3.0 : 4.0) * ffn);
   if (o.attention == "math") {
     // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
     per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
   }
   const double activations =
       o.activation_checkpointing ? tokens * (layers * 4.0 * h + per_layer) : tokens * layers * per_layer;
-  const double head = tokens * ((8.0 + cb) * h + (autocast ? 16.0 : 10.0) * vocab);
+  double head = tokens * ((8.0 + cb) * h + (autocast ? 16.0 : 10.0) * vocab);
+  if (fused_head) {
+    // Chunked linear + cross-entropy: the forward computes both gradients and saves them. The
+    // final norm's part as above, grad_hidden (cb per element), the fp32 weight-gradient
+    // accumulator (plus its compute-dtype copy under autocast), and one chunk's logits with
+    // their fp32 softmax/gradient.
+    const double chunk = static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size));
+    head = tokens * (8.0 + 2.0 * cb) * h + (autocast ? 4.0 + cb : 4.0) * vocab * h +
+           chunk * vocab * (autocast ? cb + 8.0 : 8.0);
+  }
   // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward
   // keeps using it. Matmul weights: all but the input embedding (unless tied to the head) and norms.
   const double embed = vocab * h;
@@ -44,8 +63,9 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed);
   const double weight_copies = autocast ? cb * matmul_weights : 0.0;
   // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
-  // (autocast) or two (fp32) extra fp32 copies at the end of backward, as measured.
-  const double tied_extra = c.tie_word_embeddings ? (autocast ? 1.0 : 2.0) * 4.0 * embed : 0.0;
+  // (autocast, or the fused head's ready-made gradient) or two (fp32 matmul backward) extra fp32
+  // copies at the end of backward, as measured.
+  const double tied_extra = c.tie_word_embeddings ? (autocast || fused_head ? 1.0 : 2.0) * 4.0 * embed : 0.0;
 
   const double forward_side = weight_copies + activations + head;
   const double backward_end = 4.0 * n + tied_extra;
