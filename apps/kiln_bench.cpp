@@ -47,6 +47,7 @@
 #include "kiln/ops/rope.h"
 #include "kiln/ops/swiglu.h"
 #include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/sweep.h"
 
 namespace {
 
@@ -135,29 +136,6 @@ FwdBwdSeconds time_fwd_bwd(const at::Device& d, int iters, const std::function<v
     tb.push_back(timed(fwd_bwd, reps_fwd_bwd) / reps_fwd_bwd);
   }
   return {*std::min_element(tf.begin(), tf.end()), *std::min_element(tb.begin(), tb.end())};
-}
-
-// "512,1024" -> {512, 1024}; every item a positive integer, else an error naming the option.
-std::vector<int64_t> parse_sizes(const std::string& key, const std::string& text) {
-  std::vector<int64_t> values;
-  for (size_t start = 0; start <= text.size();) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, end - start);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v <= 0) {
-      throw std::invalid_argument(
-          fmt::format("--{}: '{}' is not a positive integer (a comma list is expected, got '{}')", key, item, text));
-    }
-    values.push_back(v);
-    start = end + 1;
-  }
-  return values;
 }
 
 // Forward FLOPs of attention (see the file comment); backward is kBwdFlopFactor times this.
@@ -493,9 +471,9 @@ int main(int argc, char** argv) {
     const bool attention = ops.find(",attention,") != std::string::npos;
     if (attention) {
       const std::string seqlens = args["seqlens"].as<std::string>();
-      sweep.seqlens =
-          parse_sizes("seqlens", seqlens.empty() ? (cuda ? "512,1024,2048,4096,8192" : "128,256") : seqlens);
-      sweep.head_dims = parse_sizes("head-dims", args["head-dims"].as<std::string>());
+      sweep.seqlens = kiln::profile::parse_int_list(
+          seqlens.empty() ? (cuda ? "512,1024,2048,4096,8192" : "128,256") : seqlens, "--seqlens");
+      sweep.head_dims = kiln::profile::parse_int_list(args["head-dims"].as<std::string>(), "--head-dims");
       sweep.batch = pick("batch", 0, 0);
       sweep.heads = pick("heads", 16, 4);
       sweep.kv_heads = pick("kv-heads", sweep.heads, sweep.heads);
