@@ -321,31 +321,50 @@ __global__ void flash_bwd_dq_convert_kernel(const float* acc, T* dq, float scale
 template <int D>
 constexpr size_t bwd_smem_bytes() {
   return 4 * rounded(size_t(kBlock) * kLd<D> * 2)             // K, V, Q, dO tiles
-         + 6 * rounded(kBlock * 4)                            // lse, delta, segment ids (q, k), spare
-         + rounded(size_t(kBlock) * kLdP * 2)                 // dS (CTA-wide)
-         + rounded(size_t(kWarps) * kRows * kLdP * 2)         // P per warp
+         + 4 * rounded(kBlock * 4)                            // lse, delta, segment ids (q, k)
+         + rounded(size_t(kBlock) * kLdP * 2)                 // dS^T (CTA-wide; dK/dV kernel)
+         + rounded(size_t(kWarps) * kRows * kLdP * 2)         // P or dS per warp
          + rounded(size_t(kWarps) * 2 * kRows * kBlock * 4);  // fp32 scratch per warp (>= 16 * D)
 }
 
+// The backward kernels' shared memory, one carve-up for both (bwd_smem_bytes sizes it).
+template <typename T, int D>
+struct BwdSmem {
+  T *k_s, *v_s, *q_s, *do_s;
+  float *lse_s, *delta_s;
+  int *qseg_s, *kseg_s;
+  T* ds_s;     // [64 keys x kLdP] dS^T, CTA-wide
+  T* tile_w;   // [16 x kLdP] this warp's P (dK/dV kernel) or dS (dQ kernel)
+  float* f_w;  // [2 x 16 x 64] this warp's fp32 scratch
+  __device__ BwdSmem(unsigned char* smem, int warp) {
+    static_assert(2 * kBlock >= D, "the per-warp fp32 scratch must hold 16 x D");
+    SmemCursor cur{smem};
+    k_s = cur.take<T>(kBlock * kLd<D>);
+    v_s = cur.take<T>(kBlock * kLd<D>);
+    q_s = cur.take<T>(kBlock * kLd<D>);
+    do_s = cur.take<T>(kBlock * kLd<D>);
+    lse_s = cur.take<float>(kBlock);
+    delta_s = cur.take<float>(kBlock);
+    qseg_s = cur.take<int>(kBlock);
+    kseg_s = cur.take<int>(kBlock);
+    ds_s = cur.take<T>(kBlock * kLdP);
+    tile_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
+    f_w = cur.take<float>(kWarps * 2 * kRows * kBlock) + warp * 2 * kRows * kBlock;
+  }
+};
+
 template <typename T, int D, bool kAtomicDQ>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdParams p) {
-  static_assert(2 * kBlock >= D, "the per-warp fp32 scratch must hold 16 x D");
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  SmemCursor cur{smem};
-  T* k_s = cur.take<T>(kBlock * kLdT);
-  T* v_s = cur.take<T>(kBlock * kLdT);
-  T* q_s = cur.take<T>(kBlock * kLdT);
-  T* do_s = cur.take<T>(kBlock * kLdT);
-  float* lse_s = cur.take<float>(kBlock);
-  float* delta_s = cur.take<float>(kBlock);
-  int* qseg_s = cur.take<int>(kBlock);
-  int* kseg_s = cur.take<int>(kBlock);
-  cur.take<int>(2 * kBlock);
-  T* ds_s = cur.take<T>(kBlock * kLdP);  // dS^T: row = key, column = query
-  T* p_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
-  float* f_w = cur.take<float>(kWarps * 2 * kRows * kBlock) + warp * 2 * kRows * kBlock;
+  const BwdSmem<T, D> sm(smem, warp);
+  T *k_s = sm.k_s, *v_s = sm.v_s, *q_s = sm.q_s, *do_s = sm.do_s;
+  float *lse_s = sm.lse_s, *delta_s = sm.delta_s;
+  int *qseg_s = sm.qseg_s, *kseg_s = sm.kseg_s;
+  T* ds_s = sm.ds_s;  // dS^T: row = key, column = query
+  T* p_w = sm.tile_w;
+  float* f_w = sm.f_w;
   float* st_w = f_w;                    // S^T [16 x 64]
   float* dpt_w = f_w + kRows * kBlock;  // dP^T [16 x 64]
 
@@ -444,19 +463,12 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  SmemCursor cur{smem};
-  T* k_s = cur.take<T>(kBlock * kLdT);
-  T* v_s = cur.take<T>(kBlock * kLdT);
-  T* q_s = cur.take<T>(kBlock * kLdT);
-  T* do_s = cur.take<T>(kBlock * kLdT);
-  float* lse_s = cur.take<float>(kBlock);
-  float* delta_s = cur.take<float>(kBlock);
-  int* qseg_s = cur.take<int>(kBlock);
-  int* kseg_s = cur.take<int>(kBlock);
-  cur.take<int>(2 * kBlock);
-  cur.take<T>(kBlock * kLdP);
-  T* ds_w = cur.take<T>(kWarps * kRows * kLdP) + warp * kRows * kLdP;
-  float* f_w = cur.take<float>(kWarps * 2 * kRows * kBlock) + warp * 2 * kRows * kBlock;
+  const BwdSmem<T, D> sm(smem, warp);
+  T *k_s = sm.k_s, *v_s = sm.v_s, *q_s = sm.q_s, *do_s = sm.do_s;
+  float *lse_s = sm.lse_s, *delta_s = sm.delta_s;
+  int *qseg_s = sm.qseg_s, *kseg_s = sm.kseg_s;
+  T* ds_w = sm.tile_w;
+  float* f_w = sm.f_w;
   float* s_w = f_w;
   float* dp_w = f_w + kRows * kBlock;
 

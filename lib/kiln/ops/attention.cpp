@@ -3,6 +3,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -16,18 +17,25 @@ namespace kiln::ops {
 
 namespace {
 
-// Logs which implementation ops::attention picked, once per distinct choice (dtype, head_dim,
-// device and path), so a run's log says what its attention ran on without a line per call.
-void log_choice(const std::string& choice) {
+// Logs which implementation ops::attention picked, once per distinct choice (path, dtype,
+// head_dim, heads, device), so a run's log says what its attention ran on without a line per
+// call. Called per layer per step: the key is a tuple, the message is formatted only when new.
+void log_choice(bool kernel, const at::Tensor& q, const at::Tensor& k) {
+  using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int>;
   static std::mutex mutex;
-  static std::set<std::string> logged;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (logged.insert(choice).second) spdlog::info("kiln attention: {}", choice);
-}
-
-std::string describe(const at::Tensor& q, const at::Tensor& k) {
-  return fmt::format("{}, head_dim {}, {} query / {} KV heads, {}", c10::toString(q.scalar_type()), q.size(3),
-                     q.size(1), k.size(1), q.device().str());
+  static std::set<Key> logged;
+  const Key key{kernel, static_cast<int>(q.scalar_type()), q.size(3), q.size(1), k.size(1), q.device().index()};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!logged.insert(key).second) return;
+  }
+  const std::string what = fmt::format("{}, head_dim {}, {} query / {} KV heads, {}", c10::toString(q.scalar_type()),
+                                       q.size(3), q.size(1), k.size(1), q.device().str());
+  if (kernel) {
+    spdlog::info("kiln attention: kiln flash-attention kernels ({})", what);
+  } else {
+    spdlog::info("kiln attention: ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ ({})", what);
+  }
 }
 
 }  // namespace
@@ -57,10 +65,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const FlashAttentionParams fp{
         .scale = options.scale.value_or(0.0), .causal = options.causal, .segment_ids = options.segment_ids};
     if (flash_attention_kernel_applies(qk, kk, vk, fp)) {
-      log_choice("kiln flash-attention kernels (" + describe(qk, kk) + ")");
+      log_choice(true, qk, kk);
       return flash_attention(qk, kk, vk, fp);
     }
-    log_choice("ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ (" + describe(qk, kk) + ")");
+    log_choice(false, qk, kk);
   }
   const bool gqa = q.size(1) != k.size(1);
   const int64_t t = q.size(2), s = k.size(2);
