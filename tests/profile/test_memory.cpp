@@ -4,7 +4,11 @@
 // that allocator, which the analytic prediction must match within 15% (issue 6's bound).
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <vector>
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -51,6 +55,113 @@ TEST_CASE("counting CPU allocator is removed by its guard", "[profile]") {
     CHECK_THROWS_AS(CountingCpuAllocatorGuard(), std::logic_error);
   }
   CHECK(c10::GetCPUAllocator() == before);
+}
+
+TEST_CASE("counting CPU allocator: every entry point of c10's allocator interface counts", "[profile]") {
+  CountingCpuAllocatorGuard guard;
+  c10::Allocator* a = c10::GetCPUAllocator();
+  REQUIRE(a == CountingCpuAllocatorGuard::allocator());
+  const int64_t base = guard.stats().current_bytes;
+
+  SECTION("allocate: the DataPtr's context is its data pointer, and its deleter is raw_deleter()") {
+    c10::DataPtr p = a->allocate(1000);
+    REQUIRE(p.get() != nullptr);
+    CHECK(p.get_context() == p.get());
+    CHECK(p.get_deleter() == a->raw_deleter());
+    CHECK(a->is_simple_data_ptr(p));
+    CHECK(guard.stats().current_bytes - base == 1000);
+    p.clear();
+    CHECK(guard.stats().current_bytes == base);
+  }
+  SECTION("raw_allocate / raw_deallocate (oneDNN's path)") {
+    REQUIRE(a->raw_deleter() != nullptr);
+    CHECK(a->raw_deleter() == a->raw_deleter());
+    void* p = a->raw_allocate(4096);
+    REQUIRE(p != nullptr);
+    std::memset(p, 0xAB, 4096);  // the memory is usable
+    CHECK(guard.stats().current_bytes - base == 4096);
+    CHECK(guard.stats().peak_bytes - base >= 4096);
+    a->raw_deallocate(p);
+    CHECK(guard.stats().current_bytes == base);
+    a->raw_deleter()(a->raw_allocate(64));  // the deleter alone frees it too
+    CHECK(guard.stats().current_bytes == base);
+  }
+  SECTION("clone and copy_data") {
+    c10::DataPtr src = a->allocate(256);
+    for (int i = 0; i < 256; ++i) static_cast<unsigned char*>(src.get())[i] = static_cast<unsigned char>(i);
+    c10::DataPtr copy = a->clone(src.get(), 256);
+    CHECK(guard.stats().current_bytes - base == 512);
+    CHECK(std::memcmp(copy.get(), src.get(), 256) == 0);
+    c10::DataPtr dst = a->allocate(256);
+    a->copy_data(dst.get(), src.get(), 256);
+    CHECK(std::memcmp(dst.get(), src.get(), 256) == 0);
+    CHECK(guard.stats().current_bytes - base == 768);
+    src.clear();
+    copy.clear();
+    dst.clear();
+    CHECK(guard.stats().current_bytes == base);
+  }
+  SECTION("zero bytes") {
+    c10::DataPtr p = a->allocate(0);
+    void* r = a->raw_allocate(0);
+    CHECK(guard.stats().current_bytes == base);
+    a->raw_deallocate(r);
+    p.clear();
+    CHECK(guard.stats().current_bytes == base);
+  }
+  SECTION("the cap applies to the raw path too, and a refused request is not counted") {
+    guard.set_cap(base + 10'000);
+    void* ok = a->raw_allocate(6'000);
+    CHECK_THROWS_AS(a->raw_allocate(6'000), c10::OutOfMemoryError);
+    CHECK_THROWS_AS(a->clone(ok, 6'000), c10::OutOfMemoryError);
+    CHECK(guard.stats().current_bytes - base == 6'000);
+    a->raw_deallocate(ok);
+    CHECK(guard.stats().current_bytes == base);
+  }
+  SECTION("allocations from ATen's worker threads count, and freeing after the guard is gone still counts") {
+    std::vector<c10::DataPtr> held(64);
+    at::parallel_for(0, 64, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) held[i] = a->allocate(100 + i);
+    });
+    CHECK(guard.stats().current_bytes - base == 64 * 100 + 63 * 64 / 2);
+    held.clear();
+    CHECK(guard.stats().current_bytes == base);
+  }
+}
+
+TEST_CASE("counting CPU allocator: a tensor freed after its guard is removed is still subtracted", "[profile]") {
+  at::Tensor t;
+  int64_t base = 0;
+  {
+    CountingCpuAllocatorGuard guard;
+    base = guard.stats().current_bytes;
+    t = at::empty({1000}, at::kFloat);
+  }
+  CountingCpuAllocatorGuard again;
+  CHECK(again.stats().current_bytes - base == 4000);
+  t = at::Tensor();
+  CHECK(again.stats().current_bytes == base);
+}
+
+// oneDNN's bf16 matmul and convolution paths (taken on CPUs with AVX512_BF16/AMX, and not with
+// ONEDNN_MAX_CPU_ISA=AVX2, which the test command also runs) allocate through raw_allocate.
+TEST_CASE("counting CPU allocator under bf16 matmul, linear and their backward", "[profile]") {
+  CountingCpuAllocatorGuard guard;
+  const int64_t base = guard.stats().current_bytes;
+  {
+    at::Tensor x = at::randn({64, 256}).to(at::kBFloat16).requires_grad_();
+    at::Tensor w = at::randn({512, 256}).to(at::kBFloat16).requires_grad_();
+    at::Tensor y = at::linear(x, w);
+    at::Tensor z = at::matmul(y, w);
+    z.sum().backward();
+    const at::Tensor reference =
+        at::matmul(at::linear(x.detach().to(at::kFloat), w.detach().to(at::kFloat)), w.detach().to(at::kFloat));
+    // bf16 inputs and a bf16 intermediate: about 1% relative error in norm.
+    CHECK((z.detach().to(at::kFloat) - reference).norm().item<double>() / reference.norm().item<double>() < 0.03);
+    CHECK(x.grad().defined());
+    CHECK(guard.stats().peak_bytes - base >= 64 * 512 * 2);
+  }
+  CHECK(guard.stats().current_bytes == base);
 }
 
 TEST_CASE("memory model: components and phases", "[profile]") {

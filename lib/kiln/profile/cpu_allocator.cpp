@@ -1,13 +1,22 @@
 // The counting allocator is a process-lifetime singleton: a tensor allocated through it may
 // outlive the guard (and its deleter then still has to find the counter), so it is never
-// destroyed. Each allocation carries a small context (the delegate's DataPtr and the size) whose
-// deleter subtracts the size and frees through the delegate.
+// destroyed.
+//
+// Every DataPtr it returns has its data pointer as its context and one fixed deleter, as c10's
+// raw interface requires (Allocator::raw_allocate asserts data == context and releases the
+// context; raw_deallocate calls raw_deleter() on the bare pointer). oneDNN's bf16 kernels on
+// AVX-512 machines allocate their scratch through that raw interface, so a DataPtr with a
+// separate context (as this allocator once returned) fails there with an internal assert. The
+// delegate's own DataPtr (whatever its context) is kept in a table keyed by the data pointer,
+// together with the size, and the deleter looks it up, subtracts the size and frees through it.
 #include "kiln/profile/cpu_allocator.h"
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -23,12 +32,6 @@ constexpr uint8_t kPriority = 200;
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  struct Context {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-
   c10::DataPtr allocate(size_t n) override {
     const auto bytes = static_cast<int64_t>(n);
     const int64_t cap = cap_.load();
@@ -50,26 +53,55 @@ class CountingAllocator final : public c10::Allocator {
     }
     void* data = inner.get();
     const c10::Device device = inner.device();
-    auto* ctx = new Context{std::move(inner), n, this};
-    return {data, ctx, &CountingAllocator::free_context, device};
+    if (data == nullptr) {  // a zero-byte allocation: nothing to track (free_raw ignores null)
+      current_.fetch_sub(bytes);
+      return {nullptr, nullptr, &CountingAllocator::free_raw, device};
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(data, Live{std::move(inner), n});
+    }
+    return {data, data, &CountingAllocator::free_raw, device};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::free_raw; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
-  static void free_context(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->owner->current_.fetch_sub(static_cast<int64_t>(ctx->bytes));
-    delete ctx;  // frees the memory through the delegate's deleter
-  }
+  // The deleter of every DataPtr above: `p` is the data pointer (= the context).
+  static void free_raw(void* p);
 
+  struct Live {
+    c10::DataPtr inner;  // the delegate's allocation; freed through its own deleter
+    size_t bytes;
+  };
   c10::Allocator* delegate_ = nullptr;
   std::atomic<int64_t> current_{0}, peak_{0}, cap_{0};
   std::atomic<bool> installed_{false};
+  std::mutex mutex_;
+  std::unordered_map<void*, Live> live_;
 };
 
 CountingAllocator& instance() {
   static auto* a = new CountingAllocator();  // never destroyed: see the note at the top
   return *a;
+}
+
+void CountingAllocator::free_raw(void* p) {
+  if (p == nullptr) return;
+  CountingAllocator& a = instance();
+  c10::DataPtr inner;
+  {
+    std::lock_guard<std::mutex> lock(a.mutex_);
+    const auto it = a.live_.find(p);
+    // Only pointers this allocator returned reach here; anything else is a caller's bug that
+    // must not corrupt the counts or free foreign memory.
+    TORCH_INTERNAL_ASSERT(it != a.live_.end(), "counting CPU allocator: free of a pointer it did not allocate");
+    inner = std::move(it->second.inner);
+    a.current_.fetch_sub(static_cast<int64_t>(it->second.bytes));
+    a.live_.erase(it);
+  }
+  // `inner` goes out of scope here, outside the lock: the delegate frees the memory.
 }
 
 }  // namespace
@@ -102,6 +134,10 @@ void CountingCpuAllocatorGuard::reset_peak() {
 
 void CountingCpuAllocatorGuard::set_cap(int64_t cap_bytes) {
   instance().cap_ = cap_bytes;
+}
+
+c10::Allocator* CountingCpuAllocatorGuard::allocator() {
+  return &instance();
 }
 
 }  // namespace kiln::profile

@@ -3,11 +3,18 @@
 // The process's RSS cannot tell a step's peak (it never goes down, and it includes the heap of
 // everything else); this counter can, and it is reset before each measured step.
 //
+// Every entry point of c10's allocator interface counts: allocate() and the DataPtr's deleter,
+// raw_allocate()/raw_deallocate() (oneDNN's path), clone() and copy_data().
+//
 // An optional cap makes an allocation past it throw c10::OutOfMemoryError, as the CUDA caching
 // allocator does when the GPU is full, so the sweep's OOM handling can be tested on a CPU.
 #pragma once
 
 #include <cstdint>
+
+namespace c10 {
+struct Allocator;
+}
 
 namespace kiln::profile {
 
@@ -32,6 +39,9 @@ class CountingCpuAllocatorGuard {
   // Peak := current (the bytes already held, e.g. parameters and optimizer state, stay counted).
   void reset_peak();
   void set_cap(int64_t cap_bytes);
+  // The counting allocator itself (what c10::GetCPUAllocator() returns while a guard is
+  // installed), for calling its entry points directly.
+  static c10::Allocator* allocator();
 };
 
 }  // namespace kiln::profile
