@@ -87,13 +87,22 @@ TEST_CASE("bad shards are refused with a message naming the file", "[data]") {
   using kiln::test::error_of;
   CHECK_THAT(error_of([&] { TokenShards::open(dir.string(), {.expected_fingerprint = 43}); }),
              Catch::Contains("fingerprint") && Catch::Contains("re-tokenize"));
-  {  // flip one byte of a shard: checksum
-    std::fstream f(dir / "train_00001.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(3);
-    f.put('\x7f');
-  }
+  const auto put_byte = [&](const char* file, std::streamoff at, char value) {
+    std::fstream f(dir / file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    const char old = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(value);
+    return old;
+  };
+  const char original = put_byte("train_00001.bin", 2, '\x01');  // flip a low byte: still a valid id
   CHECK_THAT(error_of([&] { TokenShards::open(dir.string()); }),
              Catch::Contains("train_00001.bin") && Catch::Contains("checksum"));
+  const char high = put_byte("train_00001.bin", 3, '\x7f');  // a high byte: id >= 32512, past the 259 ids
+  CHECK_THAT(error_of([&] { TokenShards::open(dir.string(), {.verify_checksums = false}); }),
+             Catch::Contains("train_00001.bin") && Catch::Contains("token id 32") && Catch::Contains("259"));
+  put_byte("train_00001.bin", 3, high);
+  put_byte("train_00001.bin", 2, original);
   fs::resize_file(dir / "train_00002.bin", fs::file_size(dir / "train_00002.bin") - 1);
   CHECK_THAT(error_of([&] { TokenShards::open(dir.string(), {.verify_checksums = false}); }),
              Catch::Contains("train_00002.bin") && Catch::Contains("dtype"));
@@ -154,8 +163,7 @@ TEST_CASE("malformed JSONL lines name file and line; fatal by default, skipped o
   opt.output_dir = (dir / "out").string();
   CHECK_THAT(kiln::test::error_of([&] { tokenize_to_shards(tok, opt); }),
              Catch::Contains("c.jsonl:2") && Catch::Contains("invalid JSON"));
-  CHECK_FALSE(fs::exists(dir / "out" / "meta.json"));
-  CHECK(fs::is_empty(dir / "out"));  // the abandoned shard's temp file was removed
+  CHECK_FALSE(fs::exists(dir / "out"));  // a failed run leaves nothing, not even the folder it made
   std::vector<std::string> warnings;
   opt.skip_bad_lines = true;
   opt.on_warning = [&](const std::string& m) { warnings.push_back(m); };
@@ -168,4 +176,46 @@ TEST_CASE("malformed JSONL lines name file and line; fatal by default, skipped o
   CHECK_THAT(kiln::test::error_of([&] { list_input_files({(dir / "nope.txt").string()}); }),
              Catch::Contains("nope.txt"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("a failed tokenization leaves nothing behind, also after complete shards", "[data]") {
+  const fs::path dir = kiln::test::scratch_dir("shards_fail");
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "{\"text\": \"document number " + std::to_string(i) + "\"}\n";
+  write(dir / "a.jsonl", text + "{\"text\": oops}\n");
+  const ByteTokenizer tok;
+  TokenizeOptions opt;
+  opt.inputs = {(dir / "a.jsonl").string()};
+  opt.shard_tokens = 64;  // several complete shards before the bad line
+  opt.output_dir = (dir / "new" / "out").string();
+  CHECK_THAT(kiln::test::error_of([&] { tokenize_to_shards(tok, opt); }), Catch::Contains("a.jsonl:51"));
+  CHECK_FALSE(fs::exists(dir / "new" / "out"));
+  // An existing folder keeps what it held before, and only that.
+  fs::create_directories(dir / "mine");
+  write(dir / "mine" / "notes.txt", "keep");
+  opt.output_dir = (dir / "mine").string();
+  CHECK_THROWS(tokenize_to_shards(tok, opt));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir / "mine")) names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{"notes.txt"});
+}
+
+TEST_CASE("a meta.json shard name that leaves the shard folder is refused", "[data]") {
+  const fs::path dir = kiln::test::scratch_dir("shards_escape");
+  write_docs(dir, 259, 100);
+  const auto meta_text = [&] {
+    std::ifstream in(dir / "meta.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  for (const std::string& name : {"../other/train_00000.bin", "/etc/passwd", "sub/train_00000.bin", ".."}) {
+    std::string edited = meta_text;
+    const auto at = edited.find("\"train_00000.bin\"");
+    REQUIRE(at != std::string::npos);
+    edited.replace(at, 17, "\"" + name + "\"");
+    write(dir / "meta.json", edited);
+    CAPTURE(name);
+    CHECK_THAT(kiln::test::error_of([&] { TokenShards::open(dir.string()); }),
+               Catch::Contains("splits.train.shards[0]") && Catch::Contains(name) &&
+                   Catch::Contains("inside the shard folder"));
+  }
 }

@@ -137,6 +137,24 @@ TEST_CASE("config.json problems name the file and the key", "[model][hf]") {
              Catch::Contains("'num_key_value_heads'"));
   CHECK_THAT(error(R"("vocab_size": 64})", R"("vocab_size": 64)"), Catch::Contains("not valid JSON"));
   CHECK_THAT(error(R"("use_cache": true)", R"("quantization_config": {})"), Catch::Contains("quantization_config"));
+  // A vocab_size no 32-bit token id can reach: the key, the limit, and the memory it would take.
+  CHECK_THAT(error(R"("vocab_size": 64)", R"("vocab_size": 1099511627776)"),
+             Catch::Contains("'vocab_size'") && Catch::Contains("1099511627776") && Catch::Contains("32-bit") &&
+                 Catch::Contains("TiB"));
+}
+
+TEST_CASE("a model too large for this machine's memory is refused before allocating, with the size it needs",
+          "[model][hf]") {
+  auto c = kiln::model::load_llama_config("tiny");
+  c.source = "/ckpt/config.json";
+  c.vocab_size = int64_t{1} << 31;  // valid, but 2^31 x hidden_size fp32 rows are far beyond any CPU's memory
+  c.hidden_size = 65536;
+  c.intermediate_size = 65536;
+  c.num_attention_heads = 512;
+  c.num_key_value_heads = 512;
+  const std::string e = error_of([&] { kiln::model::LlamaForCausalLM m(c, at::TensorOptions().dtype(at::kFloat)); });
+  CHECK_THAT(e, Catch::Contains("/ckpt/config.json") && Catch::Contains("needs") && Catch::Contains("TiB") &&
+                    Catch::Contains("vocab_size 2147483648") && Catch::Contains("this machine's"));
 }
 
 TEST_CASE("save_pretrained then load_pretrained is bit-exact, sharded or not, in bf16 too", "[model][hf]") {

@@ -69,7 +69,8 @@ std::string ShardSetMeta::to_json() const {
                     {"fingerprint", hex64(tokenizer_fingerprint)},
                     {"vocab_size", vocab_size},
                     {"bos_id", bos_id},
-                    {"eos_id", eos_id}};
+                    {"eos_id", eos_id},
+                    {"add_special_tokens", add_special_tokens}};
   j["dtype"] = dtype_name(dtype);
   j["splits"] = json::object();
   for (const SplitInfo& s : splits) {
@@ -88,6 +89,29 @@ std::string ShardSetMeta::to_json() const {
 }
 
 namespace {
+
+// A shard file name from meta.json: a plain name inside the shard folder, never a path that
+// reads elsewhere ("../other/train_00000.bin", "/etc/passwd", "sub/x.bin").
+std::string shard_file_name(const json& j, const char* key, const std::string& where) {
+  const auto name = j.at(key).get<std::string>();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\\') != std::string::npos || name.find('\0') != std::string::npos) {
+    throw std::runtime_error(
+        fmt::format("{}: {} '{}' is not a file name inside the shard folder (a shard set never "
+                    "reads outside its own folder)",
+                    where, key, name));
+  }
+  return name;
+}
+
+template <typename T>
+int64_t max_of(const unsigned char* data, size_t bytes) {
+  const auto* p = reinterpret_cast<const T*>(data);
+  const size_t n = bytes / sizeof(T);
+  T m = 0;
+  for (size_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  return n == 0 ? -1 : static_cast<int64_t>(m);
+}
 
 uint64_t parse_checksum(const json& j, const char* key, const std::string& where) {
   const auto s = j.at(key).get<std::string>();
@@ -114,6 +138,7 @@ ShardSetMeta ShardSetMeta::from_json(const std::string& text, const std::string&
     m.vocab_size = t.at("vocab_size").get<int64_t>();
     m.bos_id = t.at("bos_id").get<int32_t>();
     m.eos_id = t.at("eos_id").get<int32_t>();
+    m.add_special_tokens = t.value("add_special_tokens", false);
     const auto dtype = j.at("dtype").get<std::string>();
     if (dtype == "uint16")
       m.dtype = TokenDtype::kUint16;
@@ -126,10 +151,12 @@ ShardSetMeta ShardSetMeta::from_json(const std::string& text, const std::string&
     for (const auto& [name, s] : j.at("splits").items()) {
       where = fmt::format("{}: splits.{}", path, name);
       SplitInfo info{name, s.at("tokens").get<int64_t>(), s.at("documents").get<int64_t>(), {}};
+      size_t k = 0;
       for (const auto& sh : s.at("shards")) {
+        const std::string shard_where = fmt::format("{}.shards[{}]", where, k++);
         ShardInfo si;
-        si.file = sh.at("file").get<std::string>();
-        si.index = sh.at("index").get<std::string>();
+        si.file = shard_file_name(sh, "file", shard_where);
+        si.index = shard_file_name(sh, "index", shard_where);
         si.tokens = sh.at("tokens").get<int64_t>();
         si.documents = sh.at("documents").get<int64_t>();
         si.checksum = parse_checksum(sh, "checksum", where);
@@ -307,6 +334,14 @@ std::shared_ptr<TokenShards> TokenShards::open(const std::string& dir, const Ope
         if (starts[d] < starts[d - 1]) throw bad(sh.index, fmt::format("document offsets decrease at entry {}", d));
         split->doc_starts_.push_back(tokens + static_cast<int64_t>(starts[d]));
       }
+      const int64_t max_id = meta.dtype == TokenDtype::kUint16 ? max_of<uint16_t>(mapped->data, mapped->size)
+                                                               : max_of<uint32_t>(mapped->data, mapped->size);
+      if (max_id >= meta.vocab_size) {
+        throw bad(sh.file, fmt::format("holds token id {}, but meta.json's vocab_size is {} (made with another "
+                                       "tokenizer, or meta.json was edited)",
+                                       max_id, meta.vocab_size));
+      }
+      split->max_token_id_ = std::max(split->max_token_id_, max_id);
       tokens += sh.tokens;
       documents += sh.documents;
       split->shards_.push_back(std::move(mapped));
@@ -321,6 +356,23 @@ std::shared_ptr<TokenShards> TokenShards::open(const std::string& dir, const Ope
     shards->splits_.emplace_back(info.name, std::move(split));
   }
   return shards;
+}
+
+int64_t TokenShards::max_token_id() const {
+  int64_t m = -1;
+  for (const auto& [name, s] : splits_) m = std::max(m, s->max_token_id());
+  return m;
+}
+
+void TokenShards::check_ids_below(int64_t vocab_size, const std::string& what) const {
+  for (const auto& [name, s] : splits_) {
+    if (s->max_token_id() >= vocab_size) {
+      throw std::runtime_error(fmt::format(
+          "token shards '{}': split '{}' holds token id {}, but {} is {}: the shards were made with another "
+          "tokenizer than this model's",
+          dir_, name, s->max_token_id(), what, vocab_size));
+    }
+  }
 }
 
 bool TokenShards::has_split(const std::string& name) const {

@@ -41,6 +41,10 @@ struct ShardSetMeta {
   uint64_t tokenizer_fingerprint = 0;
   int64_t vocab_size = 0;
   int32_t bos_id = -1, eos_id = -1;
+  // Whether each document starts with the tokenizer's template (its BOS): kiln-tokenize's
+  // --add-special-tokens; false by default, as LLaMA-Factory's pretraining (and in sets written
+  // before the field existed). kiln-generate and kiln-eval follow it for models trained on the set.
+  bool add_special_tokens = false;
   TokenDtype dtype = TokenDtype::kUint16;
   std::vector<SplitInfo> splits;
   std::string to_json() const;
@@ -84,7 +88,10 @@ class TokenSplit {
   // Global start offsets of the documents, num_documents() + 1 entries (the last = num_tokens()).
   const std::vector<int64_t>& document_starts() const { return doc_starts_; }
   int64_t document_of(int64_t position) const;  // index of the document holding the token
-  struct Mapped;                                // a read-only memory map of one file
+  // The largest token id in the split (-1 when it is empty), found when the set is opened, so a
+  // model or tokenizer too small for the data is refused before any batch is read.
+  int64_t max_token_id() const { return max_token_id_; }
+  struct Mapped;  // a read-only memory map of one file
 
  private:
   friend class TokenShards;
@@ -93,6 +100,7 @@ class TokenSplit {
   std::vector<int64_t> doc_starts_;
   TokenDtype dtype_ = TokenDtype::kUint16;
   int64_t tokens_ = 0;
+  int64_t max_token_id_ = -1;
 };
 
 struct OpenShardsOptions {
@@ -102,12 +110,18 @@ struct OpenShardsOptions {
 
 class TokenShards {
  public:
-  // Opens and validates <dir>/meta.json and every shard it lists.
+  // Opens and validates <dir>/meta.json and every shard it lists: file names stay inside <dir>,
+  // sizes, checksums and document offsets agree with meta.json, and every token id is below
+  // meta.json's vocab_size.
   static std::shared_ptr<TokenShards> open(const std::string& dir, const OpenShardsOptions& options = {});
   const ShardSetMeta& meta() const { return meta_; }
   bool has_split(const std::string& name) const;
   std::shared_ptr<const TokenSplit> split(const std::string& name) const;  // throws if absent
   const std::string& dir() const { return dir_; }
+  int64_t max_token_id() const;  // over all splits
+  // Throws, naming the shard folder, the largest id and `vocab_size` and `what` (e.g. "the model's
+  // vocab_size (checkpoint/config.json)"), when a token id of any split is >= vocab_size.
+  void check_ids_below(int64_t vocab_size, const std::string& what) const;
 
  private:
   std::string dir_;

@@ -146,6 +146,11 @@ std::vector<std::string> read_documents(const TokenizeOptions& options) {
   return all;
 }
 
+namespace {
+TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& options,
+                             const std::vector<std::string>& files, int64_t bytes_total);
+}  // namespace
+
 TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOptions& options) {
   if (options.val_fraction < 0 || options.val_fraction >= 1)
     throw std::invalid_argument(fmt::format("val fraction {} is outside [0, 1)", options.val_fraction));
@@ -155,8 +160,23 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
   for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f));
   const fs::path out_dir(options.output_dir);
   clear_output(out_dir, options.overwrite);
+  const bool created = !fs::exists(out_dir);
   fs::create_directories(out_dir);
+  // A failed run leaves nothing: its shard files go, and so does the folder if it made it.
+  try {
+    return tokenize_into(tokenizer, options, files, bytes_total);
+  } catch (...) {
+    std::error_code ec;
+    clear_output(out_dir, /*overwrite=*/true);
+    if (created && fs::is_empty(out_dir, ec)) fs::remove(out_dir, ec);
+    throw;
+  }
+}
 
+namespace {
+
+TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& options,
+                             const std::vector<std::string>& files, int64_t bytes_total) {
   const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   ShardSetMeta meta;
   meta.tokenizer = tokenizer.name();
@@ -164,6 +184,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
   meta.vocab_size = tokenizer.vocab_size();
   meta.bos_id = tokenizer.bos_id();
   meta.eos_id = tokenizer.eos_id();
+  meta.add_special_tokens = options.add_special_tokens;
   meta.dtype = dtype_for_vocab(meta.vocab_size);
   ShardWriter train(options.output_dir, "train", meta.dtype, options.shard_tokens);
   std::unique_ptr<ShardWriter> val;
@@ -226,5 +247,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
+
+}  // namespace
 
 }  // namespace kiln::data

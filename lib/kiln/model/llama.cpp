@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include "kiln/common/format.h"
 
 #include "kiln/model/rope.h"
 #include "kiln/ops/attention.h"
@@ -126,9 +129,32 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
   return norm->forward(h);
 }
 
+namespace {
+
+// A config whose parameters cannot fit (a mistyped size in config.json) fails here with the size
+// it needs, not with an allocator error deep inside the first at::empty.
+void check_fits_in_memory(const LlamaConfig& c, const at::TensorOptions& options) {
+  if (!options.device().is_cpu()) return;  // the GPU allocator's own out-of-memory error names the size
+  const double bytes = static_cast<double>(c.num_parameters()) *
+                       static_cast<double>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double memory = static_cast<double>(pages) * static_cast<double>(page);
+  if (bytes > memory) {
+    throw std::runtime_error(fmt::format(
+        "{}: the model needs {} for its {} parameters in {} (vocab_size {}, hidden_size {}, {} layers), more than "
+        "this machine's {} of memory",
+        c.source, human_bytes(bytes), c.num_parameters(), c10::toString(c10::typeMetaToScalarType(options.dtype())),
+        c.vocab_size, c.hidden_size, c.num_hidden_layers, human_bytes(memory)));
+  }
+}
+
+}  // namespace
+
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(LlamaConfig config, const at::TensorOptions& options)
     : config_(std::move(config)) {
   config_.validate();
+  check_fits_in_memory(config_, options);
   model = register_module("model", LlamaModel(config_, options));
   if (!config_.tie_word_embeddings) {
     lm_head = register_module("lm_head", Linear(config_.hidden_size, config_.vocab_size, false, options));

@@ -2,11 +2,13 @@
 // size keys are required (a model file that forgets its width is a mistake, not a default).
 #include "kiln/model/llama_config.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kiln/common/format.h"
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 
@@ -65,6 +67,14 @@ void LlamaConfig::validate() const {
     if (v <= 0) fail(key, fmt::format("must be a positive integer, got {}", v));
   };
   positive("vocab_size", vocab_size);
+  // Token ids are 32-bit everywhere in kiln (tokenizers, shards, the kernels' index math).
+  constexpr int64_t kMaxVocab = int64_t{1} << 31;
+  if (vocab_size > kMaxVocab) {
+    const double embedding = static_cast<double>(vocab_size) * static_cast<double>(std::max<int64_t>(hidden_size, 1));
+    fail("vocab_size", fmt::format("{} is more than 32-bit token ids can address (at most {}); its embedding alone "
+                                   "({} x hidden_size {}) would need {} in fp32",
+                                   vocab_size, kMaxVocab, vocab_size, hidden_size, human_bytes(4 * embedding)));
+  }
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
   positive("num_hidden_layers", num_hidden_layers);

@@ -135,11 +135,20 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
     model_->init_weights(static_cast<uint64_t>(config_.seed));
   }
   model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
+  if (config_.cutoff_len > model_->config().max_position_embeddings) {
+    // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
+    fmt::print(stderr,
+               "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
+               "positions past it were not trained\n",
+               config_.source, config_.cutoff_len, model_->config().max_position_embeddings, model_->config().source);
+  }
 
   // Data: packed blocks of the shard set's train split; its val split for evaluation.
   state_->data_dir = config_.dataset_dir.empty() ? data::default_corpus_shards() : config_.dataset_dir;
   state_->shards = data::TokenShards::open(state_->data_dir);
   const auto& meta = state_->shards->meta();
+  state_->shards->check_ids_below(model_->config().vocab_size,
+                                  fmt::format("the model's vocab_size ({})", model_->config().source));
   if (meta.vocab_size > model_->config().vocab_size) {
     throw config::ConfigError(config::config_message(
         config_.source, "dataset_dir",
