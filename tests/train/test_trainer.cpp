@@ -1,17 +1,21 @@
 // The training loop on the embedded corpus (tiny model, CPU, fp32). References: a run stopped
 // at step k and resumed from its checkpoint must reproduce the uninterrupted run's losses
 // exactly; a poisoned parameter must stop the run naming the step (nan_policy: stop).
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <vector>
 
 #include <ATen/Context.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/data/shards.h"
 #include "kiln/train/trainer.h"
 #include "support.h"
 
@@ -173,4 +177,160 @@ TEST_CASE("full_determinism turns on PyTorch's deterministic algorithms and cuBL
     REQUIRE(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
   }
   at::globalContext().setDeterministicAlgorithms(before, warn_before);
+}
+
+namespace {
+
+// A stop request that comes true at the n-th time the trainer asks (it asks at the top of every
+// step, before every micro-batch and before every evaluation batch).
+std::function<bool()> stop_at_call(int n, int* calls) {
+  return [n, calls] { return ++*calls >= n; };
+}
+
+}  // namespace
+
+TEST_CASE("a stop request inside a step drops the partial step, and the run resumes exactly", "[train]") {
+  PretrainConfig full = small_run("stop_full");
+  Trainer(full).train();
+  const auto la = losses(full.output_dir);
+
+  // Calls per step: 1 at the top + 2 micro-batches. Call 9 = before step 3's second micro-batch.
+  PretrainConfig cut = small_run("stop_cut");
+  cut.save_steps = 0;
+  Trainer t(cut);
+  int calls = 0;
+  t.set_stop_check(stop_at_call(9, &calls));
+  const auto r = t.train();
+  CHECK(calls == 9);  // asked no further: the stop acted within one micro-batch
+  CHECK(r.interrupted);
+  CHECK(r.global_step == 2);
+  CHECK(r.last_checkpoint == (fs::path(cut.output_dir) / "checkpoint-2").string());
+  const auto state = nlohmann::json::parse(std::ifstream(fs::path(r.last_checkpoint) / "loader_state.json"));
+  CHECK(state["position"].get<int64_t>() == 4);  // 2 steps x 2 micro-batches: step 3's batches not consumed
+
+  PretrainConfig resumed = small_run("stop_resumed");
+  resumed.resume_from_checkpoint = r.last_checkpoint;
+  Trainer(resumed).train();
+  const auto lb = losses(resumed.output_dir);
+  REQUIRE(lb.size() == 6);
+  for (size_t i = 0; i < lb.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lb[i] == la[2 + i]);  // bit-identical to the uninterrupted run
+  }
+}
+
+TEST_CASE("a stop request during evaluation drops it within one batch and saves", "[train]") {
+  PretrainConfig c = small_run("stop_eval");
+  c.val_size = 10;
+  c.eval_steps = 4;
+  c.save_steps = 0;
+  c.per_device_eval_batch_size = 3;  // 10 blocks: 4 evaluation batches (the training batch of 2 would make 5)
+  {
+    Trainer t(c);
+    int calls = 0;
+    t.set_stop_check([&calls] { return ++calls > 1000; });
+    calls = 0;
+    t.evaluate();
+    CHECK(calls == 4);  // asked once per evaluation batch, of per_device_eval_batch_size blocks
+  }
+  // Steps 1..4 ask 12 times; the evaluation after step 4 asks before each batch: stop at its 2nd.
+  Trainer t(c);
+  int calls = 0;
+  t.set_stop_check(stop_at_call(14, &calls));
+  const auto r = t.train();
+  CHECK(calls == 14);
+  CHECK(r.interrupted);
+  CHECK(r.global_step == 4);
+  CHECK_FALSE(r.final_eval);
+  CHECK(fs::exists(fs::path(c.output_dir) / "checkpoint-4" / "trainer_state.json"));
+  std::ifstream in(fs::path(c.output_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) CHECK_THAT(line, !Catch::Matchers::Contains("eval_loss"));
+}
+
+// The issue-12 scenario: an output folder with checkpoint-4 and -8 of a finished run; resume from 4
+// with save_steps 1 and save_total_limit 1, stopped at step 7.
+TEST_CASE("resuming an earlier checkpoint never deletes what it writes or resumed from", "[train]") {
+  PretrainConfig first = small_run("rotate_resume");
+  Trainer(first).train();
+  const fs::path out(first.output_dir);
+  REQUIRE(fs::exists(out / "checkpoint-4"));
+  REQUIRE(fs::exists(out / "checkpoint-8"));
+  fs::create_directories(out / ".checkpoint-9.tmp");  // what a kill during a save leaves
+  std::ofstream(out / ".checkpoint-9.tmp" / "model.safetensors") << "partial";
+
+  PretrainConfig again = small_run("unused");
+  again.output_dir = first.output_dir;
+  again.resume_from_checkpoint = (out / "checkpoint-4").string();
+  again.save_steps = 1;
+  again.save_total_limit = 1;
+  Trainer t(again);
+  int steps_seen = 0;
+  // The top-of-step calls are every 3rd; stop at the top of step 8 (after step 7 completed).
+  t.set_stop_check([&steps_seen] { return ++steps_seen == 3 * 3 + 1; });
+  const auto r = t.train();
+  CHECK(r.interrupted);
+  CHECK(r.global_step == 7);
+  CHECK(r.last_checkpoint == (out / "checkpoint-7").string());
+  CHECK(kiln::train::latest_checkpoint(again.output_dir) == (out / "checkpoint-7").string());
+  CHECK(fs::exists(out / "checkpoint-4" / "optimizer.safetensors"));  // resumed from: kept
+  CHECK(fs::exists(out / "checkpoint-7" / "optimizer.safetensors"));  // just written: kept
+  CHECK_FALSE(fs::exists(out / "checkpoint-5"));
+  CHECK_FALSE(fs::exists(out / "checkpoint-6"));
+  CHECK_FALSE(fs::exists(out / ".checkpoint-9.tmp"));  // cleaned at start
+  // The abandoned run's checkpoint-8 is set aside, whole, not mixed with this run's.
+  CHECK_FALSE(fs::exists(out / "checkpoint-8"));
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().rfind("abandoned-", 0) == 0) {
+      CHECK(fs::exists(e.path() / "checkpoint-8" / "optimizer.safetensors"));
+      ++aside;
+    }
+  }
+  CHECK(aside == 1);
+  for (const auto& e : fs::directory_iterator(out)) {
+    CHECK(e.path().filename().string().rfind(".checkpoint", 0) != 0);  // no partial folders left
+  }
+
+  // resume_from_checkpoint: true now continues this run, at step 7.
+  PretrainConfig cont = again;
+  cont.resume_from_checkpoint = "true";
+  Trainer c(cont);
+  CHECK_THAT(c.banner(), Catch::Matchers::Contains("Resuming at step 7"));
+}
+
+TEST_CASE("overwrite_output_dir deletes an earlier run's checkpoints instead of setting them aside", "[train]") {
+  PretrainConfig c = small_run("overwrite");
+  c.max_steps = 4;
+  c.save_steps = 2;
+  Trainer(c).train();
+  REQUIRE(fs::exists(fs::path(c.output_dir) / "checkpoint-2"));
+  c.overwrite_output_dir = true;
+  c.max_steps = 1;
+  Trainer(c).train();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(c.output_dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"checkpoint-1", "metrics.jsonl"});
+}
+
+TEST_CASE("token ids the model cannot embed are refused before training, naming both numbers", "[train]") {
+  // Shards whose tokenizer claims 320 ids (the tiny model's vocab_size) but hold id 400: an edited
+  // meta.json, or shards of another tokenizer.
+  const fs::path data = kiln::test::scratch_dir("trainer_bad_ids_data");
+  kiln::data::ShardSetMeta meta;
+  meta.tokenizer = "test";
+  meta.vocab_size = 500;
+  meta.eos_id = 1;
+  meta.dtype = kiln::data::TokenDtype::kUint16;
+  kiln::data::ShardWriter w(data.string(), "train", meta.dtype, 1 << 20);
+  std::vector<int32_t> doc(300, 7);
+  doc[123] = 400;
+  w.add_document(doc);
+  meta.splits.push_back(w.finish());
+  kiln::data::write_shard_meta(data.string(), meta);
+  PretrainConfig c = small_run("bad_ids");
+  c.dataset_dir = data.string();
+  CHECK_THAT(kiln::test::error_of([&] { Trainer t(c); }),
+             Catch::Matchers::Contains("token id 400") && Catch::Matchers::Contains("vocab_size") &&
+                 Catch::Matchers::Contains("320") && Catch::Matchers::Contains(data.string()));
 }

@@ -12,7 +12,7 @@ namespace kiln::train {
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
                             int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype,
-                            bool neat_packing) {
+                            bool neat_packing, const std::function<bool()>& should_stop) {
   at::NoGradGuard no_grad;
   model->eval();
   data::LoaderOptions options;
@@ -23,6 +23,12 @@ EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_pt
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device).dtype(at::kDouble));
   int64_t targets = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+    if (should_stop && should_stop()) {
+      EvalResult r;
+      r.interrupted = true;
+      r.loss = r.perplexity = NAN;
+      return r;
+    }
     const data::Batch batch = loader.next();
     AutocastGuard autocast(device.type(), autocast_dtype);
     const at::Tensor segments = batch.segment_ids.defined() ? batch.segment_ids.to(device) : at::Tensor();

@@ -32,6 +32,7 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"cutoff_len", &C::cutoff_len},
       {"val_size", &C::val_size},
       {"per_device_train_batch_size", &C::per_device_train_batch_size},
+      {"per_device_eval_batch_size", &C::per_device_eval_batch_size},
       {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
       {"num_train_epochs", &C::num_train_epochs},
       {"max_steps", &C::max_steps},
@@ -60,6 +61,7 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"save_total_limit", &C::save_total_limit},
       {"eval_steps", &C::eval_steps},
       {"output_dir", &C::output_dir},
+      {"overwrite_output_dir", &C::overwrite_output_dir},
       {"resume_from_checkpoint", &C::resume_from_checkpoint},
   };
   return table;
@@ -101,6 +103,7 @@ void PretrainConfig::validate() const {
   }
   at_least("cutoff_len", cutoff_len, 1);
   at_least("per_device_train_batch_size", per_device_train_batch_size, 1);
+  at_least("per_device_eval_batch_size", per_device_eval_batch_size, 1);
   at_least("gradient_accumulation_steps", gradient_accumulation_steps, 1);
   if (max_steps <= 0 && !(num_train_epochs > 0)) {
     fail("num_train_epochs", fmt::format("must be > 0 when max_steps is not set, got {}", num_train_epochs));

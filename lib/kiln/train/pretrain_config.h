@@ -21,6 +21,7 @@ struct PretrainConfig {
   double val_size = 0.0;  // > 0: hold out the last blocks of train (< 1: fraction, >= 1: count)
 
   int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;  // blocks per forward pass of the evaluation (HF's default 8)
   int64_t gradient_accumulation_steps = 1;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs (as in HF)
@@ -57,6 +58,9 @@ struct PretrainConfig {
   int64_t save_total_limit = 0;  // 0 = keep every checkpoint
   int64_t eval_steps = 0;        // 0 = evaluate only at the end
   std::string output_dir = "output";
+  // HF's overwrite_output_dir: checkpoints in output_dir later than the run's starting step (an
+  // abandoned run's) are deleted at start; when false they are moved to output_dir/abandoned-<time>/.
+  bool overwrite_output_dir = false;
   std::string resume_from_checkpoint;  // "", "true" (latest in output_dir) or a checkpoint path
 
   std::string source = "<defaults>";  // file the settings came from, for messages

@@ -34,6 +34,10 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
   result.loss_sum = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
   const double inv_targets = 1.0 / static_cast<double>(options.total_targets);
   for (const MicroBatch& mb : micro_batches) {
+    if (options.should_stop && options.should_stop()) {
+      result.interrupted = true;
+      return result;
+    }
     at::Tensor loss_sum;
     {
       AutocastGuard autocast(options.device.type(), options.autocast_dtype);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -30,11 +31,15 @@ struct AccumulateOptions {
   std::optional<at::Tensor> loss_scale;          // fp16: multiply the loss before backward
   int64_t total_targets = 0;                     // target tokens of the whole step (sum over micro-batches and ranks)
   at::Device device = at::kCPU;
+  // Asked before each micro-batch; true abandons the step (AccumulateResult::interrupted), so a
+  // stop request waits for one micro-batch's forward and backward at most.
+  std::function<bool()> should_stop;
 };
 
 struct AccumulateResult {
   at::Tensor loss_sum;  // 0-d fp32 on the device: sum of token losses over the micro-batches
   int64_t num_targets = 0;
+  bool interrupted = false;  // should_stop answered true: .grad holds a partial sum, to be discarded
 };
 
 // Forward and backward of each micro-batch (moved to options.device), accumulating into the

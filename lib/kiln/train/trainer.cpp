@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,7 @@
 #include "kiln/profile/flops.h"
 #include "kiln/profile/memory.h"
 #include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/progress.h"
 #include "kiln/train/step.h"
@@ -58,28 +60,14 @@ std::string read_text(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-int64_t checkpoint_number(const fs::path& p) {
-  static const std::regex kName("checkpoint-([0-9]+)");
-  std::smatch m;
-  const std::string name = p.filename().string();
-  return std::regex_match(name, m, kName) ? std::stoll(m[1]) : -1;
-}
-
-std::vector<fs::path> checkpoints_in(const std::string& output_dir) {
-  std::vector<fs::path> out;
-  if (!fs::is_directory(output_dir)) return out;
-  for (const auto& e : fs::directory_iterator(output_dir)) {
-    if (e.is_directory() && checkpoint_number(e.path()) >= 0) out.push_back(e.path());
-  }
-  std::sort(out.begin(), out.end(),
-            [](const fs::path& a, const fs::path& b) { return checkpoint_number(a) < checkpoint_number(b); });
-  return out;
+const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a stop request";
 }
 
 }  // namespace
 
 std::string latest_checkpoint(const std::string& output_dir) {
-  const auto all = checkpoints_in(output_dir);
+  const auto all = list_checkpoints(output_dir);
   return all.empty() ? std::string() : all.back().string();
 }
 
@@ -95,7 +83,13 @@ struct Trainer::State {
   int64_t window_steps = 0, window_tokens = 0;
   std::chrono::steady_clock::time_point window_start;
   std::optional<EvalResult> last_eval;
+  std::string resumed_from;      // the checkpoint this run started from (never rotated away)
+  int64_t last_saved_step = -1;  // a stop request right after a save does not save again
 };
+
+bool Trainer::stop_requested() const {
+  return g_pending_signal.load() != 0 || (stop_check_ && stop_check_());
+}
 
 std::atomic<int>& Trainer::pending_signal() {
   return g_pending_signal;
@@ -247,8 +241,8 @@ std::string Trainer::banner() const {
 
 EvalResult Trainer::evaluate() {
   if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
-  return evaluate_dataset(model_, val_set_, config_.per_device_train_batch_size, device_, autocast_dtype_,
-                          config_.neat_packing);
+  return evaluate_dataset(model_, val_set_, config_.per_device_eval_batch_size, device_, autocast_dtype_,
+                          config_.neat_packing, [this] { return stop_requested(); });
 }
 
 void Trainer::log_metrics(const std::string& json_line) {
@@ -258,8 +252,28 @@ void Trainer::log_metrics(const std::string& json_line) {
   if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path.string()));
 }
 
+void Trainer::prepare_output_dir() {
+  const fs::path out(config_.output_dir);
+  fs::create_directories(out);
+  const auto cleaned = clean_incomplete_checkpoints(out);
+  if (!cleaned.empty()) {
+    fmt::print(stderr, "kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})\n",
+               out.string(), cleaned.size(), cleaned.size() == 1 ? "" : "s", fmt::join(cleaned, "; "));
+  }
+  const SetAside aside =
+      set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
+  if (!aside.checkpoints.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
+    fmt::print(stderr, "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}\n",
+               out.string(), aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "),
+               state_->global_step,
+               aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");
+  }
+}
+
 TrainResult Trainer::train() {
-  fs::create_directories(config_.output_dir);
+  prepare_output_dir();
   State& st = *state_;
   if (!st.peak) st.peak = profile::device_peak(device_, autocast_dtype_.value_or(at::kFloat));
   std::vector<at::Tensor> params = model_->parameters();
@@ -327,10 +341,12 @@ TrainResult Trainer::train() {
     reset_window();
   };
 
+  // False when a stop request cut the evaluation short (nothing is recorded then).
   auto run_eval = [&](int64_t step) {
-    if (!val_set_) return;
+    if (!val_set_) return true;
     const EvalResult ev = evaluate();
     model_->train();
+    if (ev.interrupted) return false;
     st.last_eval = ev;
     json entry = {
         {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
@@ -340,31 +356,53 @@ TrainResult Trainer::train() {
     fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
                step);
     st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
+    return true;
   };
 
+  const auto stop_pending = [this] { return stop_requested(); };
+  // Acts on a pending SIGINT/SIGTERM: one line, a checkpoint of the last completed step.
+  const auto stop_now = [&](const std::string& where) {
+    const int sig = g_pending_signal.exchange(0);
+    bar.clear();
+    fmt::print(stderr, "kiln-pretrain: {} received {}; saving a checkpoint at step {}\n", signal_name(sig), where,
+               st.global_step);
+    result.last_checkpoint = save_checkpoint(st.global_step);
+    result.interrupted = true;
+  };
+
+  at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   while (st.global_step < plan_.total_steps) {
-    if (const int sig = g_pending_signal.exchange(0); sig != 0) {
-      bar.clear();
-      fmt::print(stderr, "kiln-pretrain: {} received at step {}; saving a checkpoint\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", st.global_step);
-      save_checkpoint(st.global_step);
-      result.interrupted = true;
+    if (stop_pending()) {
+      stop_now(fmt::format("at step {}", st.global_step));
       break;
     }
+    // Where the step starts: an interrupted step is undone to exactly here, so the checkpoint
+    // saved for it resumes with the same batches and random numbers.
+    const data::LoaderState loader_at_step = loader_->state();
+    const at::Tensor rng_at_step = cpu_generator.get_state();
     std::vector<MicroBatch> micro;
-    int64_t targets = 0;
+    int64_t targets = 0, tokens = 0;
     for (int64_t i = 0; i < config_.gradient_accumulation_steps; ++i) {
       data::Batch b = loader_->next();
       targets += count_targets(b.labels);
-      st.window_tokens += b.input_ids.numel();
+      tokens += b.input_ids.numel();
       micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
     }
     AccumulateOptions acc_opts;
     acc_opts.autocast_dtype = autocast_dtype_;
     acc_opts.total_targets = targets;
     acc_opts.device = device_;
+    acc_opts.should_stop = stop_pending;
     if (scaler_) acc_opts.loss_scale = scaler_->scale();
     const AccumulateResult acc = accumulate_gradients(model_, micro, acc_opts);
+    if (acc.interrupted) {
+      optimizer_->zero_grad();
+      loader_->restore(loader_at_step);
+      cpu_generator.set_state(rng_at_step);
+      stop_now(fmt::format("during step {} (its partial gradients are dropped)", st.global_step + 1));
+      break;
+    }
+    st.window_tokens += tokens;
     if (scaler_) scaler_->unscale(params);
     const at::Tensor norm = optim::clip_grad_norm(params, config_.max_grad_norm);
     const at::Tensor bad = acc.loss_sum.isfinite().logical_and(norm.to(device_).isfinite()).logical_not();
@@ -386,27 +424,33 @@ TrainResult Trainer::train() {
 
     const int64_t step = st.global_step;
     if (step % config_.logging_steps == 0 || step == plan_.total_steps) log_window(step);
-    if (config_.eval_steps > 0 && step % config_.eval_steps == 0 && step != plan_.total_steps) run_eval(step);
+    if (config_.eval_steps > 0 && step % config_.eval_steps == 0 && step != plan_.total_steps && !run_eval(step)) {
+      stop_now(fmt::format("during the evaluation at step {} (the partial evaluation is dropped)", step));
+      break;
+    }
     if (config_.save_steps > 0 && step % config_.save_steps == 0 && step != plan_.total_steps) {
-      save_checkpoint(step);
-      result.last_checkpoint = latest_checkpoint(config_.output_dir);
+      result.last_checkpoint = save_checkpoint(step);
     }
   }
   if (!result.interrupted) {
     if (st.window_steps > 0) log_window(st.global_step);
-    run_eval(st.global_step);
-    save_checkpoint(st.global_step);
+    if (!run_eval(st.global_step)) {
+      stop_now(
+          fmt::format("during the final evaluation at step {} (the partial evaluation is dropped)", st.global_step));
+    } else {
+      result.last_checkpoint = save_checkpoint(st.global_step);
+    }
   }
   bar.finish();
   result.global_step = st.global_step;
   result.final_eval = st.last_eval;
-  result.last_checkpoint = latest_checkpoint(config_.output_dir);
   return result;
 }
 
-void Trainer::save_checkpoint(int64_t step) {
+std::string Trainer::save_checkpoint(int64_t step) {
   State& st = *state_;
   const fs::path final_dir = fs::path(config_.output_dir) / fmt::format("checkpoint-{}", step);
+  if (st.last_saved_step == step && fs::is_directory(final_dir)) return final_dir.string();
   const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".checkpoint-{}.tmp", step);
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -431,19 +475,15 @@ void Trainer::save_checkpoint(int64_t step) {
                         {"log_history", st.log_history}};
   io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2));
 
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  if (config_.save_total_limit > 0) {
-    auto all = checkpoints_in(config_.output_dir);
-    while (static_cast<int64_t>(all.size()) > config_.save_total_limit) {
-      fs::remove_all(all.front());
-      all.erase(all.begin());
-    }
-  }
+  replace_folder_atomically(tmp, final_dir);
+  st.last_saved_step = step;
+  rotate_checkpoints(config_.output_dir, config_.save_total_limit, {final_dir, fs::path(st.resumed_from)});
+  return final_dir.string();
 }
 
 void Trainer::resume(const std::string& dir) {
   const fs::path d(dir);
+  state_->resumed_from = dir;
   for (const char* f : {"config.json", "optimizer.safetensors", "loader_state.json", "trainer_state.json"}) {
     if (!fs::exists(d / f)) {
       throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, f));

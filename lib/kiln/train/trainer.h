@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,9 +32,10 @@ class GradScaler;
 namespace kiln::train {
 
 struct EvalResult {
-  double loss = 0;        // mean token loss over the whole split
-  double perplexity = 0;  // exp(loss)
-  int64_t tokens = 0;     // target tokens scored
+  double loss = 0;           // mean token loss over the whole split
+  double perplexity = 0;     // exp(loss)
+  int64_t tokens = 0;        // target tokens scored
+  bool interrupted = false;  // abandoned on a stop request: loss and perplexity are NaN
 };
 
 struct TrainResult {
@@ -65,6 +67,11 @@ class Trainer {
   // Mean loss over the validation split (or any loader over a split, in order).
   EvalResult evaluate();
 
+  // A stop request besides SIGINT/SIGTERM: `check` is asked wherever the run can stop (before
+  // every micro-batch and every evaluation batch); true makes train() act as on a signal: drop the
+  // partial step or evaluation, save a checkpoint of the last completed step and return.
+  void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
+
   // Installs SIGINT/SIGTERM handlers that make train() save a checkpoint and return.
   static void install_signal_handlers();
   // What the handlers set; exposed so tests can simulate a signal.
@@ -72,7 +79,8 @@ class Trainer {
 
  private:
   struct State;
-  void save_checkpoint(int64_t step);
+  std::string save_checkpoint(int64_t step);  // returns the checkpoint's folder
+  void prepare_output_dir();                  // recovery after a kill; sets an abandoned run's checkpoints aside
   void resume(const std::string& checkpoint_dir);
   void log_metrics(const std::string& json_line);  // appends a line to output_dir/metrics.jsonl
 
@@ -86,6 +94,8 @@ class Trainer {
   std::unique_ptr<optim::GradScaler> scaler_;
   StepPlan plan_;
   std::unique_ptr<State> state_;
+  std::function<bool()> stop_check_;
+  bool stop_requested() const;
 };
 
 // "output/checkpoint-1200" for the highest N in `output_dir`, or "" when there is none.
