@@ -38,10 +38,11 @@ fi
 # The virtual environment doubles as the place for the Python *test* references (never loaded by
 # the library or the apps).
 # transformers/tokenizers/safetensors are the independent references of the HF-parity and
-# tokenizer tests; numpy is what they (and torch's tensor conversion) need.
+# tokenizer tests; numpy is what they (and torch's tensor conversion) need; unicodedata2 is the
+# Unicode 16.0 database that scripts/gen_unicode_tables.py (and its --check test) reads.
 python_packages=(
   "torch==${KILN_TORCH_VERSION}" "numpy==2.4.6" "transformers==5.24.0" "tokenizers==0.23.3"
-  "safetensors==0.8.0" "pytest==9.2.0"
+  "safetensors==0.8.0" "pytest==9.2.0" "unicodedata2==16.0.0"
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

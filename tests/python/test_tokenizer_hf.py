@@ -17,7 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's (o200k) split: case classes \p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M} besides \p{L} and \p{N}.
+O200K_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|pad|>"]
+# Code points whose class in HF (Unicode 16.0) differs from Debian 12's PCRE2 (Unicode 14.0):
+# letters Ll/Lu/Lm/Lo, digits Nd/No, marks Mn/Mc (U+1171E moved Mn -> Mc), Pd, Po, So, Cf, and
+# U+180E (\s in PCRE2 10.42, Cf and not White_Space in HF); U+0378 is unassigned in both.
+UNICODE16 = ("\u1C8A\u1C89\uA7CB\uA7DC\U00010D50\U00010D70\U00010D4E\U000105C0\U00011F04\U0001E4D0\U0002EBF0"
+             "\U00031350\U00010D40\U0001CCF0\U0001D2C0\u0897\u0CF3\U0001171E\U00010D6E\u1B4E\u2427\U00013439"
+             "\u180E\u0378")
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. It's 3:45pm, and we'll see what they've done; I'm sure you'd agree.",
@@ -32,6 +44,11 @@ TEXTS = [
     "    leading spaces and trailing spaces    ",
     "URLs https://example.com/a?b=c&d=e#f and emails someone@example.org, paths /usr/local/bin.",
     "Ελληνικά, русский текст, עברית, العربية, हिन्दी, ไทย, Tiếng Việt.",
+    "Unicode 16 letters: \u043c\u1C8A\u0438\u0440 \u1C89\u0438\u0440 THE\uA7CBM ab\uA7DCcd \U00010D50\U00010D70x "
+    "\U00010D4E\U000105C0 \U00011F04\U0001E4D0 \u6f22\U0002EBF0\U00031350\u5b57 it\u1C8A's I\u1C89'LL",
+    "Unicode 16 digits and marks: 12\U00010D40\U00010D41345 \U0001CCF0\U0001CCF1\U0001CCF2\U0001CCF3 \U0001D2C0 "
+    "a\u0897b \u0cb3\u0CF3 \U0001171D\U0001171E x\U00010D6Ey \u1B4E! \u2427\u2427 a\U00013439b",
+    "Mongolian vowel separator \u180E between\u180Ewords,\u180E\n\u180E  \u180E. and \u0378 unassigned",
     "",
     "a",
     " ",
@@ -50,6 +67,7 @@ def random_soup(rng: random.Random, n: int) -> str:
         "😀👍🏽❤️🇫🇷",
         "\u0301\u0308\u0335",
         "٣٤٥²³",
+        UNICODE16,
     ]
     return "".join(rng.choice(rng.choice(pools)) for _ in range(n))
 
@@ -70,10 +88,11 @@ def corpus_texts():
 
 def train(style: str, path: Path) -> Tokenizer:
     tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
-    if style == "llama3":
+    if style in ("llama3", "o200k"):
+        pattern = LLAMA3_PATTERN if style == "llama3" else O200K_PATTERN
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -111,7 +130,7 @@ def read_shards(out: Path):
     return meta, docs
 
 
-@pytest.mark.parametrize("style", ["gpt2", "gpt2_prefix", "llama3"])
+@pytest.mark.parametrize("style", ["gpt2", "gpt2_prefix", "llama3", "o200k"])
 def test_ids_equal_hf(style, tmp_path, run_kiln):
     tok = train(style, tmp_path / "tokenizer.json")
     texts = [t for t in corpus_texts() if t]  # a JSON "" document would be EOS alone: nothing to compare
@@ -161,3 +180,13 @@ def test_unsupported_tokenizers_are_refused(tmp_path, run_kiln):
         assert "tokenizer.json" in res.stderr and field in res.stderr, res.stderr
         assert "not supported" in res.stderr
     assert tok.get_vocab_size() > 256
+
+
+def test_committed_unicode_tables_are_what_the_pinned_database_generates():
+    # lib/kiln/data/unicode_tables.inc is generated from unicodedata2==16.0.0 (the Unicode version
+    # HF tokenizers uses) and committed; --check regenerates it in memory and compares.
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, str(ROOT / "scripts/gen_unicode_tables.py"), "--check"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

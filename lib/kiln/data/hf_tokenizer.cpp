@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/data/hash.h"
+#include "kiln/data/unicode_regex.h"
 #include "kiln/data/utf8.h"
 
 namespace kiln::data {
@@ -63,6 +64,9 @@ struct Regex {
 
 struct PreStep {
   std::shared_ptr<Regex> regex;  // null: no split (ByteLevel with use_regex false)
+  // The same pattern with Unicode 16.0 classes as explicit ranges (unicode_regex.h), used for a
+  // text holding a code point where libpcre2's tables differ; null when the pattern has none.
+  std::shared_ptr<Regex> exact;
   Behavior behavior = Behavior::kIsolated;
   bool add_prefix_space = false;
 };
@@ -114,6 +118,7 @@ struct HfTokenizer::Impl {
   std::vector<std::vector<int32_t>> added_by_first;  // first byte -> indices into added
   std::vector<int32_t> template_prefix, template_suffix;
   int32_t bos = -1, eos = -1;
+  std::vector<CodePointRange> unicode_differ;  // union over the steps' patterns
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw std::runtime_error(fmt::format("tokenizer '{}': {}: {}", path, field, what));
@@ -136,6 +141,34 @@ struct HfTokenizer::Impl {
     return regex;
   }
 
+  // Compiles a pre-tokenizer regex and, when its classes need it, the Unicode-exact variant.
+  PreStep regex_step(const std::string& pattern, bool literal, const std::string& field) {
+    PreStep step;
+    step.regex = compile(pattern, literal, field);
+    if (literal) return step;
+    UnicodeExactPattern u;
+    try {
+      u = unicode_exact_pattern(pattern);
+    } catch (const std::exception& e) {
+      fail(field, e.what());
+    }
+    if (!u.exact.empty() && !u.differ.empty()) {
+      step.exact = compile(u.exact, false, field + " (Unicode " + unicode_tables_version() + " classes)");
+      std::vector<CodePointRange> merged = unicode_differ;
+      merged.insert(merged.end(), u.differ.begin(), u.differ.end());
+      std::sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      unicode_differ.clear();
+      for (const auto& r : merged) {
+        if (!unicode_differ.empty() && r.first <= unicode_differ.back().last + 1) {
+          unicode_differ.back().last = std::max(unicode_differ.back().last, r.last);
+        } else {
+          unicode_differ.push_back(r);
+        }
+      }
+    }
+    return step;
+  }
+
   ThreadScratch& scratch() const {
     thread_local ThreadScratch s;
     if (s.owner != instance) {
@@ -150,7 +183,9 @@ struct HfTokenizer::Impl {
   }
 
   // Splits `piece` by the step's regex into `out` (empty pieces dropped, as tokenizers does).
-  void split(const PreStep& step, std::string_view piece, ThreadScratch& s, std::vector<std::string_view>& out) const {
+  void split(const PreStep& step, bool exact, std::string_view piece, ThreadScratch& s,
+             std::vector<std::string_view>& out) const {
+    const Regex& regex = exact && step.exact ? *step.exact : *step.regex;
     if (step.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
       s.arena.emplace_back(" ");
       s.arena.back().append(piece);
@@ -195,8 +230,7 @@ struct HfTokenizer::Impl {
       last_was_gap = !is_match;
     };
     while (start <= piece.size()) {
-      const int rc =
-          pcre2_match(step.regex->code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK, s.match, s.context);
+      const int rc = pcre2_match(regex.code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK, s.match, s.context);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         PCRE2_UCHAR message[256];
@@ -278,9 +312,10 @@ struct HfTokenizer::Impl {
 
   void encode_segment(std::string_view text, ThreadScratch& s, std::vector<int32_t>& out) const {
     std::vector<std::string_view> pieces{text}, next;
+    const bool exact = contains_code_point_in(text, unicode_differ);
     for (const PreStep& step : steps) {
       next.clear();
-      for (const auto p : pieces) split(step, p, s, next);
+      for (const auto p : pieces) split(step, exact, p, s, next);
       pieces.swap(next);
     }
     for (const auto p : pieces) {
@@ -364,17 +399,38 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
       return true;
     };
 
+    // Ids: the vocabulary's N tokens have ids 0..N-1, each once; added tokens not in it follow as
+    // N, N+1, ... in file order (HF tokenizers ignores other ids there and renumbers silently, so
+    // a file that says otherwise is refused, naming the entry). Every id is checked before it
+    // indexes anything.
     const json& vocab = model.at("vocab");
-    int64_t max_id = -1;
-    for (const auto& [k, v] : vocab.items()) max_id = std::max<int64_t>(max_id, v.get<int64_t>());
-    if (j.contains("added_tokens")) {
-      for (const auto& t : j["added_tokens"]) max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
+    if (!vocab.is_object()) m.fail("model.vocab", "must be an object mapping token strings to ids");
+    const auto read_id = [&](const json& v, const std::string& field, int64_t limit) -> int32_t {
+      if (!v.is_number_integer()) m.fail(field, fmt::format("id {} is not an integer", v.dump().substr(0, 40)));
+      if (v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(limit)
+                                 : (v.get<int64_t>() < 0 || v.get<int64_t>() >= limit)) {
+        m.fail(field, fmt::format("id {} is outside 0..{}", v.dump(), limit - 1));
+      }
+      return static_cast<int32_t>(v.get<int64_t>());
+    };
+    const auto n_vocab = static_cast<int64_t>(vocab.size());
+    std::vector<std::pair<std::string, int32_t>> added_list;  // (content, id) in file order
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      if (!j["added_tokens"].is_array()) m.fail("added_tokens", "must be a list");
+      added_list.reserve(j["added_tokens"].size());
     }
-    m.id_bytes.assign(max_id + 1, std::string());
-    m.id_special.assign(max_id + 1, 0);
+    const int64_t n_total = n_vocab + static_cast<int64_t>(added_list.capacity());
+    if (n_total >= (int64_t{1} << 31)) m.fail("model.vocab", fmt::format("{} tokens are too many", n_total));
+    m.id_bytes.assign(n_vocab, std::string());
+    m.id_special.assign(n_vocab, 0);
+    std::vector<const std::string*> owner(n_vocab, nullptr);
     std::string raw;
     for (const auto& [k, v] : vocab.items()) {
-      const auto id = v.get<int32_t>();
+      const std::string field = fmt::format("model.vocab['{}']", k.substr(0, 80));
+      const int32_t id = read_id(
+          v, field + fmt::format(" (the {} tokens' ids must be 0..{}, without gaps)", n_vocab, n_vocab - 1), n_vocab);
+      if (owner[id]) m.fail(field, fmt::format("id {} is also the id of '{}'", id, owner[id]->substr(0, 80)));
+      owner[id] = &k;
       if (!to_bytes(k, raw))
         m.fail("model.vocab", fmt::format("token '{}' is not byte-level (not a GPT-2 byte alphabet string)", k));
       m.id_bytes[id] = raw;
@@ -427,12 +483,15 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
         for (const auto& q : p.at("pretokenizers")) self(q, field + ".pretokenizers", self);
       } else if (type == "ByteLevel") {
         PreStep step;
+        if (p.value("use_regex", true)) step = m.regex_step(kGpt2Pattern, false, field);
         step.add_prefix_space = p.value("add_prefix_space", false);
-        if (p.value("use_regex", true)) step.regex = m.compile(kGpt2Pattern, false, field);
         m.steps.push_back(step);
       } else if (type == "Split") {
         if (p.value("invert", false)) m.fail(field, "Split with invert=true is not supported");
-        PreStep step;
+        const json& pattern = p.at("pattern");
+        PreStep step = pattern.contains("Regex")
+                           ? m.regex_step(pattern["Regex"].get<std::string>(), false, field + ".pattern")
+                           : m.regex_step(pattern.at("String").get<std::string>(), true, field + ".pattern");
         const auto behavior = p.at("behavior").get<std::string>();
         if (behavior == "Isolated")
           step.behavior = Behavior::kIsolated;
@@ -444,11 +503,6 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
           step.behavior = Behavior::kMergedWithNext;
         else
           m.fail(field + ".behavior", fmt::format("'{}' is not supported", behavior));
-        const json& pattern = p.at("pattern");
-        if (pattern.contains("Regex"))
-          step.regex = m.compile(pattern["Regex"].get<std::string>(), false, field + ".pattern");
-        else
-          step.regex = m.compile(pattern.at("String").get<std::string>(), true, field + ".pattern");
         m.steps.push_back(step);
       } else {
         m.fail(field + ".type", fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Split, Sequence)", type));
@@ -459,18 +513,44 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
     add_step(j["pre_tokenizer"], "pre_tokenizer", add_step);
 
     // Added tokens.
-    if (j.contains("added_tokens")) {
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      int64_t next_id = n_vocab;
+      size_t index = 0;
       for (const auto& t : j["added_tokens"]) {
+        const std::string field = fmt::format("added_tokens[{}]", index++);
+        if (!t.is_object() || !t.contains("content") || !t["content"].is_string())
+          m.fail(field, "must be an object with a string 'content'");
+        const auto content = t["content"].get<std::string>();
+        const std::string named = fmt::format("{} '{}'", field, content.substr(0, 80));
+        if (content.empty()) m.fail(named, "empty content");
         for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
           if (t.value(flag, false))
-            m.fail("added_tokens", fmt::format("token '{}' has {}=true, which is not supported",
-                                               t.at("content").get<std::string>(), flag));
+            m.fail("added_tokens", fmt::format("token '{}' has {}=true, which is not supported", content, flag));
         }
-        AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), t.value("special", false)};
+        if (!t.contains("id")) m.fail(named, "no 'id'");
+        const int32_t id = read_id(t["id"], named, int64_t{1} << 31);
+        const auto in_vocab = m.content_to_id.find(content);
+        if (in_vocab != m.content_to_id.end()) {
+          if (in_vocab->second != id) {
+            m.fail(named,
+                   fmt::format("id {}, but {} gives it id {}", id,
+                               in_vocab->second < n_vocab ? "the vocabulary" : "an earlier entry", in_vocab->second));
+          }
+        } else {
+          if (id != next_id) {
+            m.fail(named, fmt::format("id {}; tokens not in the vocabulary must follow its ids in order, so HF "
+                                      "tokenizers would give it id {}",
+                                      id, next_id));
+          }
+          ++next_id;
+          m.id_bytes.emplace_back();
+          m.id_special.push_back(0);
+        }
+        AddedToken a{content, id, t.value("special", false)};
         m.id_bytes[a.id] = a.content;
         m.id_special[a.id] = a.special;
         m.content_to_id[a.content] = a.id;
-        if (!a.content.empty()) m.added.push_back(a);
+        m.added.push_back(a);
       }
     }
     std::stable_sort(m.added.begin(), m.added.end(),
@@ -491,8 +571,11 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
             seen_a = true;
           } else {
             const auto name = item.at("SpecialToken").at("id").get<std::string>();
-            for (const auto& id : p.at("special_tokens").at(name).at("ids"))
-              (seen_a ? m.template_suffix : m.template_prefix).push_back(id.get<int32_t>());
+            for (const auto& id : p.at("special_tokens").at(name).at("ids")) {
+              const int32_t v = read_id(id, fmt::format("{}.special_tokens['{}'].ids", field, name),
+                                        static_cast<int64_t>(m.id_bytes.size()));
+              (seen_a ? m.template_suffix : m.template_prefix).push_back(v);
+            }
           }
         }
       } else if (type != "ByteLevel") {

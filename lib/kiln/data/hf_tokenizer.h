@@ -6,7 +6,10 @@
 // tokenizer kiln cannot reproduce exactly never encodes silently differently.
 //
 // The split regexes run on PCRE2 with JIT (UTF + UCP, so \p{L}, \s etc. are Unicode-aware as in
-// Oniguruma, which HF uses). Input that is not valid UTF-8 is first made valid by replacing each
+// Oniguruma, which HF uses), with Unicode 16.0 classes as HF's wherever the system PCRE2's tables
+// are older (unicode_regex.h). Ids are validated at load (range, duplicates, gaps, added-token
+// order), so a malformed file is an error naming the entry, never a crash.
+// Input that is not valid UTF-8 is first made valid by replacing each
 // maximal ill-formed subpart with U+FFFD (utf8.h): kiln(bytes) == HF(bytes.decode("utf-8",
 // "replace")). Encoding is thread-safe: threads share the tables and keep their own PCRE2 match
 // data and a bounded word cache.
