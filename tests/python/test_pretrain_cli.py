@@ -138,3 +138,71 @@ def test_generate_continues_a_prompt(run_kiln, quick_checkpoint):
     again = run_ok(run_kiln, "kiln-generate", "--model", quick_checkpoint, "--prompt", "The ", "--max-new-tokens", "40",
                    "--greedy")
     assert again.stdout == out.stdout
+
+
+def test_sigterm_during_evaluation_acts_within_a_batch(kiln_bin, tmp_path):
+    # Half of the corpus held out and scored one 128-token block per batch: an evaluation of
+    # seconds. SIGTERM once it has begun must end the run within about one batch (plus the save).
+    out_dir = tmp_path / "eval_sig"
+    proc = subprocess.Popen([str(kiln_bin("kiln-pretrain")), "--max_steps", "3", "--logging_steps", "1",
+                             "--eval_steps", "1", "--val_size", "0.5", "--per_device_eval_batch_size", "1",
+                             "--save_steps", "0", "--output_dir", str(out_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert metrics.exists(), "training never logged"
+    time.sleep(0.5)  # inside the evaluation after step 1
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    latency = time.time() - sent
+    assert proc.returncode == 0, stderr
+    assert "SIGTERM received during the evaluation at step 1" in stderr, stderr
+    assert latency < 10, f"took {latency:.1f} s to stop"
+    assert (out_dir / "checkpoint-1" / "trainer_state.json").exists()
+    assert "eval_loss" not in metrics.read_text()
+
+
+def checkpoint_is_complete(ckpt: Path) -> bool:
+    files = ["config.json", "model.safetensors", "optimizer.safetensors", "rng_state.safetensors",
+             "loader_state.json", "trainer_state.json", "kiln_data.json"]
+    if not all((ckpt / f).exists() for f in files):
+        return False
+    json.loads((ckpt / "trainer_state.json").read_text())
+    return True
+
+
+def test_kill_9_at_random_moments_never_loses_a_checkpoint(kiln_bin, run_kiln, tmp_path):
+    import random
+    args = ["--max_steps", "300", "--logging_steps", "1", "--eval_steps", "0", "--save_steps", "7",
+            "--save_total_limit", "2", "--cutoff_len", "64", "--per_device_train_batch_size", "2"]
+    reference = tmp_path / "reference"
+    run_ok(run_kiln, "kiln-pretrain", *args, "--output_dir", reference)
+    out_dir = tmp_path / "killed"
+    rng = random.Random(12)
+    trials = []  # (resumed from, killed after) per trial, for the failure message
+    for trial in range(8):
+        resume = ["--resume_from_checkpoint", "true"] if list(out_dir.glob("checkpoint-*")) else []
+        start = max([int(p.name.split("-")[1]) for p in out_dir.glob("checkpoint-*")], default=0)
+        proc = subprocess.Popen([str(kiln_bin("kiln-pretrain")), *args, "--output_dir", str(out_dir), *resume],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 2.5))
+        proc.kill()
+        proc.wait()
+        trials.append((start, max([int(p.name.split("-")[1]) for p in out_dir.glob("checkpoint-*")], default=0)))
+        # Every folder named checkpoint-N is whole; partial ones are hidden (.checkpoint-N.*).
+        for ckpt in out_dir.glob("checkpoint-*"):
+            assert checkpoint_is_complete(ckpt), f"trial {trial}: {ckpt.name} is incomplete"
+    resume = ["--resume_from_checkpoint", "true"] if list(out_dir.glob("checkpoint-*")) else []
+    run_ok(run_kiln, "kiln-pretrain", *args, "--output_dir", out_dir, *resume)
+    assert not list(out_dir.glob(".checkpoint-*"))
+
+    def losses(ckpt):
+        history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"]
+        return [(h["step"], h["loss"], h["grad_norm"]) for h in history if "loss" in h]
+
+    # The history the killed-and-resumed run carried into its last checkpoint is the
+    # uninterrupted run's, loss for loss, bit for bit.
+    assert losses(out_dir / "checkpoint-300") == losses(reference / "checkpoint-300"), f"(resumed at, newest after kill): {trials}"
