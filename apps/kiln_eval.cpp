@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
     ("cutoff-len", "tokens per packed block", cxxopts::value<int64_t>()->default_value("1024"))
     ("batch-size", "blocks per forward pass", cxxopts::value<int64_t>()->default_value("8"))
     ("bf16", "compute in bf16 (autocast)")
+    ("add-bos", "put the shards' BOS token before every block (every block token is then scored); for a model "
+     "trained with a BOS at the start of each sequence")
+    ("no-add-bos", "score the blocks as they are (the default: the shards' own documents, as in training)")
     ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
     ("h,help", "print this help");
   // clang-format on
@@ -38,7 +41,25 @@ int main(int argc, char** argv) {
     if (cutoff < 2 || batch < 1) throw std::invalid_argument("--cutoff-len must be >= 2 and --batch-size >= 1");
     const at::Device device = kiln::cli::device(args["device"].as<std::string>());
     auto model = kiln::model::load_pretrained(args["model"].as<std::string>(), {.dtype = at::kFloat, .device = device});
+    if (args.count("add-bos") && args.count("no-add-bos"))
+      throw std::invalid_argument("--add-bos and --no-add-bos: give at most one");
+    if (cutoff > model->config().max_position_embeddings) {
+      fmt::print(stderr, "kiln-eval: warning: --cutoff-len {} is beyond the model's max_position_embeddings {} ({})\n",
+                 cutoff, model->config().max_position_embeddings, model->config().source);
+    }
     const auto shards = kiln::data::TokenShards::open(args["dataset-dir"].as<std::string>());
+    shards->check_ids_below(model->config().vocab_size,
+                            fmt::format("the model's vocab_size ({})", model->config().source));
+    int64_t bos = -1;
+    if (args.count("add-bos")) {
+      bos = shards->meta().bos_id;
+      if (bos < 0)
+        throw std::invalid_argument(
+            fmt::format("--add-bos: the shards' tokenizer '{}' has no BOS token", shards->meta().tokenizer));
+      if (bos >= model->config().vocab_size)
+        throw std::invalid_argument(
+            fmt::format("--add-bos: BOS id {} is outside the model's vocab_size {}", bos, model->config().vocab_size));
+    }
     std::string split = args["split"].as<std::string>();
     if (split.empty()) split = shards->has_split("val") ? "val" : "train";
     const auto dataset = std::make_shared<kiln::data::PackedDataset>(shards->split(split), cutoff);
@@ -47,9 +68,10 @@ int main(int argc, char** argv) {
     }
     std::optional<at::ScalarType> autocast;
     if (args.count("bf16")) autocast = at::kBFloat16;
-    const auto r = kiln::train::evaluate_dataset(model, dataset, batch, device, autocast);
-    fmt::print("split {}: {} blocks of {}, {} target tokens\n", split, kiln::with_commas(dataset->num_blocks()), cutoff,
-               kiln::with_commas(r.tokens));
+    const auto r = kiln::train::evaluate_dataset(
+        model, dataset, {.batch_size = batch, .device = device, .autocast_dtype = autocast, .prepend_token_id = bos});
+    fmt::print("split {}: {} blocks of {}{}, {} target tokens\n", split, kiln::with_commas(dataset->num_blocks()),
+               cutoff, bos >= 0 ? fmt::format(" after BOS {}", bos) : "", kiln::with_commas(r.tokens));
     fmt::print("loss {:.6f}\nperplexity {:.4f}\n", r.loss, r.perplexity);
     return 0;
   } catch (const std::exception& e) {

@@ -14,7 +14,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/data/byte_tokenizer.h"
 #include "kiln/data/hf_tokenizer.h"
+#include "kiln/data/shards.h"
+#include "kiln/data/tokenize.h"
 #include "support.h"
 
 using kiln::data::HfTokenizer;
@@ -227,4 +230,31 @@ TEST_CASE("fuzzed tokenizer.json files load or fail with one message naming the 
   }
   CHECK(loaded + refused == 400);
   CHECK(refused > 100);  // the mutations do reach the checks
+}
+
+TEST_CASE("prompts are encoded by the BOS rule: flag, training record, else HF's template", "[data]") {
+  using kiln::data::BosRule;
+  using kiln::data::encode_prompt;
+  const fs::path dir = kiln::test::scratch_dir("hf_input_prompt");
+  const HfTokenizer with_template(write(dir, "tokenizer.json", base_tokenizer().dump()));
+  json plain = base_tokenizer();
+  plain["post_processor"] = nullptr;
+  fs::create_directories(dir / "plain");
+  const HfTokenizer without_template(write(dir / "plain", "tokenizer.json", plain.dump()));
+  const kiln::data::ByteTokenizer bytes;
+  const std::vector<int32_t> ab{27};  // "ab"
+  // No record: HF's tokenizer(text) (the template's BOS where there is one); nothing for bytes.
+  CHECK(encode_prompt(with_template, "ab", BosRule::kAuto, std::nullopt).ids == std::vector<int32_t>{30, 27});
+  CHECK(encode_prompt(without_template, "ab", BosRule::kAuto, std::nullopt).ids == ab);
+  CHECK(encode_prompt(bytes, "ab", BosRule::kAuto, std::nullopt).ids == std::vector<int32_t>{'a', 'b'});
+  // A model trained on kiln shards: as they were made (no BOS unless add_special_tokens).
+  kiln::data::DataRecord record;
+  CHECK(encode_prompt(with_template, "ab", BosRule::kAuto, record).ids == ab);
+  record.add_special_tokens = true;
+  CHECK(encode_prompt(with_template, "ab", BosRule::kAuto, record).ids == std::vector<int32_t>{30, 27});
+  // The flags win.
+  CHECK(encode_prompt(without_template, "ab", BosRule::kAdd, std::nullopt).ids == std::vector<int32_t>{30, 27});
+  CHECK(encode_prompt(bytes, "ab", BosRule::kAdd, std::nullopt).ids ==
+        std::vector<int32_t>{kiln::data::ByteTokenizer::kBos, 'a', 'b'});
+  CHECK(encode_prompt(with_template, "ab", BosRule::kNone, record).ids == ab);
 }

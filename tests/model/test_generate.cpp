@@ -1,6 +1,8 @@
 // Generation. References: greedy decoding with the KV cache must equal greedy decoding that
 // recomputes the whole sequence each step (no cache); attention with S > T against the
 // composition; top-k/top-p filtering against their definitions.
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "kiln/model/generate.h"
@@ -53,4 +55,30 @@ TEST_CASE("sampling is seeded and stops at EOS", "[model][generate]") {
   const auto stopped =
       kiln::model::generate(m, {1, 2, 3}, {.max_new_tokens = 20, .greedy = true, .eos_token_id = first[0]});
   CHECK(stopped.size() == 1);
+}
+
+TEST_CASE("generation never produces an id outside the tokenizer's vocabulary", "[model][generate]") {
+  kiln::model::LlamaForCausalLM m(kiln::model::load_llama_config("tiny"));  // 320 rows
+  m->init_weights(3);
+  {
+    // Make the rows past the byte tokenizer's 259 ids the most likely by far.
+    at::NoGradGuard no_grad;
+    m->named_parameters()["lm_head.weight"].narrow(0, 259, 61).mul_(50);
+  }
+  const std::vector<int64_t> prompt = {72, 101, 108};
+  const auto free = kiln::model::generate(m, prompt, {.max_new_tokens = 16, .greedy = true});
+  CHECK(*std::max_element(free.begin(), free.end()) >= 259);  // the model alone does go there
+  for (const bool greedy : {true, false}) {
+    const auto ids = kiln::model::generate(
+        m, prompt, {.max_new_tokens = 32, .greedy = greedy, .temperature = 2.0, .seed = 5, .vocab_limit = 259});
+    REQUIRE(ids.size() == 32);
+    CHECK(*std::max_element(ids.begin(), ids.end()) < 259);
+  }
+  CHECK_THAT(kiln::test::error_of([&] { kiln::model::generate(m, prompt, {.max_new_tokens = -1}); }),
+             Catch::Contains("max_new_tokens") && Catch::Contains("-1"));
+  CHECK_THAT(kiln::test::error_of([&] {
+               kiln::model::generate(m, {5, 320}, {.max_new_tokens = 1});
+             }),
+             Catch::Contains("320") && Catch::Contains("vocab_size 320"));
+  CHECK(kiln::model::generate(m, prompt, {.max_new_tokens = 0}).empty());
 }

@@ -15,7 +15,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
 #include "support.h"
 
@@ -333,4 +335,39 @@ TEST_CASE("token ids the model cannot embed are refused before training, naming 
   CHECK_THAT(kiln::test::error_of([&] { Trainer t(c); }),
              Catch::Matchers::Contains("token id 400") && Catch::Matchers::Contains("vocab_size") &&
                  Catch::Matchers::Contains("320") && Catch::Matchers::Contains(data.string()));
+}
+
+TEST_CASE("checkpoints record their training data; evaluation can put a BOS before every block", "[train]") {
+  PretrainConfig c = small_run("record");
+  c.max_steps = 1;
+  c.val_size = 4;
+  Trainer t(c);
+  const auto r = t.train();
+  const auto record = kiln::data::DataRecord::read(r.last_checkpoint);
+  REQUIRE(record);
+  CHECK(record->tokenizer == "byte");
+  CHECK(record->vocab_size == 259);
+  CHECK_FALSE(record->add_special_tokens);
+  CHECK_FALSE(kiln::data::DataRecord::read(c.output_dir));  // no record: nullopt
+
+  // With a BOS before each block, every block token is a target, and the loss is that of the
+  // model run on [BOS, block] by hand.
+  auto shards = kiln::data::TokenShards::open(record->dataset_dir);
+  const auto dataset = std::make_shared<kiln::data::PackedDataset>(shards->split("train"), 32, 0, 3);
+  auto model = t.model();
+  const auto plain = kiln::train::evaluate_dataset(model, dataset, {.batch_size = 2});
+  const auto with_bos = kiln::train::evaluate_dataset(model, dataset, {.batch_size = 2, .prepend_token_id = 256});
+  CHECK(plain.tokens == 3 * 31);
+  CHECK(with_bos.tokens == 3 * 32);
+  double sum = 0;
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<int64_t> ids(33);
+    ids[0] = 256;
+    dataset->read_block(b, ids.data() + 1);
+    const at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0);
+    at::NoGradGuard no_grad;
+    model->eval();
+    sum += model->forward(x, x).loss_sum.item<double>();
+  }
+  CHECK(with_bos.loss == Approx(sum / (3 * 32)).epsilon(1e-6));
 }

@@ -65,12 +65,9 @@ std::string ShardSetMeta::to_json() const {
   json j;
   j["format"] = "kiln-token-shards";
   j["version"] = kVersion;
-  j["tokenizer"] = {{"name", tokenizer},
-                    {"fingerprint", hex64(tokenizer_fingerprint)},
-                    {"vocab_size", vocab_size},
-                    {"bos_id", bos_id},
-                    {"eos_id", eos_id},
-                    {"add_special_tokens", add_special_tokens}};
+  j["tokenizer"] = {{"name", tokenizer},        {"fingerprint", hex64(tokenizer_fingerprint)},
+                    {"vocab_size", vocab_size}, {"bos_id", bos_id},
+                    {"eos_id", eos_id},         {"add_special_tokens", add_special_tokens}};
   j["dtype"] = dtype_name(dtype);
   j["splits"] = json::object();
   for (const SplitInfo& s : splits) {
@@ -169,6 +166,51 @@ ShardSetMeta ShardSetMeta::from_json(const std::string& text, const std::string&
     throw std::runtime_error(fmt::format("{}: malformed shard metadata: {}", where, e.what()));
   }
   return m;
+}
+
+DataRecord DataRecord::of(const std::string& dataset_dir, const ShardSetMeta& meta) {
+  DataRecord r;
+  r.dataset_dir = dataset_dir;
+  r.tokenizer = meta.tokenizer;
+  r.tokenizer_fingerprint = meta.tokenizer_fingerprint;
+  r.vocab_size = meta.vocab_size;
+  r.bos_id = meta.bos_id;
+  r.eos_id = meta.eos_id;
+  r.add_special_tokens = meta.add_special_tokens;
+  return r;
+}
+
+std::string DataRecord::to_json() const {
+  const json j = {{"dataset_dir", dataset_dir},
+                  {"tokenizer",
+                   {{"name", tokenizer},
+                    {"fingerprint", hex64(tokenizer_fingerprint)},
+                    {"vocab_size", vocab_size},
+                    {"bos_id", bos_id},
+                    {"eos_id", eos_id},
+                    {"add_special_tokens", add_special_tokens}}}};
+  return j.dump(2) + "\n";
+}
+
+std::optional<DataRecord> DataRecord::read(const std::string& checkpoint_dir) {
+  const fs::path path = fs::path(checkpoint_dir) / kFile;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  DataRecord r;
+  try {
+    const json j = json::parse(in);
+    r.dataset_dir = j.at("dataset_dir").get<std::string>();
+    const json& t = j.at("tokenizer");
+    r.tokenizer = t.at("name").get<std::string>();
+    r.tokenizer_fingerprint = std::stoull(t.at("fingerprint").get<std::string>(), nullptr, 16);
+    r.vocab_size = t.at("vocab_size").get<int64_t>();
+    r.bos_id = t.at("bos_id").get<int32_t>();
+    r.eos_id = t.at("eos_id").get<int32_t>();
+    r.add_special_tokens = t.at("add_special_tokens").get<bool>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: malformed: {}", path.string(), e.what()));
+  }
+  return r;
 }
 
 void write_shard_meta(const std::string& dir, const ShardSetMeta& meta) {

@@ -74,6 +74,24 @@ class ShardWriter {
   std::vector<char> buffer_;
 };
 
+// What kiln-pretrain records in every checkpoint it writes (kiln_data.json): the shard set the
+// model was trained on and that set's tokenizer, so that kiln-generate and kiln-eval can encode
+// text as the model saw it (with or without the template's BOS) and find the tokenizer.
+struct DataRecord {
+  static constexpr const char* kFile = "kiln_data.json";
+  std::string dataset_dir;
+  std::string tokenizer;  // "byte" or the tokenizer.json path the shards were made with
+  uint64_t tokenizer_fingerprint = 0;
+  int64_t vocab_size = 0;
+  int32_t bos_id = -1, eos_id = -1;
+  bool add_special_tokens = false;
+  static DataRecord of(const std::string& dataset_dir, const ShardSetMeta& meta);
+  std::string to_json() const;
+  // nullopt when the folder has no kiln_data.json (a checkpoint not written by kiln-pretrain);
+  // errors name the file and the key.
+  static std::optional<DataRecord> read(const std::string& checkpoint_dir);
+};
+
 // meta.json written atomically (temp file + rename).
 void write_shard_meta(const std::string& dir, const ShardSetMeta& meta);
 

@@ -250,4 +250,36 @@ TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& 
 
 }  // namespace
 
+EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, BosRule rule,
+                            const std::optional<DataRecord>& record) {
+  EncodedPrompt out;
+  switch (rule) {
+    case BosRule::kAdd:
+      if (tokenizer.bos_id() < 0)
+        throw std::invalid_argument(fmt::format("--add-bos: tokenizer '{}' has no BOS token", tokenizer.name()));
+      out.ids.push_back(tokenizer.bos_id());
+      tokenizer.encode_into(text, out.ids, false);
+      out.rule = "BOS added (--add-bos)";
+      break;
+    case BosRule::kNone:
+      tokenizer.encode_into(text, out.ids, false);
+      out.rule = "no BOS (--no-add-bos)";
+      break;
+    case BosRule::kAuto:
+      if (record) {
+        tokenizer.encode_into(text, out.ids, record->add_special_tokens);
+        out.rule = record->add_special_tokens ? "the tokenizer's template, as in the training shards (kiln_data.json)"
+                                              : "no BOS, as in the training shards (kiln_data.json)";
+      } else if (tokenizer.name() == "byte") {
+        tokenizer.encode_into(text, out.ids, false);
+        out.rule = "no BOS (byte tokenizer)";
+      } else {
+        tokenizer.encode_into(text, out.ids, true);
+        out.rule = "the tokenizer's template, as HF's tokenizer(text)";
+      }
+      break;
+  }
+  return out;
+}
+
 }  // namespace kiln::data

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,5 +52,20 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
 std::vector<std::string> read_documents(const TokenizeOptions& options);
 
 TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOptions& options);
+
+// How a prompt is encoded for a model (kiln-generate; docs/data.md, "BOS"):
+//   kAdd  the tokenizer's BOS, then the text (an error when it has none);
+//   kNone the text alone;
+//   kAuto as the model's training data was, when the checkpoint records it (kiln_data.json: the
+//         tokenizer's template iff its shards were made with add_special_tokens, which kiln and
+//         LLaMA-Factory's pretraining do not do); otherwise as HF's tokenizer(text): the
+//         template of a tokenizer.json, nothing for the byte tokenizer.
+enum class BosRule { kAuto, kAdd, kNone };
+struct EncodedPrompt {
+  std::vector<int32_t> ids;
+  std::string rule;  // which rule decided, for messages
+};
+EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, BosRule rule,
+                            const std::optional<DataRecord>& record);
 
 }  // namespace kiln::data

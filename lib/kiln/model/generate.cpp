@@ -4,10 +4,21 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
 namespace kiln::model {
 
-at::Tensor sampling_distribution(const at::Tensor& logits, const GenerateOptions& o) {
+namespace {
+
+// logits [V] restricted to the ids the tokenizer has.
+at::Tensor within_vocab(const at::Tensor& logits, int64_t limit) {
+  return limit > 0 && limit < logits.size(-1) ? logits.narrow(-1, 0, limit) : logits;
+}
+
+}  // namespace
+
+at::Tensor sampling_distribution(const at::Tensor& all_logits, const GenerateOptions& o) {
+  const at::Tensor logits = within_vocab(all_logits, o.vocab_limit);
   at::Tensor scores = logits.to(at::kFloat) / o.temperature;
   const int64_t vocab = scores.size(-1);
   if (o.top_k > 0 && o.top_k < vocab) {
@@ -27,6 +38,16 @@ at::Tensor sampling_distribution(const at::Tensor& logits, const GenerateOptions
 
 std::vector<int64_t> generate(LlamaForCausalLM& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
   if (prompt.empty()) throw std::invalid_argument("generate: empty prompt");
+  if (o.max_new_tokens < 0)
+    throw std::invalid_argument(fmt::format("generate: max_new_tokens must be >= 0, got {}", o.max_new_tokens));
+  const int64_t vocab = model->config().vocab_size;
+  for (const int64_t id : prompt) {
+    if (id < 0 || id >= vocab) {
+      throw std::invalid_argument(fmt::format("generate: prompt token id {} is outside the model's vocab_size {} ({})",
+                                              id, vocab, model->config().source));
+    }
+  }
+  if (o.vocab_limit < 0) throw std::invalid_argument("generate: vocab_limit must be >= 0");
   if (!o.greedy && !(o.temperature > 0)) throw std::invalid_argument("generate: temperature must be > 0");
   if (!(o.top_p > 0 && o.top_p <= 1)) throw std::invalid_argument("generate: top_p must be in (0, 1]");
   at::NoGradGuard no_grad;
@@ -38,7 +59,7 @@ std::vector<int64_t> generate(LlamaForCausalLM& model, const std::vector<int64_t
   std::vector<int64_t> out;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const at::Tensor logits = model->forward_cached(input, cache).select(1, -1).squeeze(0).cpu();  // [V]
-    const int64_t next = o.greedy ? logits.argmax().item<int64_t>()
+    const int64_t next = o.greedy ? within_vocab(logits, o.vocab_limit).argmax().item<int64_t>()
                                   : at::multinomial(sampling_distribution(logits, o), 1, false, gen).item<int64_t>();
     out.push_back(next);
     if (next == o.eos_token_id) break;

@@ -18,9 +18,13 @@ struct GenerateOptions {
   double top_p = 1.0;         // 1 = off
   int64_t eos_token_id = -1;  // stop after emitting it; -1 = never
   uint64_t seed = 0;
+  // Only ids below this are ever produced (the tokenizer's vocabulary, when the model's embedding
+  // has more rows, e.g. padded to a multiple of 64); 0 = the model's whole vocabulary.
+  int64_t vocab_limit = 0;
 };
 
-// Returns the new tokens only (not the prompt). The prompt must be non-empty.
+// Returns the new tokens only (not the prompt). The prompt must be non-empty and its ids below the
+// model's vocab_size; max_new_tokens must be >= 0 (std::invalid_argument otherwise).
 std::vector<int64_t> generate(LlamaForCausalLM& model, const std::vector<int64_t>& prompt,
                               const GenerateOptions& options);
 

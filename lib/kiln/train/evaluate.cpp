@@ -11,28 +11,34 @@
 namespace kiln::train {
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
-                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype,
-                            bool neat_packing, const std::function<bool()>& should_stop) {
+                            const EvalOptions& o) {
   at::NoGradGuard no_grad;
   model->eval();
   data::LoaderOptions options;
-  options.batch_size = batch_size;
+  options.batch_size = o.batch_size;
   options.shuffle = false;
-  options.segment_ids = neat_packing;
+  options.segment_ids = o.neat_packing;
   data::DataLoader loader(dataset, options);
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device).dtype(at::kDouble));
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(o.device).dtype(at::kDouble));
   int64_t targets = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
-    if (should_stop && should_stop()) {
+    if (o.should_stop && o.should_stop()) {
       EvalResult r;
       r.interrupted = true;
       r.loss = r.perplexity = NAN;
       return r;
     }
-    const data::Batch batch = loader.next();
-    AutocastGuard autocast(device.type(), autocast_dtype);
-    const at::Tensor segments = batch.segment_ids.defined() ? batch.segment_ids.to(device) : at::Tensor();
-    const auto out = model->forward(batch.input_ids.to(device), batch.labels.to(device), {}, segments);
+    data::Batch batch = loader.next();
+    if (o.prepend_token_id >= 0) {
+      const at::Tensor first = at::full({batch.input_ids.size(0), 1}, o.prepend_token_id, batch.input_ids.options());
+      batch.input_ids = at::cat({first, batch.input_ids}, 1);
+      batch.labels = at::cat({first, batch.labels}, 1);  // position 0 is never a target after the shift
+      if (batch.segment_ids.defined())
+        batch.segment_ids = at::cat({batch.segment_ids.narrow(1, 0, 1), batch.segment_ids}, 1);
+    }
+    AutocastGuard autocast(o.device.type(), o.autocast_dtype);
+    const at::Tensor segments = batch.segment_ids.defined() ? batch.segment_ids.to(o.device) : at::Tensor();
+    const auto out = model->forward(batch.input_ids.to(o.device), batch.labels.to(o.device), {}, segments);
     loss_sum.add_(out.loss_sum.to(at::kDouble));
     targets += count_targets(batch.labels);
   }

@@ -6,6 +6,9 @@
 #include <memory>
 #include <optional>
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include "kiln/model/llama.h"
 
 namespace kiln::data {
@@ -16,11 +19,20 @@ namespace kiln::train {
 
 struct EvalResult;
 
-// neat_packing: documents in a block do not see each other (as in training with neat_packing).
-// should_stop is asked before every batch; when it answers true the evaluation is abandoned and
-// the result has interrupted = true (and no loss), so a stop request waits for one batch at most.
+struct EvalOptions {
+  int64_t batch_size = 8;  // blocks per forward pass
+  at::Device device = at::kCPU;
+  std::optional<at::ScalarType> autocast_dtype;
+  bool neat_packing = false;  // documents in a block do not see each other (as in training with neat_packing)
+  // >= 0: this token (a BOS) is put before every block, so every token of the block is a target
+  // (kiln-eval --add-bos, for a model trained with a BOS at the start of each sequence).
+  int64_t prepend_token_id = -1;
+  // Asked before every batch; when it answers true the evaluation is abandoned and the result has
+  // interrupted = true (and no loss), so a stop request waits for one batch at most.
+  std::function<bool()> should_stop;
+};
+
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
-                            int64_t batch_size, const at::Device& device, std::optional<at::ScalarType> autocast_dtype,
-                            bool neat_packing = false, const std::function<bool()>& should_stop = {});
+                            const EvalOptions& options);
 
 }  // namespace kiln::train

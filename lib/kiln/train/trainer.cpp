@@ -241,8 +241,12 @@ std::string Trainer::banner() const {
 
 EvalResult Trainer::evaluate() {
   if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
-  return evaluate_dataset(model_, val_set_, config_.per_device_eval_batch_size, device_, autocast_dtype_,
-                          config_.neat_packing, [this] { return stop_requested(); });
+  return evaluate_dataset(model_, val_set_,
+                          {.batch_size = config_.per_device_eval_batch_size,
+                           .device = device_,
+                           .autocast_dtype = autocast_dtype_,
+                           .neat_packing = config_.neat_packing,
+                           .should_stop = [this] { return stop_requested(); }});
 }
 
 void Trainer::log_metrics(const std::string& json_line) {
@@ -466,6 +470,8 @@ std::string Trainer::save_checkpoint(int64_t step) {
   const at::Tensor cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
   io::save_safetensors((tmp / "rng_state.safetensors").string(), {{"cpu", cpu_rng}});
   io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
+  io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
+                        data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
   json trainer_state = {{"global_step", step},
                         {"max_steps", plan_.total_steps},
                         {"num_train_epochs", plan_.num_epochs},

@@ -1,0 +1,133 @@
+"""kiln-generate against transformers' generate (the independent reference) on the same model and
+tokenizer.json: the prompt is encoded as HF's tokenizer(prompt) encodes it (with the template's
+BOS where the tokenizer.json has one, without where it has none), and greedy continuations are
+token for token equal. Also the rules for kiln's own runs: a checkpoint trained on kiln shards
+(no BOS) is prompted without BOS, the flags override, ids outside the tokenizer are never
+sampled, and a negative --max-new-tokens is an error."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+PROMPT = "The quick brown fox, it's said, jumps"
+
+
+def make_tokenizer(with_bos_template: bool) -> Tokenizer:
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    texts = [json.loads(line)["text"] for line in (ROOT / "data/corpus/stories.jsonl").open()][:500]
+    tok.train_from_iterator(texts, trainer)
+    if with_bos_template:
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                           special_tokens=[("<|begin_of_text|>", bos)])
+    return tok
+
+
+def make_model(path: Path, vocab: int, bos: int, eos: int):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=bos, eos_token_id=eos, initializer_range=0.2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def kiln_ids(run_kiln, *args):
+    out = run_kiln("kiln-generate", *args, "--greedy", "--ids", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("with_bos_template", [True, False])
+def test_greedy_continuation_equals_transformers(tmp_path, run_kiln, with_bos_template):
+    tok = make_tokenizer(with_bos_template)
+    vocab = tok.get_vocab_size()
+    bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
+    model_dir = tmp_path / "model"
+    model = make_model(model_dir, vocab, bos, eos)
+    tok.save(str(model_dir / "tokenizer.json"))
+
+    hf_prompt = tok.encode(PROMPT).ids  # HF's tokenizer(prompt): add_special_tokens=True
+    assert (hf_prompt[0] == bos) == with_bos_template
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([hf_prompt]), max_new_tokens=24, do_sample=False, eos_token_id=eos,
+                            pad_token_id=eos)[0, len(hf_prompt):].tolist()
+    got = kiln_ids(run_kiln, "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "24")
+    assert got["prompt"] == hf_prompt
+    assert got["generated"] == hf
+    # --no-add-bos / --add-bos override the template either way.
+    plain = tok.encode(PROMPT, add_special_tokens=False).ids
+    assert kiln_ids(run_kiln, "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "0",
+                    "--no-add-bos")["prompt"] == plain
+    assert kiln_ids(run_kiln, "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "0",
+                    "--add-bos")["prompt"] == [bos] + plain
+
+
+def test_kiln_trained_checkpoint_is_prompted_as_its_shards(run_kiln, kiln_bin, tmp_path):
+    out_dir = tmp_path / "run"
+    res = run_kiln("kiln-pretrain", "--max_steps", "2", "--logging_steps", "1", "--eval_steps", "0", "--save_steps",
+                   "0", "--output_dir", out_dir)
+    assert res.returncode == 0, res.stderr
+    ckpt = out_dir / "checkpoint-2"
+    record = json.loads((ckpt / "kiln_data.json").read_text())
+    assert record["tokenizer"]["name"] == "byte" and record["tokenizer"]["add_special_tokens"] is False
+    prompt = list(b"The ")
+    assert kiln_ids(run_kiln, "--model", ckpt, "--prompt", "The ", "--max-new-tokens", "0")["prompt"] == prompt
+    assert kiln_ids(run_kiln, "--model", ckpt, "--prompt", "The ", "--max-new-tokens", "0",
+                    "--add-bos")["prompt"] == [256] + prompt
+    # The tiny model has 320 rows for the byte tokenizer's 259 ids: sampling stays below 259, and
+    # the text always decodes.
+    for seed in range(3):
+        res = run_kiln("kiln-generate", "--model", ckpt, "--prompt", "The ", "--max-new-tokens", "64",
+                       "--temperature", "5", "--top-k", "0", "--top-p", "1", "--seed", str(seed), "--ids")
+        assert res.returncode == 0, res.stderr
+        assert max(json.loads(res.stdout)["generated"]) < 259
+        raw = subprocess.run([str(kiln_bin("kiln-generate")), "--model", str(ckpt), "--prompt", "The ",
+                              "--max-new-tokens", "64", "--temperature", "5", "--top-k", "0", "--top-p", "1",
+                              "--seed", str(seed)], capture_output=True, timeout=120)
+        assert raw.returncode == 0, raw.stderr  # bytes: a byte model's text need not be valid UTF-8
+    res = run_kiln("kiln-generate", "--model", ckpt, "--prompt", "The ", "--max-new-tokens", "-1")
+    assert res.returncode == 2 and "--max-new-tokens" in res.stderr and "-1" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_shards_of_a_larger_tokenizer_are_one_clear_line_in_every_program(run_kiln, tmp_path):
+    # A tokenizer of 400 ids, shards made with it, and models of 320 rows (the tiny preset, and an
+    # HF directory): each program refuses before running, naming the id and the vocab_size.
+    tok = make_tokenizer(True)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 400))
+    shards = tmp_path / "shards"
+    res = run_kiln("kiln-tokenize", "--tokenizer", tmp_path / "tokenizer.json", "--input", tmp_path / "text.txt",
+                   "--output", shards, "--val-fraction", "0.5")
+    assert res.returncode == 0, res.stderr
+    model_dir = tmp_path / "model"
+    make_model(model_dir, 320, 1, 2)
+    runs = {
+        "kiln-pretrain": ["--dataset_dir", shards, "--cutoff_len", "16", "--max_steps", "1", "--output_dir",
+                          tmp_path / "out"],
+        "kiln-eval": ["--model", model_dir, "--dataset-dir", shards, "--cutoff-len", "16"],
+    }
+    for program, args in runs.items():
+        res = run_kiln(program, *args)
+        assert res.returncode == 2, (program, res.stdout)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, (program, res.stderr)
+        assert "token id 3" in lines[0] and "vocab_size" in lines[0] and "320" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
