@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
@@ -39,6 +40,9 @@
 #endif
 
 #include "cli.h"
+#include "kiln/common/format.h"
+#include "kiln/dist/comm.h"
+#include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
@@ -402,6 +406,72 @@ void run_attention(const AttentionSweep& sw, const at::TensorOptions& opt, const
 
 }  // namespace
 
+// `--ops comm`, under torchrun or srun: the bus bandwidth of the collectives data parallelism
+// uses, on the data group kiln trains with (NCCL on CUDA, Gloo on CPU), as nccl-tests defines
+// it: algbw = S / t for a buffer of S bytes (all_reduce: in = out = S; reduce_scatter: in = S;
+// all_gather: out = S), busbw = algbw x 2(n-1)/n for all_reduce and x (n-1)/n for the other two.
+void run_comm(at::TensorOptions opt, int iters, int64_t max_bytes, nlohmann::json& out) {
+  const auto env = kiln::dist::read_dist_env();
+  if (!env.distributed()) {
+    throw std::invalid_argument(
+        "--ops comm needs a launcher: torchrun --no-python --nproc-per-node N kiln-bench --ops comm (or srun)");
+  }
+  if (opt.device().is_cuda()) {  // one GPU per process, as the trainer
+    const at::Device mine(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(mine);
+    opt = opt.device(mine);
+  }
+  auto comm = kiln::dist::connect(env, {.cuda = opt.device().is_cuda()});
+  const int n = comm->world_size();
+  const bool main_rank = comm->rank() == 0;
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(opt.dtype())));
+  if (main_rank) {
+    fmt::print(
+        "\ncollectives on the {} group, {} ranks ({}), {}; median of {} (nccl-tests' busbw)\n\n"
+        "| bytes | all_reduce ms | busbw GB/s | reduce_scatter ms | busbw GB/s | all_gather ms | busbw GB/s |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|\n",
+        comm->backend(), n, env.launcher, opt.device().str(), iters);
+  }
+  out["comm"] = nlohmann::json::array();
+  const double ar = 2.0 * (n - 1) / n, rs = static_cast<double>(n - 1) / n;
+  for (int64_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 4) {
+    const int64_t elems = bytes / esize / n * n;  // divisible by the world size
+    at::Tensor full = at::ones({elems}, opt), part = at::ones({elems / n}, opt);
+    auto time = [&](const std::function<std::unique_ptr<kiln::dist::Pending>()>& launch) {
+      launch()->wait();  // warm-up (and, for NCCL, the communicator's creation)
+      std::vector<double> samples;
+      for (int i = 0; i < iters; ++i) {
+        comm->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        launch()->wait();
+        sync(opt.device());
+        samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(samples.begin(), samples.end());
+      // The job's time is its slowest rank's.
+      return static_cast<double>(comm->host_max({static_cast<int64_t>(samples[samples.size() / 2] * 1e9)})[0]) / 1e9;
+    };
+    const double t_ar = time([&] { return comm->all_reduce_sum(full); });
+    const double t_rs = time([&] { return comm->reduce_scatter_sum(part, full); });
+    const double t_ag = time([&] { return comm->all_gather(full, part); });
+    const double size = static_cast<double>(elems * esize);
+    auto bus = [&](double t, double factor) { return size / t / 1e9 * factor; };
+    if (main_rank) {
+      fmt::print("| {} | {:.3f} | {:.2f} | {:.3f} | {:.2f} | {:.3f} | {:.2f} |\n", kiln::human_bytes(size), t_ar * 1e3,
+                 bus(t_ar, ar), t_rs * 1e3, bus(t_rs, rs), t_ag * 1e3, bus(t_ag, rs));
+    }
+    out["comm"].push_back({{"bytes", size},
+                           {"world_size", n},
+                           {"backend", comm->backend()},
+                           {"all_reduce_s", t_ar},
+                           {"all_reduce_busbw_gbps", bus(t_ar, ar)},
+                           {"reduce_scatter_s", t_rs},
+                           {"reduce_scatter_busbw_gbps", bus(t_rs, rs)},
+                           {"all_gather_s", t_ag},
+                           {"all_gather_busbw_gbps", bus(t_ag, rs)}});
+  }
+}
+
 int main(int argc, char** argv) {
   kiln::profile::CountingCpuAllocatorGuard counter;  // before any tensor exists, so all are counted
   g_cpu_counter = &counter;
@@ -413,7 +483,8 @@ int main(int argc, char** argv) {
   options.add_options()
     ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
     ("dtype", "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)", cxxopts::value<std::string>()->default_value(""))
-    ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, attention (attention only when named)", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce"))
+    ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, attention, comm (attention and comm only when named; comm under torchrun/srun)", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce"))
+    ("comm-max-bytes", "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu", cxxopts::value<int64_t>()->default_value("0"))
     ("tokens", "rows (batch x sequence); default 8192 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
     ("hidden", "hidden size; default 4096 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
     ("intermediate", "MLP width; default 14336 on cuda, 2816 on cpu", cxxopts::value<int64_t>()->default_value("0"))
@@ -462,8 +533,10 @@ int main(int argc, char** argv) {
     for (size_t start = 1; start < ops.size();) {
       const size_t end = ops.find(',', start);
       const std::string name = ops.substr(start, end - start);
-      if (name != "rmsnorm" && name != "swiglu" && name != "rope" && name != "linear_ce" && name != "attention") {
-        throw std::invalid_argument("--ops: unknown op '" + name + "' (rmsnorm, swiglu, rope, linear_ce, attention)");
+      if (name != "rmsnorm" && name != "swiglu" && name != "rope" && name != "linear_ce" && name != "attention" &&
+          name != "comm") {
+        throw std::invalid_argument("--ops: unknown op '" + name +
+                                    "' (rmsnorm, swiglu, rope, linear_ce, attention, comm)");
       }
       start = end + 1;
     }
@@ -496,8 +569,10 @@ int main(int argc, char** argv) {
       const double s = time_it(device, iters, [&] { dst.copy_(src); });
       copy_gbps = 2.0 * static_cast<double>(copy_bytes) / s / 1e9;
     }
-    fmt::print("kiln-bench on {} ({}), copy bandwidth {:.1f} GB/s, kernels compiled: {}\n", dev_name, dtype_name,
-               copy_gbps, kiln::ops::kernels_compiled() ? "yes" : "no");
+    if (kiln::dist::read_dist_env().rank == 0) {  // under a launcher (--ops comm), rank 0 reports
+      fmt::print("kiln-bench on {} ({}), copy bandwidth {:.1f} GB/s, kernels compiled: {}\n", dev_name, dtype_name,
+                 copy_gbps, kiln::ops::kernels_compiled() ? "yes" : "no");
+    }
 
     std::vector<Row> rows;
     Memory mem{device};
@@ -598,6 +673,10 @@ int main(int argc, char** argv) {
     flush_json();
     std::fflush(stdout);
     if (attention) run_attention(sweep, opt, dtype_name, mem, out, flush_json);
+    if (ops.find(",comm,") != std::string::npos) {
+      run_comm(opt, iters, pick("comm-max-bytes", int64_t{1} << 30, int64_t{64} << 20), out);
+      if (kiln::dist::read_dist_env().rank == 0) flush_json();
+    }
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-bench: {}\n", e.what());

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kiln/config/yaml.h"
+#include "kiln/dist/env.h"
 #include "kiln/train/trainer.h"
 
 namespace {
@@ -31,7 +32,20 @@ void print_help() {
     fmt::print(" {}", k);
     col += static_cast<int>(k.size()) + 1;
   }
-  fmt::print("\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint and exit cleanly.\n");
+  fmt::print(
+      "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint and exit cleanly.\n"
+      "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
+      "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n");
+}
+
+// "[rank 3] " when launched by torchrun or srun, so that an error names the process it came from.
+std::string rank_prefix() {
+  try {
+    const auto env = kiln::dist::read_dist_env();
+    return env.distributed() ? fmt::format("[rank {}] ", env.rank) : "";
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 }  // namespace
@@ -59,11 +73,13 @@ int main(int argc, char** argv) {
   try {
     const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
     kiln::train::Trainer trainer(config);
-    fmt::print("{}\n", trainer.banner());
+    const bool main_rank = trainer.rank() == 0;  // only rank 0 of a data-parallel job prints
+    if (main_rank) fmt::print("{}\n", trainer.banner());
     std::fflush(stdout);
     if (dry_run) return 0;
     kiln::train::Trainer::install_signal_handlers();
     const auto result = trainer.train();
+    if (!main_rank) return 0;
     fmt::print("kiln-pretrain: {} at step {}; checkpoint {}\n", result.interrupted ? "interrupted" : "finished",
                result.global_step, result.last_checkpoint);
     if (result.final_eval) {
@@ -72,7 +88,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-pretrain: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-pretrain: {}error: {}\n", rank_prefix(), e.what());
     return 2;
   }
 }

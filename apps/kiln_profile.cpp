@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cli.h"
+#include "kiln/dist/env.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
 
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
     ("output", "directory for profile.{md,csv,json,html}", cxxopts::value<std::string>())
     ("task", "the table's task column", cxxopts::value<std::string>())
+    ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
+    ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
+    ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on
   try {
@@ -84,12 +88,18 @@ int main(int argc, char** argv) {
     if (args.count("format")) config.formats = split(args["format"].as<std::string>());
     if (args.count("output")) config.output_dir = args["output"].as<std::string>();
     if (args.count("task")) config.task = args["task"].as<std::string>();
+    if (args.count("zero-stage")) config.zero_stage = args["zero-stage"].as<int64_t>();
+    if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
+    if (args.count("no-overlap")) config.ddp_overlap = false;
     config.validate();
 
-    const auto report = kiln::profile::run_sweep(config, [](const kiln::profile::ProfileRow& r) {
+    const bool main_rank = kiln::dist::read_dist_env().rank == 0;  // a data-parallel sweep: rank 0 reports
+    const auto report = kiln::profile::run_sweep(config, [&](const kiln::profile::ProfileRow& r) {
+      if (!main_rank) return;
       fmt::print(stderr, "kiln-profile: cutoff_len {} batch {} GA {}: {}\n", r.point.cutoff_len, r.point.batch_size,
                  r.point.grad_accum, r.status == "ok" ? r.speed() : r.status);
     });
+    if (!main_rank) return 0;
     fmt::print("{}", kiln::profile::to_markdown(report));
     std::fflush(stdout);
     for (const auto& path : kiln::profile::write_reports(report, config.output_dir, config.formats)) {

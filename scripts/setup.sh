@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what kiln needs and nothing else; safe to run again (seconds on a ready machine).
 #
-#  - Debian packages: compiler, build tools and the C++ libraries kiln links (only the missing ones).
+#  - Debian packages: compiler, build tools, the C++ libraries kiln links and gloo's headers (only
+#    the missing ones).
 #  - LibTorch from the PyPI wheel torch==$KILN_TORCH_VERSION in a virtual environment under
 #    ${KILN_HOME:-$HOME/.cache/kiln}, outside the checkout, so every clone reuses it.
 #    Skipped when the caller points Torch_DIR at their own LibTorch.
@@ -19,7 +20,7 @@ say() { printf '[setup] %s\n' "$*"; }
 debian_packages=(
   g++ cmake ninja-build ccache clang-format pkg-config
   libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
-  libpcre2-dev libbenchmark-dev
+  libpcre2-dev libbenchmark-dev libgloo-dev
   chromium  # headless screenshot check of kiln-profile's HTML report (tests only)
 )
 missing=()

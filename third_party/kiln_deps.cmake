@@ -93,3 +93,17 @@ if(KILN_BUILD_APPS)
     kiln_fetch(benchmark https://github.com/google/benchmark.git v1.7.1)
   endif()
 endif()
+
+# Gloo's headers, for c10d's Gloo process group (kiln/dist/comm.cpp). The torch wheel ships the
+# library inside libtorch_cpu and the c10d headers, but not gloo's own headers; Debian's
+# libgloo-dev provides them (header-only use: nothing of it is linked). Gloo has no releases to
+# pin a fetched copy to, and a copy that differs from the one inside the wheel would be an ABI
+# hazard, so without the headers kiln builds without data parallelism (KILN_WITH_DIST OFF) and
+# says so; a launcher's environment is then refused with a clear message (kiln/dist/comm.h).
+find_path(KILN_GLOO_INCLUDE_DIR gloo/config.h)
+if(KILN_GLOO_INCLUDE_DIR)
+  set(KILN_WITH_DIST ON)
+else()
+  set(KILN_WITH_DIST OFF)
+  message(STATUS "kiln: gloo headers not found (Debian: libgloo-dev): building without data parallelism")
+endif()

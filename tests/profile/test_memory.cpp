@@ -256,3 +256,28 @@ TEST_CASE("an out-of-memory point is marked OOM and the sweep goes on", "[profil
   CHECK(report.rows[1].status == "OOM");
   CHECK(report.rows[1].message.find("memory cap") != std::string::npos);
 }
+
+TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[profile]") {
+  using kiln::profile::estimate_training_memory;
+  using kiln::profile::MemoryOptions;
+  const auto c = kiln::model::load_llama_config("llama-3.2-1b");
+  const double n = static_cast<double>(c.num_parameters());
+  auto est = [&](bool dp, int world, int stage) {
+    return estimate_training_memory(
+        c, 1, 2048,
+        MemoryOptions{
+            .compute_bytes = 2, .kernels = "kiln", .data_parallel = dp, .world_size = world, .zero_stage = stage});
+  };
+  const auto one = est(false, 1, 0), s0 = est(true, 8, 0), s1 = est(true, 8, 1), s2 = est(true, 8, 2);
+  CHECK(one.component("optimizer (AdamW, fp32)") == Approx(8 * n));
+  CHECK(s0.component("optimizer (AdamW, fp32)") == Approx(8 * n));
+  CHECK(s1.component("optimizer (AdamW, fp32)") == Approx(n));
+  CHECK(s2.component("optimizer (AdamW, fp32)") == Approx(n));
+  // Stages 0 and 1 keep the flat gradient buffer for the whole step; stage 2 a 1/8 shard.
+  CHECK(s0.component("gradient buffer (data parallel)") == Approx(4 * n));
+  CHECK(s1.component("gradient buffer (data parallel)") == Approx(4 * n));
+  CHECK(s2.component("gradient buffer (data parallel)") == Approx(n / 2));
+  CHECK(s0.total() == Approx(one.total() + 4 * n));  // the forward side dominates both
+  CHECK(s1.total() == Approx(s0.total() - 7 * n));
+  CHECK(s2.total() < s1.total());
+}

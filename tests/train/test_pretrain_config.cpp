@@ -101,3 +101,30 @@ TEST_CASE("every documented key is accepted", "[train][config]") {
     CHECK_THAT(msg, !Contains("unknown key"));
   }
 }
+
+TEST_CASE("ZeRO stage from zero_stage or LLaMA-Factory's DeepSpeed JSON; stage 3 and offload refused",
+          "[train][config]") {
+  const auto ds = [](const std::string& name, const std::string& json) { return write_yaml(name, json); };
+  const std::string z2 = ds("ds_z2_config.json", R"({"train_batch_size": "auto", "zero_optimization": {"stage": 2,
+      "allgather_partitions": true, "overlap_comm": true, "contiguous_gradients": true}})");
+  const std::string z0 = ds("ds_z0_config.json", R"({"zero_optimization": {"stage": 0}})");
+  CHECK(load_pretrain_config(write_yaml("lf.yaml", kLlamaFactory), {{"deepspeed", z2}}).resolved_zero_stage() == 2);
+  CHECK(load_pretrain_config(write_yaml("lf.yaml", kLlamaFactory), {{"deepspeed", z0}}).resolved_zero_stage() == 0);
+  CHECK(load_pretrain_config(write_yaml("lf.yaml", kLlamaFactory), {{"zero_stage", "1"}}).resolved_zero_stage() == 1);
+  auto err = [](const std::vector<std::pair<std::string, std::string>>& overrides) {
+    return error_of([&] { load_pretrain_config(write_yaml("lf.yaml", kLlamaFactory), overrides); });
+  };
+  const std::string z3 = ds("ds_z3_config.json", R"({"zero_optimization": {"stage": 3}})");
+  const std::string off =
+      ds("ds_z2_offload_config.json", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  const std::string broken = ds("broken.json", R"({"zero_optimization": )");
+  CHECK_THAT(err({{"deepspeed", z3}}),
+             Contains("ds_z3_config.json") && Contains("zero_optimization.stage 3") && Contains("not supported yet"));
+  CHECK_THAT(err({{"deepspeed", off}}), Contains("offload_optimizer.device 'cpu'") && Contains("not supported"));
+  CHECK_THAT(err({{"deepspeed", broken}}), Contains("broken.json") && Contains("not JSON"));
+  CHECK_THAT(err({{"deepspeed", "/no/such/ds.json"}}), Contains("deepspeed") && Contains("cannot open"));
+  CHECK_THAT(err({{"deepspeed", z2}, {"zero_stage", "1"}}), Contains("zero_stage") && Contains("says stage 2"));
+  CHECK_THAT(err({{"zero_stage", "3"}}), Contains("zero_stage") && Contains("not supported yet"));
+  CHECK_THAT(err({{"zero_stage", "7"}}), Contains("zero_stage") && Contains("7"));
+  CHECK_THAT(err({{"ddp_timeout", "0"}}), Contains("ddp_timeout"));
+}

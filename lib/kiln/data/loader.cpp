@@ -29,6 +29,14 @@ PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cu
   }
 }
 
+std::shared_ptr<PackedDataset> PackedDataset::range(int64_t first, int64_t count) const {
+  if (first < 0 || count < 1 || first + count > blocks_) {
+    throw std::invalid_argument(fmt::format("blocks [{}, {}) are not a non-empty range of the dataset's {} blocks",
+                                            first, first + count, blocks_));
+  }
+  return std::make_shared<PackedDataset>(split_, cutoff_len_, first_block_ + first, count);
+}
+
 void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) const {
   if (index < 0 || index >= blocks_) throw std::out_of_range(fmt::format("block {} outside [0, {})", index, blocks_));
   const int64_t start = (first_block_ + index) * cutoff_len_;

@@ -41,6 +41,8 @@ class PackedDataset {
   int64_t dropped_tokens() const { return split_->num_tokens() % cutoff_len_; }
   // ids[0..cutoff_len) = block `index`; segments (optional) = document index within the block.
   void read_block(int64_t index, int64_t* ids, int32_t* segments = nullptr) const;
+  // Blocks [first, first + count) of this dataset as a dataset of their own (count >= 1).
+  std::shared_ptr<PackedDataset> range(int64_t first, int64_t count) const;
 
  private:
   std::shared_ptr<const TokenSplit> split_;

@@ -6,14 +6,28 @@
 
 namespace kiln::optim {
 
-AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config) : config_(config) {
+namespace {
+std::vector<ParamSpec> hf_groups(std::vector<std::pair<std::string, at::Tensor>> named_parameters) {
+  std::vector<ParamSpec> out;
+  for (auto& [name, p] : named_parameters) {
+    if (p.requires_grad()) out.push_back({name, p, /*decay=*/p.dim() > 1, at::Tensor()});
+  }
+  return out;
+}
+}  // namespace
+
+AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config)
+    : AdamW(hf_groups(std::move(named_parameters)), config) {}
+
+AdamW::AdamW(std::vector<ParamSpec> specs, AdamWConfig config) : config_(config) {
   Group decay, no_decay;
   decay.weight_decay = config.weight_decay;
-  for (auto& [name, p] : named_parameters) {
-    if (!p.requires_grad()) continue;
-    Group& g = p.dim() <= 1 ? no_decay : decay;
-    g.names.push_back(name);
+  for (auto& spec : specs) {
+    const at::Tensor& p = spec.param;
+    Group& g = spec.decay ? decay : no_decay;
+    g.names.push_back(spec.name);
     g.params.push_back(p);
+    g.grads.push_back(spec.grad);
     g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     // The fused kernel wants a float32 scalar step per parameter, on the parameter's device.
@@ -29,7 +43,7 @@ void AdamW::step(double lr, const std::optional<at::Tensor>& grad_scale, const s
   for (Group& g : groups_) {
     std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
     for (size_t i = 0; i < g.params.size(); ++i) {
-      const at::Tensor& grad = g.params[i].grad();
+      const at::Tensor& grad = g.grads[i].defined() ? g.grads[i] : g.params[i].grad();
       if (!grad.defined()) continue;  // a parameter unused this step keeps its state (as torch.optim)
       params.push_back(g.params[i]);
       grads.push_back(grad);
@@ -49,8 +63,24 @@ void AdamW::step(double lr, const std::optional<at::Tensor>& grad_scale, const s
 
 void AdamW::zero_grad() {
   for (Group& g : groups_) {
-    for (at::Tensor& p : g.params) p.mutable_grad() = at::Tensor();
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      if (g.grads[i].defined()) {
+        g.grads[i].zero_();  // a caller-owned buffer (ZeRO shard): kept, zeroed
+      } else {
+        g.params[i].mutable_grad() = at::Tensor();
+      }
+    }
   }
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const Group& g : groups_) {
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      bytes += g.exp_avg[i].nbytes() + g.exp_avg_sq[i].nbytes() + g.steps[i].nbytes();
+    }
+  }
+  return bytes;
 }
 
 std::vector<std::string> AdamW::decayed_names() const {

@@ -24,9 +24,20 @@ struct AdamWConfig {
   double weight_decay = 0.0;
 };
 
+// One tensor the optimizer updates, with its decay choice made by the caller: ZeRO's shards are
+// flat slices of parameters, so the 1-D rule cannot be read off their shape (kiln/dist/).
+// `grad`, when defined, is used instead of param.grad().
+struct ParamSpec {
+  std::string name;
+  at::Tensor param;
+  bool decay = true;
+  at::Tensor grad;
+};
+
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config);
+  explicit AdamW(std::vector<ParamSpec> params, AdamWConfig config);
 
   // One update with learning rate `lr`. With `found_inf` (a [1] float tensor from the loss
   // scaler) the update is skipped on every parameter, step counters included, when it is
@@ -34,6 +45,9 @@ class AdamW {
   void step(double lr, const std::optional<at::Tensor>& grad_scale = std::nullopt,
             const std::optional<at::Tensor>& found_inf = std::nullopt);
   void zero_grad();
+
+  // Bytes of optimizer state (exp_avg, exp_avg_sq, step) held by this object.
+  int64_t state_bytes() const;
 
   // Names that get weight decay (for tests and the run log).
   std::vector<std::string> decayed_names() const;
@@ -46,7 +60,7 @@ class AdamW {
  private:
   struct Group {
     std::vector<std::string> names;
-    std::vector<at::Tensor> params, exp_avg, exp_avg_sq, steps;
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;  // grads[i] undefined: params[i].grad()
     double weight_decay = 0;
   };
   AdamWConfig config_;

@@ -37,9 +37,12 @@ GradScaler::GradScaler(const at::Device& device, double init_scale, double growt
       growth_interval_(growth_interval) {}
 
 void GradScaler::unscale(const std::vector<at::Tensor>& params) {
+  unscale_grads(grads_of(params));
+}
+
+void GradScaler::unscale_grads(std::vector<at::Tensor> grads) {
   at::NoGradGuard no_grad;
   found_inf_.zero_();
-  std::vector<at::Tensor> grads = grads_of(params);
   if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
 }
 

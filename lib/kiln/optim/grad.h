@@ -24,6 +24,8 @@ class GradScaler {
   const at::Tensor& scale() const { return scale_; }          // [1] fp32
   const at::Tensor& found_inf() const { return found_inf_; }  // [1] fp32, 1 if the last grads overflowed
   void unscale(const std::vector<at::Tensor>& params);
+  // The same on gradient tensors themselves (ZeRO-2's shard, which belongs to no parameter).
+  void unscale_grads(std::vector<at::Tensor> grads);
   void update();
   at::Tensor& growth_tracker() { return growth_tracker_; }  // [1] int32, saved in checkpoints
   at::Tensor& mutable_scale() { return scale_; }

@@ -68,9 +68,27 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   const double tied_extra = c.tie_word_embeddings ? (autocast || fused_head ? 1.0 : 2.0) * 4.0 * embed : 0.0;
 
   const double forward_side = weight_copies + activations + head;
-  const double backward_end = 4.0 * n + tied_extra;
+  double backward_end = 4.0 * n + tied_extra;
   MemoryEstimate e;
-  e.components = {{"parameters (fp32)", 4.0 * n}, {"optimizer (AdamW, fp32)", 8.0 * n}};
+  double optimizer = 8.0 * n, persistent_grads = 0.0;
+  if (o.data_parallel) {
+    const double world = std::max(o.world_size, 1);
+    if (o.zero_stage >= 1) optimizer /= world;
+    if (o.zero_stage == 2) {
+      // The shard lives throughout; at the end of backward also the staged buckets in flight, the
+      // one filling (a bucket closes past the cap, so it can hold the largest parameter beyond
+      // it), and that parameter's gradient before it is copied in.
+      persistent_grads = 4.0 * n / world;
+      const double largest = 4.0 * std::max(embed, h * std::max(ffn, q));
+      backward_end = static_cast<double>(o.max_in_flight + 1) * static_cast<double>(o.bucket_cap_bytes) +
+                     2.0 * largest + tied_extra;
+    } else {
+      persistent_grads = 4.0 * n;  // the flat gradient buffer, allocated once
+      backward_end = tied_extra;
+    }
+  }
+  e.components = {{"parameters (fp32)", 4.0 * n}, {"optimizer (AdamW, fp32)", optimizer}};
+  if (o.data_parallel) e.components.emplace_back("gradient buffer (data parallel)", persistent_grads);
   if (forward_side >= backward_end) {
     e.peak_phase = "forward/backward boundary";
     e.components.emplace_back("gradients (fp32)", 0.0);

@@ -43,6 +43,14 @@ struct MemoryOptions {
   std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
   bool cuda = false;                      // adds the caching allocator's allowance
   std::string kernels = "aten";           // ops backends (ops/dispatch.h spec): kiln's fused ops save other tensors
+  // Data parallelism (kiln/dist/data_parallel.h), per rank. Stages 0 and 1 keep every gradient in
+  // one flat buffer for the whole step (the buckets' all-reduce works on it); stage 1 holds 1/world
+  // of the AdamW state, stage 2 also 1/world of the gradients plus the buckets being reduced.
+  bool data_parallel = false;
+  int world_size = 1;
+  int zero_stage = 0;
+  int64_t bucket_cap_bytes = 25ll << 20;
+  int max_in_flight = 2;  // stage 2: buckets in flight (DataParallelOptions::max_in_flight)
 };
 
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,

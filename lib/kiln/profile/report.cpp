@@ -248,6 +248,8 @@ std::vector<std::string> table_header(const SweepReport& report) {
           "predicted (GB)",
           "measured/predicted",
           "peak RSS (GB)",
+          "ranks",
+          "comm wait",
           "status"};
 }
 
@@ -256,13 +258,27 @@ std::vector<std::vector<std::string>> table_rows(const SweepReport& report) {
   std::vector<std::vector<std::string>> out;
   for (const auto& r : report.rows) {
     const bool good = ok(r);
-    out.push_back(
-        {report.config.task, dtype_value(report), r.speed(), cuda ? "1" : "0", std::to_string(r.point.batch_size),
-         std::to_string(r.point.grad_accum), std::to_string(r.point.cutoff_len),
-         good ? gb(r.peak_allocated_bytes) : r.status, pct(r.dram_throughput), pct(r.tensor_pipe), "n/a",
-         good ? fmt::format("{:.0f}", r.tokens_per_second) : "", good ? fmt::format("{:.3g}", r.tflops) : "",
-         good ? pct(r.mfu) : "", r.peak_reserved_bytes && good ? gb(*r.peak_reserved_bytes) : "n/a",
-         gb(r.predicted.total()), good ? fmt::format("{:.3f}", r.ratio()) : "", gb(r.peak_rss_bytes), r.status});
+    out.push_back({report.config.task,
+                   dtype_value(report),
+                   r.speed(),
+                   cuda ? std::to_string(report.world_size) : "0",
+                   std::to_string(r.point.batch_size),
+                   std::to_string(r.point.grad_accum),
+                   std::to_string(r.point.cutoff_len),
+                   good ? gb(r.peak_allocated_bytes) : r.status,
+                   pct(r.dram_throughput),
+                   pct(r.tensor_pipe),
+                   "n/a",
+                   good ? fmt::format("{:.0f}", r.tokens_per_second) : "",
+                   good ? fmt::format("{:.3g}", r.tflops) : "",
+                   good ? pct(r.mfu) : "",
+                   r.peak_reserved_bytes && good ? gb(*r.peak_reserved_bytes) : "n/a",
+                   gb(r.predicted.total()),
+                   good ? fmt::format("{:.3f}", r.ratio()) : "",
+                   gb(r.peak_rss_bytes),
+                   std::to_string(report.world_size),
+                   good && r.comm_wait_share ? pct(r.comm_wait_share) : "n/a",
+                   r.status});
   }
   return out;
 }
@@ -333,6 +349,7 @@ std::string to_json(const SweepReport& report) {
                       {"attention_forward", f.attention_forward},
                       {"train", f.train()},
                       {"six_n", six_n_per_token(report.model)}}},
+                    {"comm_wait_share", opt(r.comm_wait_share)},
                     {"dram_throughput", opt(r.dram_throughput)},
                     {"tensor_pipe", opt(r.tensor_pipe)}});
   }
@@ -349,6 +366,11 @@ std::string to_json(const SweepReport& report) {
                     {"warmup", report.config.warmup},
                     {"synthetic_data", report.config.dataset_dir.empty()},
                     {"counters", report.counters_note},
+                    {"world_size", report.world_size},
+                    {"launcher", report.launcher},
+                    {"backend", report.backend},
+                    {"zero_stage", report.config.zero_stage},
+                    {"ddp_overlap", report.config.ddp_overlap},
                     {"rows", rows}};
   return doc.dump(2) + "\n";
 }

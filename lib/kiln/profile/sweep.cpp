@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
@@ -20,6 +21,9 @@
 #include "kiln/config/yaml.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/dist/comm.h"
+#include "kiln/dist/data_parallel.h"
+#include "kiln/dist/env.h"
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/optim/adamw.h"
@@ -82,6 +86,8 @@ void SweepConfig::validate() const {
   if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
+  if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
+  if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
   for (const auto& f : formats) {
     if (f != "md" && f != "csv" && f != "json" && f != "html")
       fail("format", fmt::format("'{}' is not md, csv, json or html", f));
@@ -130,6 +136,9 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("memory_cap_bytes", c.memory_cap_bytes);
   reader.read("task", c.task);
   reader.read("output_dir", c.output_dir);
+  reader.read("zero_stage", c.zero_stage);
+  reader.read("ddp_bucket_cap_mb", c.ddp_bucket_cap_mb);
+  reader.read("ddp_overlap", c.ddp_overlap);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
@@ -173,6 +182,7 @@ struct PointContext {
   CountingCpuAllocatorGuard* counter;                  // CPU only
   std::shared_ptr<const data::PackedDataset> dataset;  // one per cutoff_len, or null (synthetic)
   double peak_tflops;
+  std::shared_ptr<dist::Comm> comm;  // data parallel, or null
 };
 
 void measure_point(const PointContext& ctx, ProfileRow& row) {
@@ -184,7 +194,17 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   model->train();
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-  optim::AdamW optimizer(named, optim::AdamWConfig{});
+  std::unique_ptr<dist::DataParallel> dp;
+  if (ctx.comm) {
+    dp = std::make_unique<dist::DataParallel>(
+        ctx.comm, named,
+        dist::DataParallelOptions{.bucket_cap_bytes = ctx.config.ddp_bucket_cap_mb << 20,
+                                  .zero_stage = static_cast<int>(ctx.config.zero_stage),
+                                  .overlap = ctx.config.ddp_overlap});
+    dp->broadcast_parameters();
+  }
+  optim::AdamW optimizer =
+      dp ? optim::AdamW(dp->optimizer_params(), optim::AdamWConfig{}) : optim::AdamW(named, optim::AdamWConfig{});
   std::unique_ptr<optim::GradScaler> scaler;
   if (ctx.autocast == at::kHalf) scaler = std::make_unique<optim::GradScaler>(ctx.device);
   const std::vector<at::Tensor> params = model->parameters();
@@ -196,6 +216,10 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     lo.batch_size = p.batch_size;
     lo.seed = ctx.config.seed;
     lo.prefetch = 0;
+    if (ctx.comm) {
+      lo.rank = ctx.comm->rank();
+      lo.world_size = ctx.comm->world_size();
+    }
     loader = std::make_unique<data::DataLoader>(ctx.dataset, lo);
   } else {
     for (int64_t i = 0; i < p.grad_accum; ++i) {
@@ -205,6 +229,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   }
 
   // The trainer's step (train/trainer.cpp), without its logging book-keeping.
+  double comm_seconds = 0;
   auto step = [&] {
     std::vector<train::MicroBatch> micro;
     int64_t targets = 0;
@@ -217,24 +242,43 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
       }
       targets += train::count_targets(micro.back().labels);
     }
+    if (ctx.comm) targets = static_cast<int64_t>(ctx.comm->host_sum({static_cast<double>(targets)})[0]);
     train::AccumulateOptions acc;
     acc.autocast_dtype = ctx.autocast;
     acc.total_targets = std::max<int64_t>(targets, 1);  // cutoff_len 1 has no target: a zero loss
     acc.device = ctx.device;
     if (scaler) acc.loss_scale = scaler->scale();
+    if (dp) {
+      acc.before_backward = [&](bool last) { dp->begin_backward(last); };
+      acc.after_backward = [&] { dp->end_backward(); };
+    }
     const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
-    if (scaler) scaler->unscale(params);
-    const at::Tensor norm = optim::clip_grad_norm(params, 1.0);
+    if (scaler) {
+      if (dp && ctx.config.zero_stage == 2) {
+        scaler->unscale_grads(dp->local_grads());
+        dp->all_reduce(scaler->found_inf());
+      } else {
+        scaler->unscale(params);
+      }
+    }
+    const at::Tensor norm = dp ? dp->clip_grad_norm(1.0) : optim::clip_grad_norm(params, 1.0);
     at::Tensor skip =
         r.loss_sum.isfinite().logical_and(norm.to(ctx.device).isfinite()).logical_not().to(at::kFloat).reshape({1});
     if (scaler) skip = at::maximum(skip, scaler->found_inf());
     optimizer.step(1e-4, std::nullopt, skip);
+    if (dp) dp->after_step();
     if (scaler) scaler->update();
-    optimizer.zero_grad();
+    if (dp) {
+      comm_seconds += dp->stats().exposed_seconds;
+      dp->zero_grad();
+    } else {
+      optimizer.zero_grad();
+    }
   };
 
   for (int64_t i = 0; i < ctx.config.warmup; ++i) step();
   synchronize(ctx.device);
+  comm_seconds = 0;
   double seconds = 0, peak = 0;
   for (int64_t i = 0; i < ctx.config.steps; ++i) {
     if (ctx.counter) ctx.counter->reset_peak();
@@ -246,10 +290,19 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     peak = std::max(peak,
                     ctx.counter ? static_cast<double>(ctx.counter->stats().peak_bytes) : peak_memory_bytes(ctx.device));
   }
-  const double tokens = static_cast<double>(p.batch_size * p.grad_accum * p.cutoff_len);
+  const int world = ctx.comm ? ctx.comm->world_size() : 1;
+  const double tokens = static_cast<double>(p.batch_size * p.grad_accum * p.cutoff_len * world);
+  if (ctx.comm) {
+    // The job's step takes as long as its slowest rank; memory is the largest rank's.
+    const auto worst = ctx.comm->host_max({static_cast<int64_t>(seconds * 1e9), static_cast<int64_t>(peak)});
+    seconds = static_cast<double>(worst[0]) / 1e9;
+    peak = static_cast<double>(worst[1]);
+    // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
+    if (ctx.device.is_cpu()) row.comm_wait_share = comm_seconds / seconds;
+  }
   row.seconds_per_step = seconds / static_cast<double>(ctx.config.steps);
   row.tokens_per_second = tokens / row.seconds_per_step;
-  row.tflops = flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / 1e12;
+  row.tflops = flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / world / 1e12;
   if (ctx.peak_tflops > 0) row.mfu = row.tflops / ctx.peak_tflops;
   row.peak_allocated_bytes = peak;
   row.peak_reserved_bytes = peak_reserved_bytes(ctx.device);
@@ -273,9 +326,18 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   if (config.device == "cuda" && !torch::cuda::is_available()) {
     throw config::ConfigError(config::config_message(config.source, "device", "'cuda' but no CUDA device is present"));
   }
-  const at::Device device = (config.device == "cuda" || (config.device == "auto" && torch::cuda::is_available()))
-                                ? at::Device(at::kCUDA, 0)
-                                : at::Device(at::kCPU);
+  const dist::DistEnv env = dist::read_dist_env();
+  const bool cuda = config.device == "cuda" || (config.device == "auto" && torch::cuda::is_available());
+  const at::Device device =
+      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)) : at::Device(at::kCPU);
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  std::shared_ptr<dist::Comm> comm;
+  if (env.distributed()) {
+    comm = dist::connect(env, {.cuda = device.is_cuda()});
+    report.world_size = comm->world_size();
+    report.launcher = env.launcher;
+    report.backend = comm->backend();
+  }
   const auto autocast = autocast_dtype(config.dtype);
   {
     model::LlamaForCausalLM meta(report.model, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
@@ -330,8 +392,13 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
                                                    .activation_checkpointing = config.gradient_checkpointing,
                                                    .attention = config.attention,
                                                    .cuda = device.is_cuda(),
-                                                   .kernels = config.kernels});
-        const PointContext ctx{config, report.model, device, autocast, counter.get(), dataset, report.peak_tflops};
+                                                   .kernels = config.kernels,
+                                                   .data_parallel = comm != nullptr,
+                                                   .world_size = report.world_size,
+                                                   .zero_stage = static_cast<int>(config.zero_stage),
+                                                   .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
+        const PointContext ctx{config,  report.model,       device, autocast, counter.get(),
+                               dataset, report.peak_tflops, comm};
         try {
           measure_point(ctx, row);
         } catch (const c10::OutOfMemoryError& e) {

@@ -41,6 +41,10 @@ struct SweepConfig {
   std::vector<std::string> formats{"md", "csv", "json", "html"};
   std::string output_dir = "profile";
   uint64_t seed = 42;
+  // Under torchrun/srun every rank runs the step data-parallel (kiln/dist/data_parallel.h).
+  int64_t zero_stage = 0;
+  int64_t ddp_bucket_cap_mb = 25;
+  bool ddp_overlap = true;  // false: every bucket after backward (to measure what the overlap hides)
 
   void validate() const;  // throws config::ConfigError naming source and key
 };
@@ -65,6 +69,9 @@ struct ProfileRow {
   double peak_allocated_bytes = 0;            // CUDA: caching allocator peak; CPU: counted tensor bytes
   std::optional<double> peak_reserved_bytes;  // CUDA only
   double peak_rss_bytes = 0;                  // process peak RSS (never resets; host side)
+  // Data parallel: the share of step time the host waited on collectives (gradient buckets not
+  // hidden behind backward, the clipping norm, ZeRO's all-gather); peaks are the largest rank's.
+  std::optional<double> comm_wait_share;
   MemoryEstimate predicted;
   std::optional<double> dram_throughput;  // fraction of peak DRAM bandwidth (hardware counters)
   std::optional<double> tensor_pipe;      // fraction of tensor-pipe cycles (hardware counters)
@@ -82,11 +89,15 @@ struct SweepReport {
   double peak_tflops = 0;   // 0 = unknown (MFU n/a)
   std::string peak_source;  // datasheet | measured | --peak-tflops
   std::string counters_note;
+  int world_size = 1;             // processes of a data-parallel sweep
+  std::string launcher = "none";  // torchrun | slurm | none
+  std::string backend;            // gloo | nccl (data parallel only)
   std::vector<ProfileRow> rows;
 };
 
 // Runs every point of the grid (cutoff_len outermost, then batch size, then accumulation).
-// `on_row` is called after each point (progress output).
+// `on_row` is called after each point (progress output). Launched by torchrun or srun, every
+// rank must call it; tokens/s are then the job's, memory the largest rank's.
 SweepReport run_sweep(const SweepConfig& config, const std::function<void(const ProfileRow&)>& on_row = {});
 
 }  // namespace kiln::profile

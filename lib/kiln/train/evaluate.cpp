@@ -18,17 +18,26 @@ EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_pt
   options.batch_size = o.batch_size;
   options.shuffle = false;
   options.segment_ids = o.neat_packing;
-  data::DataLoader loader(dataset, options);
+  // This rank's blocks: [rank * B / world, (rank + 1) * B / world).
+  const int64_t blocks = dataset->num_blocks();
+  const int64_t first = o.rank * blocks / o.world_size, count = (o.rank + 1) * blocks / o.world_size - first;
+  const int64_t most = (blocks + o.world_size - 1) / o.world_size;  // the largest share of any rank
+  const int64_t slots = (most + o.batch_size - 1) / o.batch_size;
+  std::unique_ptr<data::DataLoader> loader;
+  if (count > 0) {
+    loader = std::make_unique<data::DataLoader>(o.world_size > 1 ? dataset->range(first, count) : dataset, options);
+  }
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(o.device).dtype(at::kDouble));
   int64_t targets = 0;
-  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+  for (int64_t i = 0; i < slots; ++i) {
     if (o.should_stop && o.should_stop()) {
       EvalResult r;
       r.interrupted = true;
       r.loss = r.perplexity = NAN;
       return r;
     }
-    data::Batch batch = loader.next();
+    if (!loader || i >= loader->batches_per_epoch()) continue;  // this rank's share is done
+    data::Batch batch = loader->next();
     if (o.prepend_token_id >= 0) {
       const at::Tensor first = at::full({batch.input_ids.size(0), 1}, o.prepend_token_id, batch.input_ids.options());
       batch.input_ids = at::cat({first, batch.input_ids}, 1);
@@ -43,8 +52,14 @@ EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_pt
     targets += count_targets(batch.labels);
   }
   EvalResult r;
+  double sum = loss_sum.item<double>();
+  if (o.host_sum) {
+    const auto total = o.host_sum({sum, static_cast<double>(targets)});
+    sum = total[0];
+    targets = static_cast<int64_t>(total[1]);
+  }
   r.tokens = targets;
-  r.loss = targets > 0 ? loss_sum.item<double>() / static_cast<double>(targets) : NAN;
+  r.loss = targets > 0 ? sum / static_cast<double>(targets) : NAN;
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -30,6 +31,11 @@ struct EvalOptions {
   // Asked before every batch; when it answers true the evaluation is abandoned and the result has
   // interrupted = true (and no loss), so a stop request waits for one batch at most.
   std::function<bool()> should_stop;
+  // Data parallel: rank r of world_size scores a contiguous 1/world of the blocks, every rank runs
+  // the same number of batch slots (so should_stop, a collective there, is asked alike), and
+  // host_sum adds (loss sum, targets) over the ranks.
+  int64_t rank = 0, world_size = 1;
+  std::function<std::vector<double>(std::vector<double>)> host_sum;
 };
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <variant>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
@@ -63,6 +65,10 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"output_dir", &C::output_dir},
       {"overwrite_output_dir", &C::overwrite_output_dir},
       {"resume_from_checkpoint", &C::resume_from_checkpoint},
+      {"ddp_timeout", &C::ddp_timeout},
+      {"ddp_bucket_cap_mb", &C::ddp_bucket_cap_mb},
+      {"zero_stage", &C::zero_stage},
+      {"deepspeed", &C::deepspeed},
   };
   return table;
 }
@@ -146,6 +152,47 @@ void PretrainConfig::validate() const {
   at_least("save_total_limit", save_total_limit, 0);
   at_least("eval_steps", eval_steps, 0);
   if (output_dir.empty()) fail("output_dir", "must not be empty");
+  at_least("ddp_timeout", ddp_timeout, 1);
+  at_least("ddp_bucket_cap_mb", ddp_bucket_cap_mb, 1);
+  if (zero_stage == 3) fail("zero_stage", "ZeRO stage 3 (sharded parameters) is not supported yet; use 0, 1 or 2");
+  if (zero_stage < 0 || zero_stage > 3) fail("zero_stage", fmt::format("must be 0, 1 or 2, got {}", zero_stage));
+  resolved_zero_stage();
+}
+
+int PretrainConfig::resolved_zero_stage() const {
+  if (deepspeed.empty()) return static_cast<int>(zero_stage);
+  auto fail = [&](const std::string& problem) {
+    throw ConfigError(config::config_message(source, "deepspeed", fmt::format("{}: {}", deepspeed, problem)));
+  };
+  std::ifstream in(deepspeed);
+  if (!in) fail("cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail(fmt::format("not JSON: {}", e.what()));
+  }
+  const nlohmann::json zero =
+      j.is_object() && j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
+  if (!zero.is_object()) fail("zero_optimization: expected an object");
+  int stage = 0;
+  if (zero.contains("stage")) {
+    if (!zero["stage"].is_number_integer()) fail("zero_optimization.stage: expected 0, 1 or 2");
+    stage = zero["stage"].get<int>();
+  }
+  if (stage == 3) fail("zero_optimization.stage 3 (sharded parameters) is not supported yet; use 0, 1 or 2");
+  if (stage < 0 || stage > 3) fail(fmt::format("zero_optimization.stage: expected 0, 1 or 2, got {}", stage));
+  for (const char* key : {"offload_optimizer", "offload_param"}) {
+    if (zero.contains(key) && zero[key].is_object() && zero[key].value("device", "none") != "none") {
+      fail(fmt::format("zero_optimization.{}.device '{}': offloading is not supported yet", key,
+                       zero[key].value("device", "")));
+    }
+  }
+  if (zero_stage != 0 && zero_stage != stage) {
+    throw ConfigError(config::config_message(
+        source, "zero_stage", fmt::format("{} but the deepspeed file {} says stage {}", zero_stage, deepspeed, stage)));
+  }
+  return stage;
 }
 
 std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args) {

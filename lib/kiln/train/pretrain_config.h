@@ -63,10 +63,20 @@ struct PretrainConfig {
   bool overwrite_output_dir = false;
   std::string resume_from_checkpoint;  // "", "true" (latest in output_dir) or a checkpoint path
 
+  // Data parallelism (docs/distributed.md), active when launched by torchrun or srun.
+  int64_t ddp_timeout = 1800;      // seconds every collective may take (HF's key and default)
+  int64_t ddp_bucket_cap_mb = 25;  // gradient bucket size (HF's key and default)
+  int64_t zero_stage = 0;          // 0 (DDP), 1 (optimizer state sharded), 2 (and gradients)
+  // LLaMA-Factory's deepspeed: a DeepSpeed JSON (ds_z0/z1/z2_config.json); kiln reads its
+  // zero_optimization.stage (and refuses stage 3 and offloading).
+  std::string deepspeed;
+
   std::string source = "<defaults>";  // file the settings came from, for messages
 
   // Throws config::ConfigError naming the source and key.
   void validate() const;
+  // zero_stage, or the stage of the `deepspeed` file when one is given (errors name the file and key).
+  int resolved_zero_stage() const;
 };
 
 // Reads `path` (a YAML file, or the name of a configs/pretrain preset such as "quickstart";

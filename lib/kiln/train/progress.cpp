@@ -20,7 +20,7 @@ std::string format_duration(double seconds) {
 }
 
 ProgressBar::ProgressBar(int64_t total, int64_t start, std::FILE* out)
-    : total_(total), start_(start), done_(start), out_(out), tty_(isatty(fileno(out)) != 0) {
+    : total_(total), start_(start), done_(start), out_(out), tty_(out != nullptr && isatty(fileno(out)) != 0) {
   begin_ = last_draw_ = std::chrono::steady_clock::now();
 }
 
@@ -48,7 +48,7 @@ void ProgressBar::update(int64_t done) {
 }
 
 void ProgressBar::print_line() {
-  if (tty_) return;
+  if (tty_ || !out_) return;
   fmt::print(out_, "{}\n", line());
 }
 
@@ -58,7 +58,7 @@ void ProgressBar::clear() {
 
 void ProgressBar::finish() {
   if (tty_) fmt::print(out_, "\r{}\n", line());
-  std::fflush(out_);
+  if (out_) std::fflush(out_);
 }
 
 }  // namespace kiln::train

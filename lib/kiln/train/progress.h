@@ -17,6 +17,7 @@ std::string format_duration(double seconds);
 
 class ProgressBar {
  public:
+  // out = nullptr: prints nothing (the ranks other than 0 of a data-parallel job).
   ProgressBar(int64_t total, int64_t start, std::FILE* out = stderr);
   // Call after each step; redraws on a terminal at most ~10 times a second.
   void update(int64_t done);

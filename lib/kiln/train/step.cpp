@@ -33,7 +33,8 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
   AccumulateResult result;
   result.loss_sum = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
   const double inv_targets = 1.0 / static_cast<double>(options.total_targets);
-  for (const MicroBatch& mb : micro_batches) {
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const MicroBatch& mb = micro_batches[i];
     if (options.should_stop && options.should_stop()) {
       result.interrupted = true;
       return result;
@@ -50,7 +51,9 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
     }
     at::Tensor objective = loss_sum * inv_targets;
     if (options.loss_scale) objective = objective * options.loss_scale->squeeze();
+    if (options.before_backward) options.before_backward(i + 1 == micro_batches.size());
     objective.backward();
+    if (options.after_backward) options.after_backward();
     result.loss_sum.add_(loss_sum.detach());
   }
   return result;

@@ -34,6 +34,10 @@ struct AccumulateOptions {
   // Asked before each micro-batch; true abandons the step (AccumulateResult::interrupted), so a
   // stop request waits for one micro-batch's forward and backward at most.
   std::function<bool()> should_stop;
+  // Around each micro-batch's backward (data parallelism: arm and drain the gradient reduction);
+  // `last` = the step's last micro-batch.
+  std::function<void(bool last)> before_backward;
+  std::function<void()> after_backward;
 };
 
 struct AccumulateResult {

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -26,6 +27,9 @@
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/dist/comm.h"
+#include "kiln/dist/data_parallel.h"
+#include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/model/hf.h"
 #include "kiln/ops/dispatch.h"
@@ -80,7 +84,8 @@ struct Trainer::State {
   std::string data_dir;
   // Device-side accumulators of the current logging window.
   at::Tensor window_loss_sum, window_good_targets, first_bad_step;
-  int64_t window_steps = 0, window_tokens = 0;
+  int64_t window_steps = 0, window_tokens = 0;  // tokens of every rank
+  double window_comm_seconds = 0;               // the host waited on collectives
   std::chrono::steady_clock::time_point window_start;
   std::optional<EvalResult> last_eval;
   std::string resumed_from;      // the checkpoint this run started from (never rotated away)
@@ -88,7 +93,21 @@ struct Trainer::State {
 };
 
 bool Trainer::stop_requested() const {
-  return g_pending_signal.load() != 0 || (stop_check_ && stop_check_());
+  const bool local = g_pending_signal.load() != 0 || (stop_check_ && stop_check_());
+  if (!comm_) return local;
+  return comm_->host_max({local ? 1 : 0})[0] > 0;
+}
+
+int Trainer::rank() const {
+  return comm_ ? comm_->rank() : 0;
+}
+
+int Trainer::world_size() const {
+  return comm_ ? comm_->world_size() : 1;
+}
+
+int64_t Trainer::optimizer_state_bytes() const {
+  return optimizer_->state_bytes();
 }
 
 std::atomic<int>& Trainer::pending_signal() {
@@ -113,9 +132,23 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
   if (config_.device == "cuda" && !torch::cuda::is_available()) {
     throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
   }
-  device_ = (config_.device == "cuda" || (config_.device == "auto" && torch::cuda::is_available()))
-                ? at::Device(at::kCUDA, 0)
-                : at::Device(at::kCPU);
+  zero_stage_ = config_.resolved_zero_stage();
+  // Launched by torchrun or srun: one process per device, LOCAL_RANK picks it (docs/distributed.md).
+  const dist::DistEnv env = dist::read_dist_env();
+  const bool cuda = config_.device == "cuda" || (config_.device == "auto" && torch::cuda::is_available());
+  device_ = at::Device(at::kCPU);
+  if (cuda) {
+    const int64_t devices = static_cast<int64_t>(torch::cuda::device_count());
+    if (env.local_rank >= devices) {
+      throw std::runtime_error(fmt::format("local rank {} ({}) has no GPU of its own: this node has {}", env.local_rank,
+                                           env.launcher, devices));
+    }
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device_);
+  }
+  if (env.distributed()) {
+    comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
+  }
   if (config_.bf16) autocast_dtype_ = at::kBFloat16;
   if (config_.fp16) autocast_dtype_ = at::kHalf;
   at::manual_seed(static_cast<uint64_t>(config_.seed));
@@ -129,7 +162,7 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
     model_->init_weights(static_cast<uint64_t>(config_.seed));
   }
   model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
-  if (config_.cutoff_len > model_->config().max_position_embeddings) {
+  if (config_.cutoff_len > model_->config().max_position_embeddings && is_main()) {
     // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
     fmt::print(stderr,
                "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
@@ -181,17 +214,30 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
   lo.batch_size = config_.per_device_train_batch_size;
   lo.seed = static_cast<uint64_t>(config_.seed);
   lo.segment_ids = config_.neat_packing;
+  lo.rank = rank();
+  lo.world_size = world_size();
   loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
 
-  plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, /*world_size=*/1,
+  plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, world_size(),
                      config_.gradient_accumulation_steps, config_.num_train_epochs, config_.max_steps);
 
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-  optimizer_ = std::make_unique<optim::AdamW>(named, optim::AdamWConfig{.beta1 = config_.adam_beta1,
-                                                                        .beta2 = config_.adam_beta2,
-                                                                        .eps = config_.adam_epsilon,
-                                                                        .weight_decay = config_.weight_decay});
+  const optim::AdamWConfig adamw{.beta1 = config_.adam_beta1,
+                                 .beta2 = config_.adam_beta2,
+                                 .eps = config_.adam_epsilon,
+                                 .weight_decay = config_.weight_decay};
+  if (comm_) {
+    // Every rank starts from rank 0's weights (a model from a checkpoint is the same everywhere
+    // anyway; a fresh init could differ with a platform's random numbers).
+    dp_ = std::make_unique<dist::DataParallel>(
+        comm_, named,
+        dist::DataParallelOptions{.bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20, .zero_stage = zero_stage_});
+    dp_->broadcast_parameters();
+    optimizer_ = std::make_unique<optim::AdamW>(dp_->optimizer_params(), adamw);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(named, adamw);
+  }
   if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
 
   set_activation_checkpointing(model_, config_.gradient_checkpointing);
@@ -219,18 +265,28 @@ std::string Trainer::banner() const {
       profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
                              .activation_checkpointing = config_.gradient_checkpointing,
                              .cuda = device_.is_cuda(),
-                             .kernels = config_.kernels});
+                             .kernels = config_.kernels,
+                             .data_parallel = dp_ != nullptr,
+                             .world_size = world_size(),
+                             .zero_stage = zero_stage_,
+                             .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
   std::string out = training_banner(plan_, model_->num_parameters());
   out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
                      autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
                      config_.kernels);
+  if (comm_) {
+    out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
+                       world_size(), comm_->env().launcher, comm_->backend(), rank(), zero_stage_,
+                       config_.ddp_bucket_cap_mb);
+  }
   out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
                      with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
                      config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
                      val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
                                             config_.val_size > 0 ? " held out by val_size" : "")
                               : "no val split");
-  out += fmt::format("\n  Predicted peak memory = {} (at the {}:", human_bytes(memory.total()), memory.peak_phase);
+  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", comm_ ? " per rank" : "",
+                     human_bytes(memory.total()), memory.peak_phase);
   for (const auto& [name, bytes] : memory.components) {
     if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
   }
@@ -241,15 +297,22 @@ std::string Trainer::banner() const {
 
 EvalResult Trainer::evaluate() {
   if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
-  return evaluate_dataset(model_, val_set_,
-                          {.batch_size = config_.per_device_eval_batch_size,
-                           .device = device_,
-                           .autocast_dtype = autocast_dtype_,
-                           .neat_packing = config_.neat_packing,
-                           .should_stop = [this] { return stop_requested(); }});
+  return evaluate_dataset(
+      model_, val_set_,
+      {.batch_size = config_.per_device_eval_batch_size,
+       .device = device_,
+       .autocast_dtype = autocast_dtype_,
+       .neat_packing = config_.neat_packing,
+       .should_stop = [this] { return stop_requested(); },
+       .rank = rank(),
+       .world_size = world_size(),
+       .host_sum = comm_ ? std::function<std::vector<double>(std::vector<double>)>(
+                               [this](std::vector<double> v) { return comm_->host_sum(std::move(v)); })
+                         : nullptr});
 }
 
 void Trainer::log_metrics(const std::string& json_line) {
+  if (!is_main()) return;
   const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
   std::ofstream out(path, std::ios::app);
   out << json_line << "\n";
@@ -257,6 +320,12 @@ void Trainer::log_metrics(const std::string& json_line) {
 }
 
 void Trainer::prepare_output_dir() {
+  // Rank 0 alone tidies the (shared) output folder; the others wait for it.
+  if (is_main()) prepare_output_dir_on_main();
+  if (comm_) comm_->barrier();
+}
+
+void Trainer::prepare_output_dir_on_main() {
   const fs::path out(config_.output_dir);
   fs::create_directories(out);
   const auto cleaned = clean_incomplete_checkpoints(out);
@@ -287,6 +356,7 @@ TrainResult Trainer::train() {
     st.window_good_targets = at::zeros({}, fopts);
     st.window_steps = 0;
     st.window_tokens = 0;
+    st.window_comm_seconds = 0;
     st.window_start = std::chrono::steady_clock::now();
   };
   reset_window();
@@ -298,7 +368,7 @@ TrainResult Trainer::train() {
       .min_lr_ratio = config_.min_lr_ratio,
       .decay_ratio = config_.decay_ratio};
   TrainResult result;
-  ProgressBar bar(plan_.total_steps, st.global_step);
+  ProgressBar bar(plan_.total_steps, st.global_step, is_main() ? stderr : nullptr);
   model_->train();
   double last_lr = 0;
   std::optional<at::Tensor> last_norm;
@@ -324,13 +394,20 @@ TrainResult Trainer::train() {
                   {"tokens_per_second", tokens_per_s},
                   {"peak_memory_bytes", profile::peak_memory_bytes(device_)}};
     if (st.peak) {
-      entry["tflops"] = st.flops.train() * tokens_per_s / 1e12;
-      entry["mfu"] = st.flops.train() * tokens_per_s / (st.peak->tflops * 1e12);
+      // Per device: the job's tokens/s over its world size.
+      const double per_device = tokens_per_s / world_size();
+      entry["tflops"] = st.flops.train() * per_device / 1e12;
+      entry["mfu"] = st.flops.train() * per_device / (st.peak->tflops * 1e12);
     }
+    // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
+    if (dp_ && device_.is_cpu()) entry["comm_wait_share"] = st.window_comm_seconds / seconds;
     if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
     st.log_history.push_back(entry);
     log_metrics(entry.dump());
     result.final_loss = loss;
+    st.first_bad_step.fill_(-1.0);
+    reset_window();
+    if (!is_main()) return;
     bar.clear();
     fmt::print(stderr,
                "{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}\n",
@@ -341,8 +418,6 @@ TrainResult Trainer::train() {
                        : "",
                human_bytes(entry["peak_memory_bytes"].get<double>()));
     bar.print_line();
-    st.first_bad_step.fill_(-1.0);
-    reset_window();
   };
 
   // False when a stop request cut the evaluation short (nothing is recorded then).
@@ -356,9 +431,11 @@ TrainResult Trainer::train() {
         {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
     st.log_history.push_back(entry);
     log_metrics(entry.dump());
-    bar.clear();
-    fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
-               step);
+    if (is_main()) {
+      bar.clear();
+      fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
+                 step);
+    }
     st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
     return true;
   };
@@ -367,9 +444,11 @@ TrainResult Trainer::train() {
   // Acts on a pending SIGINT/SIGTERM: one line, a checkpoint of the last completed step.
   const auto stop_now = [&](const std::string& where) {
     const int sig = g_pending_signal.exchange(0);
-    bar.clear();
-    fmt::print(stderr, "kiln-pretrain: {} received {}; saving a checkpoint at step {}\n", signal_name(sig), where,
-               st.global_step);
+    if (is_main()) {
+      bar.clear();
+      fmt::print(stderr, "kiln-pretrain: {} received {}; saving a checkpoint at step {}\n",
+                 sig == 0 && comm_ ? "a stop request (of another rank)" : signal_name(sig), where, st.global_step);
+    }
     result.last_checkpoint = save_checkpoint(st.global_step);
     result.interrupted = true;
   };
@@ -392,30 +471,56 @@ TrainResult Trainer::train() {
       tokens += b.input_ids.numel();
       micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
     }
+    if (comm_) {
+      // The step's loss is normalised by every rank's target tokens (host values: no device sync).
+      const auto sums = comm_->host_sum({static_cast<double>(targets), static_cast<double>(tokens)});
+      targets = static_cast<int64_t>(sums[0]);
+      tokens = static_cast<int64_t>(sums[1]);
+    }
     AccumulateOptions acc_opts;
     acc_opts.autocast_dtype = autocast_dtype_;
     acc_opts.total_targets = targets;
     acc_opts.device = device_;
     acc_opts.should_stop = stop_pending;
     if (scaler_) acc_opts.loss_scale = scaler_->scale();
-    const AccumulateResult acc = accumulate_gradients(model_, micro, acc_opts);
+    if (dp_) {
+      acc_opts.before_backward = [this](bool last) { dp_->begin_backward(last); };
+      acc_opts.after_backward = [this] { dp_->end_backward(); };
+    }
+    AccumulateResult acc = accumulate_gradients(model_, micro, acc_opts);
+    const auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
     if (acc.interrupted) {
-      optimizer_->zero_grad();
+      zero_grad();
       loader_->restore(loader_at_step);
       cpu_generator.set_state(rng_at_step);
       stop_now(fmt::format("during step {} (its partial gradients are dropped)", st.global_step + 1));
       break;
     }
     st.window_tokens += tokens;
-    if (scaler_) scaler_->unscale(params);
-    const at::Tensor norm = optim::clip_grad_norm(params, config_.max_grad_norm);
+    if (dp_) {
+      at::Tensor sum = acc.loss_sum.reshape({1}).clone();  // the step's loss over every rank
+      dp_->all_reduce(sum);
+      acc.loss_sum = sum.squeeze();
+    }
+    if (scaler_) {
+      if (dp_ && zero_stage_ == 2) {
+        scaler_->unscale_grads(dp_->local_grads());
+        dp_->all_reduce(scaler_->found_inf());  // an overflow in any shard skips the step everywhere
+      } else {
+        scaler_->unscale(params);
+      }
+    }
+    const at::Tensor norm =
+        dp_ ? dp_->clip_grad_norm(config_.max_grad_norm) : optim::clip_grad_norm(params, config_.max_grad_norm);
     const at::Tensor bad = acc.loss_sum.isfinite().logical_and(norm.to(device_).isfinite()).logical_not();
     at::Tensor skip = bad.to(at::kFloat).reshape({1});
     if (scaler_) skip = at::maximum(skip, scaler_->found_inf());
     last_lr = config_.learning_rate * optim::lr_multiplier(sched, st.global_step);
     optimizer_->step(last_lr, std::nullopt, skip);
+    if (dp_) dp_->after_step();
     if (scaler_) scaler_->update();
-    optimizer_->zero_grad();
+    if (dp_) st.window_comm_seconds += dp_->stats().exposed_seconds;
+    zero_grad();
     ++st.global_step;
     // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
     st.window_loss_sum.add_(at::where(bad, at::zeros_like(acc.loss_sum), acc.loss_sum));
@@ -425,6 +530,7 @@ TrainResult Trainer::train() {
     last_norm = norm;
     ++st.window_steps;
     bar.update(st.global_step);
+    if (step_callback_) step_callback_(st.global_step);
 
     const int64_t step = st.global_step;
     if (step % config_.logging_steps == 0 || step == plan_.total_steps) log_window(step);
@@ -451,54 +557,107 @@ TrainResult Trainer::train() {
   return result;
 }
 
+namespace {
+
+// Per-rank files of a data-parallel checkpoint: AdamW shards (ZeRO 1, 2) and random states (as HF's
+// rng_state_{rank}).
+std::string optimizer_shard_file(int rank, int world) {
+  return fmt::format("optimizer.rank-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+std::string rng_state_file(int rank, int world) {
+  return world > 1 ? fmt::format("rng_state_{}.safetensors", rank) : "rng_state.safetensors";
+}
+
+}  // namespace
+
 std::string Trainer::save_checkpoint(int64_t step) {
+  // Data parallel: rank 0 prepares the folder; every rank writes its part into it; once all have
+  // (a barrier), rank 0 renames it into place, so a checkpoint-N folder is whole or absent.
   State& st = *state_;
   const fs::path final_dir = fs::path(config_.output_dir) / fmt::format("checkpoint-{}", step);
   if (st.last_saved_step == step && fs::is_directory(final_dir)) return final_dir.string();
   const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".checkpoint-{}.tmp", step);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  model::save_pretrained(model_, tmp.string());
-
-  io::NamedTensors opt;
-  for (const auto& [name, t] : optimizer_->state_dict()) opt.emplace_back(name, t);
-  if (scaler_) {
-    opt.emplace_back("grad_scaler.scale", scaler_->scale());
-    opt.emplace_back("grad_scaler.growth_tracker", scaler_->growth_tracker());
+  if (is_main()) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
   }
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), opt);
+  if (comm_) comm_->barrier();
+  const bool sharded = dp_ && zero_stage_ > 0;
+  if (is_main() || sharded) {
+    io::NamedTensors opt;
+    for (const auto& [name, t] : optimizer_->state_dict()) opt.emplace_back(name, t);
+    if (scaler_) {
+      opt.emplace_back("grad_scaler.scale", scaler_->scale());
+      opt.emplace_back("grad_scaler.growth_tracker", scaler_->growth_tracker());
+    }
+    const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
+    io::save_safetensors((tmp / file).string(), opt);
+  }
   const at::Tensor cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
-  io::save_safetensors((tmp / "rng_state.safetensors").string(), {{"cpu", cpu_rng}});
-  io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
-  io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
-                        data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
-  json trainer_state = {{"global_step", step},
-                        {"max_steps", plan_.total_steps},
-                        {"num_train_epochs", plan_.num_epochs},
-                        {"logging_steps", config_.logging_steps},
-                        {"save_steps", config_.save_steps},
-                        {"train_batch_size", config_.per_device_train_batch_size},
-                        {"log_history", st.log_history}};
-  io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2));
-
-  replace_folder_atomically(tmp, final_dir);
+  io::save_safetensors((tmp / rng_state_file(rank(), world_size())).string(), {{"cpu", cpu_rng}});
+  if (is_main()) {
+    model::save_pretrained(model_, tmp.string());
+    io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
+    io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
+                          data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
+    json trainer_state = {{"global_step", step},
+                          {"max_steps", plan_.total_steps},
+                          {"num_train_epochs", plan_.num_epochs},
+                          {"logging_steps", config_.logging_steps},
+                          {"save_steps", config_.save_steps},
+                          {"train_batch_size", config_.per_device_train_batch_size},
+                          {"world_size", world_size()},
+                          {"zero_stage", dp_ ? zero_stage_ : 0},
+                          {"log_history", st.log_history}};
+    io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2));
+  }
+  if (comm_) comm_->barrier();  // every rank's part is on disk
+  if (is_main()) {
+    replace_folder_atomically(tmp, final_dir);
+    rotate_checkpoints(config_.output_dir, config_.save_total_limit, {final_dir, fs::path(st.resumed_from)});
+  }
+  if (comm_) comm_->barrier();
   st.last_saved_step = step;
-  rotate_checkpoints(config_.output_dir, config_.save_total_limit, {final_dir, fs::path(st.resumed_from)});
   return final_dir.string();
 }
 
 void Trainer::resume(const std::string& dir) {
   const fs::path d(dir);
   state_->resumed_from = dir;
-  for (const char* f : {"config.json", "optimizer.safetensors", "loader_state.json", "trainer_state.json"}) {
+  for (const char* f : {"config.json", "loader_state.json", "trainer_state.json"}) {
     if (!fs::exists(d / f)) {
       throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, f));
     }
   }
+  json ts;
+  try {
+    ts = json::parse(read_text(d / "trainer_state.json"));
+    state_->global_step = ts.at("global_step").get<int64_t>();
+    state_->log_history = ts.at("log_history");
+  } catch (const json::exception& e) {
+    throw std::runtime_error(
+        fmt::format("{}: invalid trainer state: {}", (d / "trainer_state.json").string(), e.what()));
+  }
+  // The data order and the optimizer shards depend on the world size: resume on the same one.
+  const int64_t saved_world = ts.value("world_size", int64_t{1});
+  const int64_t saved_stage = ts.value("zero_stage", int64_t{0});
+  const int64_t stage = dp_ ? zero_stage_ : 0;
+  if (saved_world != world_size() || (saved_stage != stage && (saved_stage > 0 || stage > 0))) {
+    throw std::runtime_error(
+        fmt::format("resume_from_checkpoint: {} was written by {} process{} with zero_stage {}; this run has {} with "
+                    "zero_stage {}. "
+                    "Resume with the same world size and stage (docs/distributed.md)",
+                    dir, saved_world, saved_world == 1 ? "" : "es", saved_stage, world_size(), stage));
+  }
+  const bool sharded = stage > 0;
+  const std::string opt_file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
+  if (!fs::exists(d / opt_file)) {
+    throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, opt_file));
+  }
   io::SafetensorsCheckpoint weights(dir);
   model::load_weights(*model_, weights, dir);
 
-  io::SafetensorsFile opt((d / "optimizer.safetensors").string());
+  io::SafetensorsFile opt((d / opt_file).string());
   std::map<std::string, at::Tensor> state;
   for (const auto& name : opt.names()) state[name] = opt.tensor(name);
   try {
@@ -510,21 +669,14 @@ void Trainer::resume(const std::string& dir) {
     scaler_->mutable_scale().copy_(opt.tensor("grad_scaler.scale"));
     scaler_->growth_tracker().copy_(opt.tensor("grad_scaler.growth_tracker"));
   }
-  if (fs::exists(d / "rng_state.safetensors")) {
-    io::SafetensorsFile rng((d / "rng_state.safetensors").string());
+  if (const fs::path rng_file = d / rng_state_file(rank(), world_size()); fs::exists(rng_file)) {
+    io::SafetensorsFile rng(rng_file.string());
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(rng.tensor("cpu").clone());
   }
-  loader_->restore(data::LoaderState::from_json(read_text(d / "loader_state.json")));
-  json ts;
-  try {
-    ts = json::parse(read_text(d / "trainer_state.json"));
-    state_->global_step = ts.at("global_step").get<int64_t>();
-    state_->log_history = ts.at("log_history");
-  } catch (const json::exception& e) {
-    throw std::runtime_error(
-        fmt::format("{}: invalid trainer state: {}", (d / "trainer_state.json").string(), e.what()));
-  }
+  data::LoaderState loader_state = data::LoaderState::from_json(read_text(d / "loader_state.json"));
+  loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
+  loader_->restore(loader_state);
   if (state_->global_step > plan_.total_steps) {
     throw std::runtime_error(fmt::format("{}: checkpoint is at step {}, past this run's {} steps", dir,
                                          state_->global_step, plan_.total_steps));

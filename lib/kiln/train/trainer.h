@@ -29,6 +29,11 @@ class AdamW;
 class GradScaler;
 }  // namespace kiln::optim
 
+namespace kiln::dist {
+class Comm;
+class DataParallel;
+}  // namespace kiln::dist
+
 namespace kiln::train {
 
 struct EvalResult {
@@ -71,6 +76,17 @@ class Trainer {
   // every micro-batch and every evaluation batch); true makes train() act as on a signal: drop the
   // partial step or evaluation, save a checkpoint of the last completed step and return.
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
+  // Called after every optimizer step with the new global step (on every rank).
+  void set_step_callback(std::function<void(int64_t step)> callback) { step_callback_ = std::move(callback); }
+
+  // Data parallelism: this process's rank and the job's world size (0 and 1 without a launcher),
+  // and the communicator (nullptr without a launcher). Only rank 0 prints and writes shared files.
+  int rank() const;
+  int world_size() const;
+  dist::Comm* comm() const { return comm_.get(); }
+  const dist::DataParallel* data_parallel() const { return dp_.get(); }
+  // Bytes of AdamW state this rank holds (1/world of all with zero_stage 1 and 2).
+  int64_t optimizer_state_bytes() const;
 
   // Installs SIGINT/SIGTERM handlers that make train() save a checkpoint and return.
   static void install_signal_handlers();
@@ -81,6 +97,7 @@ class Trainer {
   struct State;
   std::string save_checkpoint(int64_t step);  // returns the checkpoint's folder
   void prepare_output_dir();                  // recovery after a kill; sets an abandoned run's checkpoints aside
+  void prepare_output_dir_on_main();
   void resume(const std::string& checkpoint_dir);
   void log_metrics(const std::string& json_line);  // appends a line to output_dir/metrics.jsonl
 
@@ -95,6 +112,13 @@ class Trainer {
   StepPlan plan_;
   std::unique_ptr<State> state_;
   std::function<bool()> stop_check_;
+  std::function<void(int64_t)> step_callback_;
+  std::shared_ptr<dist::Comm> comm_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  int zero_stage_ = 0;
+  bool is_main() const { return rank() == 0; }
+  // On several ranks a collective: true on every rank when any rank has a stop request, so all
+  // of them stop at the same point.
   bool stop_requested() const;
 };
 

@@ -1,0 +1,39 @@
+// Where this process sits in a data-parallel job, read from the launcher's environment
+// (docs/distributed.md). No LibTorch here: a pure function of the variables, tested directly.
+//
+// - torchrun (and torch.distributed.launch): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+//   MASTER_ADDR, MASTER_PORT; TORCHELASTIC_USE_AGENT_STORE=True means torchrun's agent already
+//   hosts the TCPStore on MASTER_PORT (join it as a client, never host one); TORCHELASTIC_RESTART_COUNT
+//   prefixes the store's keys so a restarted group never reads the previous attempt's keys.
+// - Slurm (srun): SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE or
+//   SLURM_TASKS_PER_NODE, the first host of SLURM_JOB_NODELIST (or SLURM_NODELIST) as the store's
+//   host, and a port derived from SLURM_JOB_ID (15000 + job id % 10000, as PyTorch Lightning's
+//   convention) unless MASTER_PORT is set. MASTER_ADDR, when set, overrides the host.
+// - Neither: one process (world size 1), no process group, as kiln has always run.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kiln::dist {
+
+struct DistEnv {
+  std::string launcher = "none";  // "torchrun", "slurm" or "none"
+  int rank = 0, local_rank = 0, world_size = 1, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool agent_store = false;  // torchrun's agent hosts the store on master_port
+  int restart_count = 0;     // torchrun restarts: a fresh key prefix per attempt
+  bool distributed() const { return world_size > 1 || launcher != "none"; }
+};
+
+// Reads the variables through `getenv` (std::getenv by default). Throws std::runtime_error naming
+// the variable for a malformed or inconsistent value (e.g. RANK >= WORLD_SIZE).
+DistEnv read_dist_env(const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+
+// "node[01-04,07],gpu-a" -> "node01"; "a,b" -> "a"; "host" -> "host" (Slurm's hostlist syntax).
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace kiln::dist

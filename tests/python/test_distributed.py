@@ -1,0 +1,327 @@
+"""Data-parallel training on c10d/Gloo with several real processes on 127.0.0.1 (docs/distributed.md).
+
+The launchers are the ones users run: the venv's torchrun (--no-python) and a Slurm-style launch
+with the variables set by hand. Every process is bounded by a timeout and killed by PID if the
+test fails. The reference is one process training on the same examples (batch N*b): the
+parameters after every step must be bitwise identical on all ranks and equal to it within fp32
+rounding, for ZeRO stages 0, 1 and 2, with and without gradient accumulation.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+STEPS = 4
+# The tiny preset on the embedded corpus: 475,776 parameters, several buckets of 0.5 MB.
+# adam_epsilon 1e-4 (gradients here are ~1e-4..1e-2) makes each update depend on the gradients'
+# scale, which Adam otherwise cancels: a wrong token normalisation or clipping norm must show.
+BASE = ["--cutoff_len", "32", "--logging_steps", "1", "--eval_steps", "0", "--save_steps", "0",
+        "--learning_rate", "1e-3", "--warmup_steps", "0", "--ddp_bucket_cap_mb", "1", "--max_grad_norm", "0.5",
+        "--adam_epsilon", "1e-4"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(kiln_bin, program, nproc, *args, timeout=300):
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "--no-python", str(kiln_bin(program)),
+           *map(str, args)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res
+
+
+def single(kiln_bin, program, *args, timeout=300):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    res = subprocess.run([str(kiln_bin(program)), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res
+
+
+def dumps(folder: Path, step: int, world: int):
+    return [np.fromfile(folder / f"step{step}_rank{r}.bin", dtype=np.float32) for r in range(world)]
+
+
+def logged(run_dir: Path):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return np.array([(m["loss"], m["grad_norm"]) for m in lines if "loss" in m])
+
+
+def figures(stdout: str):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{\"rank\"")]
+
+
+@pytest.fixture(scope="module")
+def reference(kiln_bin, tmp_path_factory):
+    """One process, batch N*b, for each (N*b, accumulation) the parity cases use."""
+    cache = {}
+
+    def get(batch: int, accumulation: int) -> Path:
+        key = (batch, accumulation)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"ref_b{batch}_ga{accumulation}")
+            single(kiln_bin, "kiln-dist-worker", "--dump-dir", out, *BASE, "--max_steps", STEPS,
+                   "--per_device_train_batch_size", batch, "--gradient_accumulation_steps", accumulation,
+                   "--output_dir", out / "run")
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+CASES = [  # (world, batch per rank, accumulation, zero_stage)
+    (2, 2, 1, 0), (2, 2, 2, 0), (2, 2, 1, 1), (2, 2, 2, 1), (2, 2, 1, 2), (2, 2, 2, 2),
+    (4, 1, 1, 0), (4, 1, 2, 1), (4, 1, 2, 2),
+]
+
+
+@pytest.mark.parametrize("world,batch,accumulation,stage", CASES)
+def test_ranks_agree_bitwise_and_equal_one_process(kiln_bin, reference, tmp_path, world, batch, accumulation, stage):
+    res = torchrun(kiln_bin, "kiln-dist-worker", world, "--dump-dir", tmp_path, *BASE, "--max_steps", STEPS,
+                   "--per_device_train_batch_size", batch, "--gradient_accumulation_steps", accumulation,
+                   "--zero_stage", stage, "--output_dir", tmp_path / "run")
+    ref = reference(world * batch, accumulation)
+    # The loss and the clipping norm are the one-process ones (global token count, global norm).
+    got, want = logged(tmp_path / "run"), logged(ref / "run")
+    assert got.shape == (STEPS, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for step in range(1, STEPS + 1):
+        ranks = dumps(tmp_path, step, world)
+        for r in range(1, world):
+            assert np.array_equal(ranks[0], ranks[r]), f"step {step}: rank {r} differs from rank 0"
+        want = np.fromfile(ref / f"step{step}_rank0.bin", dtype=np.float32)
+        moved = np.linalg.norm(want - np.fromfile(ref / "step1_rank0.bin", dtype=np.float32)) if step > 1 else 1.0
+        assert moved > 0
+        rel = np.linalg.norm(ranks[0] - want) / np.linalg.norm(want)
+        assert rel < 1e-6, f"step {step}: relative distance {rel:.2e} from one process with batch {world * batch}"
+    assert len(figures(res.stdout)) == world
+
+
+def test_optimizer_state_and_gradients_per_rank_are_one_nth(kiln_bin, tmp_path):
+    per_stage = {}
+    for stage in (0, 1, 2):
+        res = torchrun(kiln_bin, "kiln-dist-worker", 2, *BASE, "--max_steps", 1, "--per_device_train_batch_size", 1,
+                       "--zero_stage", stage, "--output_dir", tmp_path / f"s{stage}")
+        per_stage[stage] = figures(res.stdout)
+    full_state = per_stage[0][0]["optimizer_state_bytes"]
+    full_grads = per_stage[0][0]["grad_bytes"]
+    assert full_grads >= 475_776 * 4  # every gradient, in the flat buffer
+    for stage in (1, 2):
+        for fig in per_stage[stage]:
+            # exp_avg + exp_avg_sq of half the elements; each slice also has its 4-byte step counter.
+            assert abs(fig["optimizer_state_bytes"] - full_state / 2) < 0.01 * full_state, (stage, fig)
+    for fig in per_stage[1]:
+        assert fig["grad_bytes"] == full_grads
+    for fig in per_stage[2]:
+        assert fig["grad_bytes"] == full_grads // 2
+
+
+def losses(ckpt: Path):
+    history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"]
+    return [(h["step"], h["loss"], h["grad_norm"]) for h in history if "loss" in h]
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_checkpoint_and_resume_with_two_ranks_is_exact(kiln_bin, tmp_path, stage):
+    args = [*BASE, "--per_device_train_batch_size", 2, "--zero_stage", stage, "--save_steps", 3]
+    straight = tmp_path / "straight"
+    torchrun(kiln_bin, "kiln-pretrain", 2, *args, "--max_steps", 6, "--output_dir", straight)
+    ckpt = straight / "checkpoint-3"
+    names = {p.name for p in ckpt.iterdir()}
+    assert {"config.json", "model.safetensors", "trainer_state.json", "rng_state_0.safetensors",
+            "rng_state_1.safetensors"} <= names
+    if stage:
+        assert {"optimizer.rank-00000-of-00002.safetensors", "optimizer.rank-00001-of-00002.safetensors"} <= names
+    else:
+        assert "optimizer.safetensors" in names
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    subprocess.run(["cp", "-r", str(ckpt), str(resumed)], check=True)
+    torchrun(kiln_bin, "kiln-pretrain", 2, *args, "--max_steps", 6, "--output_dir", resumed,
+             "--resume_from_checkpoint", resumed / "checkpoint-3")
+    assert losses(resumed / "checkpoint-6") == losses(straight / "checkpoint-6")
+    # Another world size is refused with one clear line.
+    res = subprocess.run([str(kiln_bin("kiln-pretrain")), *map(str, args), "--max_steps", "6", "--output_dir",
+                          str(tmp_path / "other"), "--resume_from_checkpoint", str(ckpt)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert "written by 2 processes" in res.stderr and "same world size" in res.stderr
+
+
+def test_banner_counts_the_world_and_only_rank_0_prints(kiln_bin, tmp_path):
+    res = torchrun(kiln_bin, "kiln-pretrain", 2, *BASE, "--max_steps", 2, "--per_device_train_batch_size", 3,
+                   "--gradient_accumulation_steps", 2, "--output_dir", tmp_path / "run")
+    assert res.stdout.count("***** Running training *****") == 1
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in res.stdout
+    assert "Distributed = 2 processes (torchrun, gloo" in res.stdout
+    assert res.stderr.count("{'loss':") == 2  # rank 0's two log lines only
+
+
+def slurm_launch(kiln_bin, world, args, port, extra_env=None):
+    procs = []
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "TORCHELASTIC"))}
+        env.update({"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": str(world),
+                    "SLURM_TASKS_PER_NODE": f"{world}", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242",
+                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})})
+        procs.append(subprocess.Popen([str(kiln_bin("kiln-pretrain")), *map(str, args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def reap(procs, timeout):
+    """Waits for every process (killing what is left at the deadline); returns (rc, stderr, seconds) each."""
+    out, start = [], time.time()
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, timeout - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        out.append((p.returncode, err, time.time() - start))
+    return out
+
+
+def wait_for(path: Path, deadline_s: float):
+    end = time.time() + deadline_s
+    while not path.exists() and time.time() < end:
+        time.sleep(0.05)
+    assert path.exists(), f"{path} never appeared"
+
+
+def test_kill_9_of_one_rank_ends_the_others_within_the_timeout(kiln_bin, tmp_path):
+    out = tmp_path / "run"
+    args = [*BASE, "--per_device_train_batch_size", 2, "--max_steps", 100000, "--save_steps", 2, "--zero_stage", 1,
+            "--ddp_timeout", 20, "--output_dir", out]
+    procs = slurm_launch(kiln_bin, 2, args, free_port())
+    try:
+        wait_for(out / "checkpoint-4" / "trainer_state.json", 120)
+        procs[1].kill()
+        killed = time.time()
+        results = reap(procs, 60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    rc, err, _ = results[0]
+    assert rc not in (0, None), err
+    assert time.time() - killed < 25, "rank 0 outlived the ddp_timeout of 20 s"
+    last = err.strip().splitlines()[-1]
+    assert "[rank 0] error" in last and "failed" in last, err[-2000:]
+    # The newest complete checkpoint is intact and resumable; no half-written one kept its name.
+    complete = sorted((p for p in out.glob("checkpoint-*")), key=lambda p: int(p.name.split("-")[1]))
+    assert complete
+    for ckpt in complete:
+        names = {p.name for p in ckpt.iterdir()}
+        assert {"model.safetensors", "trainer_state.json", "optimizer.rank-00000-of-00002.safetensors",
+                "optimizer.rank-00001-of-00002.safetensors"} <= names, (ckpt, names)
+
+
+def test_a_hung_rank_ends_the_others_after_ddp_timeout(kiln_bin, tmp_path):
+    out = tmp_path / "run"
+    args = [*BASE, "--per_device_train_batch_size", 2, "--max_steps", 100000, "--save_steps", 0, "--ddp_timeout", 5,
+            "--output_dir", out]
+    procs = slurm_launch(kiln_bin, 2, args, free_port())
+    try:
+        wait_for(out / "metrics.jsonl", 120)
+        procs[1].send_signal(signal.SIGSTOP)  # alive but silent: only the timeout can tell
+        stopped = time.time()
+        rc, err, _ = reap(procs[:1], 60)[0]
+        waited = time.time() - stopped
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rc == 2, err[-2000:]
+    assert 4 < waited < 30, f"rank 0 gave up after {waited:.1f} s with ddp_timeout 5"
+    assert "[rank 0] error" in err and "failed" in err, err[-2000:]
+
+
+def test_sigterm_to_one_rank_makes_every_rank_save_the_same_checkpoint(kiln_bin, tmp_path):
+    out = tmp_path / "run"
+    args = [*BASE, "--per_device_train_batch_size", 2, "--max_steps", 100000, "--save_steps", 0,
+            "--ddp_timeout", 60, "--output_dir", out]
+    procs = slurm_launch(kiln_bin, 2, args, free_port())
+    try:
+        wait_for(out / "metrics.jsonl", 120)
+        time.sleep(1.0)
+        procs[1].send_signal(signal.SIGTERM)  # srun delivers to all tasks; one is the harder case
+        results = reap(procs, 60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rc, err, _ in results:
+        assert rc == 0, err[-2000:]
+    assert "a stop request (of another rank)" in results[0][1]
+    ckpts = list(out.glob("checkpoint-*"))
+    assert len(ckpts) == 1
+    state = json.loads((ckpts[0] / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["global_step"] == int(ckpts[0].name.split("-")[1])
+
+
+@pytest.mark.parametrize("world,batch,accumulation,epochs", [(2, 3, 2, 2), (4, 1, 8, 1), (3, 5, 1, 3)])
+def test_banner_arithmetic_with_world_size_is_hf_trainers(kiln_bin, tmp_path, world, batch, accumulation, epochs):
+    """HF Trainer's numbers for the same run: its dataloader's length over a DistributedSampler
+    (torch's own), then updates per epoch = max(len // accumulation, 1) and total = ceil(epochs x
+    updates), as transformers 4.45 (the users' logs in shared/seed) computes them."""
+    import math
+
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    res = torchrun(kiln_bin, "kiln-pretrain", world, "--dry-run", "--cutoff_len", 64, "--per_device_train_batch_size",
+                   batch, "--gradient_accumulation_steps", accumulation, "--num_train_epochs", epochs,
+                   "--max_steps", -1, "--output_dir", tmp_path / "run")
+    banner = dict(line.strip().split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)
+    examples = int(banner["Num examples"].replace(",", ""))
+    sampler = DistributedSampler(range(examples), num_replicas=world, rank=0, shuffle=True, drop_last=False)
+    steps_per_epoch = len(DataLoader(range(examples), batch_size=batch, sampler=sampler))
+    updates = max(steps_per_epoch // accumulation, 1)
+    assert int(banner["Total train batch size (w. parallel, distributed & accumulation)"]) == batch * world * accumulation
+    assert int(banner["Total optimization steps"].replace(",", "")) == math.ceil(epochs * updates)
+    assert int(banner["Num Epochs"]) == epochs
+
+
+def test_profile_under_torchrun_predicts_each_stages_memory_per_rank(kiln_bin, tmp_path):
+    for stage in (0, 1, 2):
+        out = tmp_path / f"s{stage}"
+        torchrun(kiln_bin, "kiln-profile", 2, "--model", "tiny", "--cutoff-len", "64,256", "--batch-size", 2,
+                 "--dtype", "fp32", "--steps", 2, "--warmup", 1, "--zero-stage", stage, "--ddp-bucket-cap-mb", 1,
+                 "--format", "json", "--output", out)
+        report = json.loads((out / "profile.json").read_text())
+        assert report["world_size"] == 2 and report["zero_stage"] == stage and report["backend"] == "gloo"
+        for row in report["rows"]:
+            assert row["status"] == "ok", row["message"]
+            assert 0.85 < row["measured_over_predicted"] < 1.15, (stage, row["cutoff_len"], row["measured_over_predicted"])
+            assert 0 < row["comm_wait_share"] < 1
+            assert "gradient buffer (data parallel)" in row["predicted_components"]
+
+
+def test_comm_benchmark_reports_nccl_tests_bus_bandwidth(kiln_bin, tmp_path):
+    out = tmp_path / "comm.json"
+    res = torchrun(kiln_bin, "kiln-bench", 2, "--ops", "comm", "--iters", 2, "--comm-max-bytes", 4 << 20,
+                   "--json", out)
+    assert res.stdout.count("collectives on the gloo group, 2 ranks") == 1  # rank 0 reports
+    rows = json.loads(out.read_text())["comm"]
+    assert [r["bytes"] for r in rows] == [1 << 20, 4 << 20]
+    for r in rows:
+        algbw = r["bytes"] / r["all_reduce_s"] / 1e9
+        assert r["all_reduce_busbw_gbps"] == pytest.approx(algbw * 2 * (2 - 1) / 2)
+        assert r["all_gather_busbw_gbps"] == pytest.approx(r["bytes"] / r["all_gather_s"] / 1e9 * 0.5)
