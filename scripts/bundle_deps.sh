@@ -9,7 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="$root/.deps"
 dev_packages=(libfmt-dev libspdlog-dev libyaml-cpp-dev libcxxopts-dev catch2 nlohmann-json3-dev libpcre2-dev
-  libbenchmark-dev)
+  libbenchmark-dev libgloo-dev)  # libgloo-dev: headers only (c10d Gloo, kiln/dist/comm.cpp)
 # The runtime libraries the -dev packages' .so links point to, and pkg-config itself.
 runtime_packages=(libfmt9 libspdlog1.10 libyaml-cpp0.7 libbenchmark1debian libpcre2-8-0 libpkgconf3 pkgconf-bin)
 

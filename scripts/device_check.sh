@@ -6,10 +6,12 @@
 #   2. run the [cuda] tests, then the CPU op tests (quick);
 #   3. run kiln-bench (the fused ops, kiln vs ATen);
 #   4. run kiln-bench --ops attention (kiln's flash attention vs SDPA flash and cuDNN, T 512..8192,
-#      head dims 64/128, 3 timed iterations).
-# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 8 files:
+#      head dims 64/128, 3 timed iterations);
+#   5. data parallel on NCCL with world size 1 under torchrun (kiln-pretrain, 40 bf16 steps of the
+#      quick start, stage 0 and 2) and kiln-bench --ops comm (NCCL bus bandwidth, 1 MiB..1 GiB).
+# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 11 files:
 # env.log, build.log, ptxas.txt, tests.log (both test runs), bench.{md,json},
-# bench_attention.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
+# bench_attention.{md,json}, dist.log, bench_comm.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
 # time limit, cut to what is left of a 570 s budget for the whole script (KILN_DEVICE_BUDGET_S),
 # and a failed or skipped step does not stop the later ones. With the device tool:
 #   run(command="scripts/device_check.sh", carry=[".deps"], timeout_s=600)
@@ -97,7 +99,21 @@ if [[ -x "$build/bin/kiln-bench" ]]; then
   step 150 "$build/bin/kiln-bench" --ops attention --iters 3 --json "$out/bench_attention.json" \
     >"$out/bench_attention.md" 2>&1 || status=1
 fi
+# 5. NCCL: a world-size-1 data-parallel run (the NCCL path of kiln/dist) and the comm benchmark
+torchrun=("${KILN_DEVICE_PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python)
+if [[ -x "$build/bin/kiln-pretrain" ]]; then
+  for stage in 0 2; do
+    echo "== kiln-pretrain under torchrun, NCCL, zero_stage $stage" >>"$out/dist.log"
+    step 60 "${torchrun[@]}" "$build/bin/kiln-pretrain" --max_steps 40 --logging_steps 10 --eval_steps 0 \
+      --save_steps 0 --bf16 true --zero_stage "$stage" --output_dir "$build/dist_run_$stage" >>"$out/dist.log" 2>&1 ||
+      status=1
+  done
+  step 90 "${torchrun[@]}" "$build/bin/kiln-bench" --ops comm --iters 5 --json "$out/bench_comm.json" \
+    >"$out/bench_comm.md" 2>&1 || status=1
+fi
 grep -E "^(== |All tests passed|test cases:|assertions:|device_check:)" "$out/tests.log" 2>/dev/null
+grep -E "^(== |  Distributed|kiln-pretrain:|\{'loss')" "$out/dist.log" 2>/dev/null
+tail -n 9 "$out/bench_comm.md" 2>/dev/null
 cat "$out/bench.md" 2>/dev/null
 if grep -q "^## kiln" "$out/bench_attention.md" 2>/dev/null; then
   grep -h "^WARNING: T=" "$out/bench_attention.md"
