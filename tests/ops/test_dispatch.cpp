@@ -1,4 +1,6 @@
 // The backend spec string of ops/dispatch.h: its documented grammar, checked item by item.
+#include <thread>
+
 #include <catch2/catch.hpp>
 
 #include "kiln/ops/dispatch.h"
@@ -34,4 +36,32 @@ TEST_CASE("bad backend specs are rejected and change nothing", "[ops][dispatch]"
              Catch::Matchers::Contains("only the first item"));
   CHECK_THAT(kiln::test::error_of([] { kiln::ops::set_backends(""); }), Catch::Matchers::Contains("empty"));
   CHECK(kiln::ops::backends_spec() == "kiln");
+}
+
+TEST_CASE("a BackendScope holds for its thread only and nests", "[ops][dispatch]") {
+  kiln::ops::set_backend(Backend::kKiln);
+  {
+    const kiln::ops::BackendScope outer("aten,rope=kiln");
+    CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kAten);
+    CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
+    CHECK(kiln::ops::effective_backends_spec() == "aten,rope=kiln");
+    CHECK(kiln::ops::backends_spec() == "kiln");  // the process-wide setting is untouched
+    // Another thread sees the process-wide setting, and its own scope does not leak back.
+    std::thread other([] {
+      CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kKiln);
+      const kiln::ops::BackendScope mine("kiln,swiglu=aten");
+      CHECK(kiln::ops::backend(Op::kSwiGlu) == Backend::kAten);
+    });
+    other.join();
+    CHECK(kiln::ops::backend(Op::kSwiGlu) == Backend::kAten);  // outer's default
+    {
+      const kiln::ops::BackendScope inner("kiln");
+      CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kKiln);
+    }
+    CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kAten);
+    CHECK_THROWS_WITH(kiln::ops::BackendScope("kiln,softmax=aten"), Catch::Matchers::Contains("softmax"));
+    CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kAten);  // a bad scope changes nothing
+  }
+  CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kKiln);
+  CHECK(kiln::ops::effective_backends_spec() == "kiln");
 }

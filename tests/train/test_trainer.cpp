@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include <ATen/Context.h>
@@ -17,6 +18,7 @@
 
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
 #include "support.h"
@@ -370,4 +372,36 @@ TEST_CASE("checkpoints record their training data; evaluation can put a BOS befo
     sum += model->forward(x, x).loss_sum.item<double>();
   }
   CHECK(with_bos.loss == Approx(sum / (3 * 32)).epsilon(1e-6));
+}
+
+TEST_CASE("two trainers with different kernels in one process do not interfere", "[train]") {
+  // A: kiln's fused ops (on the CPU: the chunked linear + cross-entropy), B: the ATen reference
+  // with activation checkpointing (its recomputation re-enters B's kernel choice). Each alone,
+  // then both at once on two threads: the same losses, bit for bit; the process-wide kernel
+  // setting is never touched.
+  auto config = [](const std::string& name, const std::string& kernels, bool checkpointing) {
+    PretrainConfig c = small_run(name);
+    c.kernels = kernels;
+    c.gradient_checkpointing = checkpointing;
+    c.save_steps = 0;
+    c.overwrite_output_dir = true;
+    return c;
+  };
+  kiln::ops::set_backends("kiln,rope=aten");
+  const PretrainConfig a = config("two_a", "kiln", false), b = config("two_b", "aten", true);
+  Trainer(a).train();
+  Trainer(b).train();
+  const auto alone_a = losses(a.output_dir), alone_b = losses(b.output_dir);
+  REQUIRE(alone_a.size() == 8);
+  CHECK(alone_a != alone_b);  // the kernel setting does change the numbers
+  for (const auto& c : {a, b}) fs::remove_all(c.output_dir);
+  Trainer ta(a), tb(b);
+  std::thread first([&] { ta.train(); });
+  std::thread second([&] { tb.train(); });
+  first.join();
+  second.join();
+  CHECK(losses(a.output_dir) == alone_a);
+  CHECK(losses(b.output_dir) == alone_b);
+  CHECK(kiln::ops::backends_spec() == "kiln,rope=aten");
+  kiln::ops::set_backend(kiln::ops::Backend::kKiln);
 }

@@ -20,6 +20,8 @@ struct Parsed {
   std::array<int, kNumOps> per_op{};
 };
 
+std::string spec_of(Backend all, const std::array<int, kNumOps>& per_op);
+
 Parsed parse_spec(const std::string& spec) {
   Parsed parsed;
   parsed.per_op.fill(kNoOverride);
@@ -50,7 +52,44 @@ Parsed parse_spec(const std::string& spec) {
   return parsed;
 }
 
+std::string spec_of(Backend all, const std::array<int, kNumOps>& per_op) {
+  std::string spec = backend_name(all);
+  for (int i = 0; i < kNumOps; ++i) {
+    if (per_op[i] != kNoOverride)
+      spec += "," + op_name(static_cast<Op>(i)) + "=" + backend_name(static_cast<Backend>(per_op[i]));
+  }
+  return spec;
+}
+
 }  // namespace
+
+// One thread's innermost scope: every op's backend, resolved.
+struct BackendScope::State {
+  std::array<Backend, kNumOps> op{};
+  std::string spec;
+};
+
+namespace {
+thread_local const BackendScope::State* t_scope = nullptr;
+}  // namespace
+
+BackendScope::BackendScope(const std::string& spec) : previous_(t_scope), state_(std::make_unique<State>()) {
+  const Parsed parsed = parse_spec(spec);
+  for (int i = 0; i < kNumOps; ++i) {
+    state_->op[i] =
+        parsed.per_op[i] != kNoOverride ? static_cast<Backend>(parsed.per_op[i]) : parsed.all.value_or(Backend::kKiln);
+  }
+  state_->spec = spec;
+  t_scope = state_.get();
+}
+
+BackendScope::~BackendScope() {
+  t_scope = previous_;
+}
+
+std::string effective_backends_spec() {
+  return t_scope ? t_scope->spec : backends_spec();
+}
 
 void set_backend(Backend b) {
   g_backend.store(b);
@@ -63,6 +102,7 @@ void set_backend(Op op, Backend b) {
   g_override[static_cast<int>(op)].store(static_cast<int>(b));
 }
 Backend backend(Op op) {
+  if (t_scope) return t_scope->op[static_cast<int>(op)];
   const int o = g_override[static_cast<int>(op)].load();
   return o == kNoOverride ? g_backend.load() : static_cast<Backend>(o);
 }
@@ -113,12 +153,9 @@ void set_backends(const std::string& spec) {
 }
 
 std::string backends_spec() {
-  std::string spec = backend_name(backend());
-  for (int i = 0; i < kNumOps; ++i) {
-    const int o = g_override[i].load();
-    if (o != kNoOverride) spec += "," + op_name(static_cast<Op>(i)) + "=" + backend_name(static_cast<Backend>(o));
-  }
-  return spec;
+  std::array<int, kNumOps> per_op{};
+  for (int i = 0; i < kNumOps; ++i) per_op[i] = g_override[i].load();
+  return spec_of(backend(), per_op);
 }
 
 bool kernels_compiled() {

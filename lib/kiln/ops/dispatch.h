@@ -5,11 +5,18 @@
 // linear + cross-entropy, any device), the op uses it unless its backend is kAten. Tests use
 // kAten to get the reference on the same device.
 //
-// The choice is global with optional per-op overrides, written as one string (config key
-// `kernels`, CLI `--kernels`): "kiln", "aten", or a comma list whose first item may be the
-// default and whose other items are op=backend, e.g. "kiln,rope=aten" or "aten,linear_ce=kiln".
+// The choice is written as one string (config key `kernels`, CLI `--kernels`): "kiln", "aten",
+// or a comma list whose first item may be the default and whose other items are op=backend,
+// e.g. "kiln,rope=aten" or "aten,linear_ce=kiln". It lives in two places:
+//   - a process-wide setting (set_backend / set_backends), what programs and tests use;
+//   - a BackendScope, which overrides it for the current thread while it lives. A Trainer runs
+//     its forward, backward and evaluation inside one, so two trainers in one process (two
+//     threads, or interleaved in one) each get their own kernels and never change the other's.
+// The choice is made where an op runs forward; a backward follows what its forward chose (the
+// recomputing forward of activation checkpointing re-enters the scope it was saved under).
 #pragma once
 
+#include <memory>
 #include <string>
 
 namespace kiln::ops {
@@ -41,6 +48,23 @@ void validate_backends(const std::string& spec);
 Backend backend_in_spec(const std::string& spec, Op op);
 // The current setting as a spec string ("kiln", "kiln,rope=aten").
 std::string backends_spec();
+
+// Sets `spec` for the current thread until destroyed (then the previous scope, or the
+// process-wide setting, applies again). Throws std::invalid_argument for a bad spec.
+class BackendScope {
+ public:
+  explicit BackendScope(const std::string& spec);
+  ~BackendScope();
+  BackendScope(const BackendScope&) = delete;
+  BackendScope& operator=(const BackendScope&) = delete;
+  struct State;  // every op's resolved backend (dispatch.cpp)
+
+ private:
+  const State* previous_;
+  std::unique_ptr<State> state_;
+};
+// The spec in force on this thread (its innermost scope's, else the process-wide one).
+std::string effective_backends_spec();
 
 // True when this build compiled the CUDA kernels (KILN_CUDA on).
 bool kernels_compiled();

@@ -358,12 +358,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       "DRAM throughput and tensor-pipe use need hardware counters (CUPTI/Nsight Compute), which kiln-profile does "
       "not read yet: n/a";
 
-  // The run's kernels, restored afterwards (the sweep may run inside a larger program).
-  struct BackendsGuard {
-    std::string previous = ops::backends_spec();
-    explicit BackendsGuard(const std::string& spec) { ops::set_backends(spec); }
-    ~BackendsGuard() { ops::set_backends(previous); }
-  } backends(config.kernels);
+  // The run's kernels, for this thread only (the sweep may run inside a larger program).
+  const ops::BackendScope backends(config.kernels);
 
   std::unique_ptr<CountingCpuAllocatorGuard> counter;
   if (device.is_cpu()) counter = std::make_unique<CountingCpuAllocatorGuard>(config.memory_cap_bytes);

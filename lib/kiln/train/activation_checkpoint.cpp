@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/ops/dispatch.h"
 #include "kiln/train/step.h"
 
 namespace kiln::train {
@@ -25,6 +26,9 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["segment_ids"] = segment_ids;
     ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(device);
     ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_dtype(device));
+    // The recomputation may run on another thread (CUDA's autograd engine): it re-enters the
+    // kernel choice the forward ran under.
+    ctx->saved_data["kernels"] = ops::effective_backends_spec();
     return reinterpret_cast<model::LlamaDecoderLayerImpl*>(layer)->forward(x, cos, sin, nullptr, nullptr,
                                                                            segment_ids.value_or(at::Tensor()));
   }
@@ -41,6 +45,7 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     {
       const at::AutoGradMode grad(true);
       const AutocastGuard guard(x.device().type(), autocast);
+      const ops::BackendScope kernels(ctx->saved_data["kernels"].toStringRef());
       const c10::IValue& seg = ctx->saved_data["segment_ids"];
       out = layer->forward(x, saved[1], saved[2], nullptr, nullptr, seg.isTensor() ? seg.toTensor() : at::Tensor());
     }

@@ -123,8 +123,7 @@ void Trainer::install_signal_handlers() {
 }
 
 Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std::make_unique<State>()) {
-  config_.validate();
-  ops::set_backends(config_.kernels);
+  config_.validate();  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
   if (config_.full_determinism) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before cuBLAS's first handle
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -297,6 +296,7 @@ std::string Trainer::banner() const {
 
 EvalResult Trainer::evaluate() {
   if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
+  const ops::BackendScope kernels(config_.kernels);
   return evaluate_dataset(
       model_, val_set_,
       {.batch_size = config_.per_device_eval_batch_size,
@@ -346,6 +346,7 @@ void Trainer::prepare_output_dir_on_main() {
 }
 
 TrainResult Trainer::train() {
+  const ops::BackendScope kernels(config_.kernels);  // this trainer's kernels, on this thread only
   prepare_output_dir();
   State& st = *state_;
   if (!st.peak) st.peak = profile::device_peak(device_, autocast_dtype_.value_or(at::kFloat));
