@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (dry_run) return 0;
     kiln::train::Trainer::install_signal_handlers();
+    trainer.set_progress_bar(true);
     const auto result = trainer.train();
     if (!main_rank) return 0;
     fmt::print("kiln-pretrain: {} at step {}; checkpoint {}\n", result.interrupted ? "interrupted" : "finished",

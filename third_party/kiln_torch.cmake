@@ -15,7 +15,7 @@
 #    its own enable_language(CUDA) and is harmless: the -gencode flags it means are removed.)
 #  * The wheel's libtorch_cuda.so has no RUNPATH: Python preloads the CUDA libraries from the
 #    nvidia-* wheels. A C++ program must find them itself, so we record their folders as RPATH
-#    (old-style DT_RPATH, which unlike DT_RUNPATH also applies to libtorch's own dependencies).
+#    (kiln_torch_rpath.cmake, shared with the installed package).
 
 if(NOT Torch_DIR AND DEFINED ENV{Torch_DIR})
   set(Torch_DIR "$ENV{Torch_DIR}" CACHE PATH "LibTorch's CMake package folder")
@@ -81,12 +81,8 @@ add_library(kiln::torch ALIAS kiln_torch)
 target_link_libraries(kiln_torch INTERFACE stdc++ ${TORCH_LIBRARIES})
 target_include_directories(kiln_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 
-file(GLOB _kiln_wheel_lib_dirs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
-if(_kiln_wheel_lib_dirs)
-  set(_kiln_rpath "${TORCH_INSTALL_PREFIX}/lib")
-  foreach(_d IN LISTS _kiln_wheel_lib_dirs)
-    get_filename_component(_d "${_d}" REALPATH)
-    string(APPEND _kiln_rpath ":${_d}")
-  endforeach()
-  target_link_options(kiln_torch INTERFACE "LINKER:--disable-new-dtags" "LINKER:-rpath,${_kiln_rpath}")
+include(kiln_torch_rpath)
+kiln_torch_link_options(_kiln_torch_link "${TORCH_INSTALL_PREFIX}")
+if(_kiln_torch_link)
+  target_link_options(kiln_torch INTERFACE ${_kiln_torch_link})
 endif()

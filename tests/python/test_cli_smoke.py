@@ -2,6 +2,7 @@
 message that names the argument and value (exit code 2), never a crash."""
 import math
 import re
+from pathlib import Path
 
 
 def test_smoke_run_learns(run_kiln):
@@ -19,3 +20,10 @@ def test_bad_arguments_are_named(run_kiln):
     assert out.returncode == 2 and "no-such-model" in out.stderr and "tiny" in out.stderr
     out = run_kiln("kiln-smoke", "--steps", "abc")
     assert out.returncode == 2 and "steps" in out.stderr
+
+
+def test_docs_embedding_shows_the_tested_service():
+    """docs/embedding.md's example is tests/consumer/service.cpp, the file the consumer test builds."""
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs/embedding.md").read_text()
+    assert (root / "tests/consumer/service.cpp").read_text() in doc

@@ -18,6 +18,7 @@
 
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/kiln.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
@@ -404,4 +405,48 @@ TEST_CASE("two trainers with different kernels in one process do not interfere",
   CHECK(losses(b.output_dir) == alone_b);
   CHECK(kiln::ops::backends_spec() == "kiln,rope=aten");
   kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+}
+
+TEST_CASE("a trainer on host batches: max_steps required, bad batches named, the source's end saves", "[train]") {
+  PretrainConfig c = small_run("host");
+  c.max_steps = -1;
+  const at::Tensor ids = at::arange(64, at::kLong).remainder(50).reshape({2, 32});
+  int calls = 0;
+  kiln::train::BatchSource five = [&]() -> std::optional<kiln::train::MicroBatch> {
+    if (calls++ >= 5) return std::nullopt;
+    return kiln::train::MicroBatch{ids, ids, at::Tensor()};
+  };
+  CHECK_THAT(kiln::test::error_of([&] { Trainer(c, five); }), Catch::Matchers::Contains("max_steps"));
+  c.max_steps = 8;  // 2 micro-batches a step: the 5 batches end during step 3
+  std::vector<std::string> logged;
+  kiln::set_log_handler([&](kiln::LogLevel, std::string_view m) { logged.emplace_back(m); });
+  Trainer t(c, five);
+  std::vector<int64_t> steps;
+  t.set_callbacks({.on_step = [&](int64_t s) { steps.push_back(s); }});
+  const auto r = t.train();
+  kiln::set_log_handler(nullptr);
+  CHECK(r.data_exhausted);
+  CHECK(r.global_step == 2);
+  CHECK(steps == std::vector<int64_t>{1, 2});
+  CHECK(fs::exists(fs::path(r.last_checkpoint) / "model.safetensors"));
+  CHECK_FALSE(fs::exists(fs::path(r.last_checkpoint) / "loader_state.json"));
+  REQUIRE(logged.size() >= 3);
+  CHECK_THAT(logged.back(), Catch::Matchers::Contains("ran out during step 3"));
+  // Evaluation over host batches equals the model run by hand.
+  int left = 1;
+  const auto ev = t.evaluate([&]() -> std::optional<kiln::train::MicroBatch> {
+    if (left-- <= 0) return std::nullopt;
+    return kiln::train::MicroBatch{ids, ids, at::Tensor()};
+  });
+  at::NoGradGuard no_grad;
+  auto m = t.model();
+  CHECK(ev.tokens == 2 * 31);
+  CHECK(ev.loss == Approx(m->forward(ids, ids).loss.item<double>()).epsilon(1e-6));
+  // A float batch is one clear line.
+  calls = 0;
+  kiln::train::BatchSource bad = [&]() -> std::optional<kiln::train::MicroBatch> {
+    return kiln::train::MicroBatch{ids.to(at::kFloat), ids, at::Tensor()};
+  };
+  c.overwrite_output_dir = true;
+  CHECK_THAT(kiln::test::error_of([&] { Trainer(c, bad).train(); }), Catch::Matchers::Contains("int64"));
 }

@@ -8,8 +8,8 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
+#include "kiln/common/log.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
 
@@ -32,9 +32,10 @@ void log_choice(bool kernel, const at::Tensor& q, const at::Tensor& k) {
   const std::string what = fmt::format("{}, head_dim {}, {} query / {} KV heads, {}", c10::toString(q.scalar_type()),
                                        q.size(3), q.size(1), k.size(1), q.device().str());
   if (kernel) {
-    spdlog::info("kiln attention: kiln flash-attention kernels ({})", what);
+    kiln::logger()->info("kiln attention: kiln flash-attention kernels ({})", what);
   } else {
-    spdlog::info("kiln attention: ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ ({})", what);
+    kiln::logger()->info("kiln attention: ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ ({})",
+                         what);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "kiln/model/llama.h"
+#include "kiln/train/step.h"
 
 namespace kiln::data {
 class PackedDataset;
@@ -36,9 +37,17 @@ struct EvalOptions {
   // host_sum adds (loss sum, targets) over the ranks.
   int64_t rank = 0, world_size = 1;
   std::function<std::vector<double>(std::vector<double>)> host_sum;
+  // evaluate_batches under data parallelism: "does any rank still have a batch" (max over ranks).
+  std::function<std::vector<int64_t>(std::vector<int64_t>)> host_max;
 };
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
+                            const EvalOptions& options);
+
+// Mean token loss over the batches `next` yields until it returns nullopt (a host's own data;
+// labels -100 are ignored, the model shifts). batch_size and neat_packing do not apply; with
+// host_max, ranks go on until every rank's `next` is exhausted.
+EvalResult evaluate_batches(model::LlamaForCausalLM& model, const std::function<std::optional<MicroBatch>()>& next,
                             const EvalOptions& options);
 
 }  // namespace kiln::train

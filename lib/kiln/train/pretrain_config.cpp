@@ -214,6 +214,15 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
   return out;
 }
 
+PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std::string& source) {
+  PretrainConfig c;
+  ConfigReader reader = ConfigReader::from_string(text, source);
+  read_fields(reader, c);
+  c.source = reader.source();
+  c.validate();
+  return c;
+}
+
 PretrainConfig load_pretrain_config(const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& overrides) {
   PretrainConfig c;

@@ -9,9 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/export.h"
+
 namespace kiln::train {
 
-struct PretrainConfig {
+struct KILN_API PretrainConfig {
   // Model: a preset / model YAML (`model`) or a Hugging Face directory to continue from.
   std::string model;
   std::string model_name_or_path;
@@ -82,14 +84,17 @@ struct PretrainConfig {
 // Reads `path` (a YAML file, or the name of a configs/pretrain preset such as "quickstart";
 // empty = defaults only), then applies command-line overrides given as
 // (key, value) pairs; validates the result.
-PretrainConfig load_pretrain_config(const std::string& path,
-                                    const std::vector<std::pair<std::string, std::string>>& overrides = {});
+KILN_API PretrainConfig load_pretrain_config(const std::string& path,
+                                             const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
 // Splits "--key value" / "--key=value" arguments into (key, value) pairs; throws naming a
 // dangling "--key" or a stray positional argument.
-std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args);
+KILN_API std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args);
+
+// Reads YAML text (the same keys and checks as a file); `source` names it in errors.
+KILN_API PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std::string& source);
 
 // The keys a PretrainConfig accepts, in documentation order (for --help).
-const std::vector<std::string>& pretrain_config_keys();
+KILN_API const std::vector<std::string>& pretrain_config_keys();
 
 }  // namespace kiln::train

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/common/format.h"
+#include "kiln/common/log.h"
 #include "kiln/config/yaml.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/loader.h"
@@ -62,6 +63,25 @@ std::string read_text(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open", path.string()));
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A host batch is checked before it reaches the model, so that a bad one is one clear line.
+void check_host_batch(const MicroBatch& b, int64_t vocab_size) {
+  if (!b.input_ids.defined() || !b.labels.defined())
+    throw std::invalid_argument("host batch: input_ids and labels are required");
+  if (b.input_ids.dim() != 2 || b.labels.sizes() != b.input_ids.sizes()) {
+    throw std::invalid_argument(fmt::format("host batch: input_ids {} and labels {} must both be [batch, seq]",
+                                            c10::str(b.input_ids.sizes()), c10::str(b.labels.sizes())));
+  }
+  if (b.input_ids.scalar_type() != at::kLong || b.labels.scalar_type() != at::kLong) {
+    throw std::invalid_argument("host batch: input_ids and labels must be int64");
+  }
+  if (b.input_ids.size(1) < 2) throw std::invalid_argument("host batch: sequences need at least 2 tokens");
+  const int64_t lo = b.input_ids.min().item<int64_t>(), hi = b.input_ids.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab_size) {
+    throw std::invalid_argument(
+        fmt::format("host batch: token id {} is outside the model's vocab_size {}", lo < 0 ? lo : hi, vocab_size));
+  }
 }
 
 const char* signal_name(int sig) {
@@ -122,8 +142,15 @@ void Trainer::install_signal_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std::make_unique<State>()) {
-  config_.validate();  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
+Trainer::Trainer(PretrainConfig config) : Trainer(std::move(config), BatchSource()) {}
+
+Trainer::Trainer(PretrainConfig config, BatchSource source)
+    : config_(std::move(config)), state_(std::make_unique<State>()), source_(std::move(source)) {
+  config_.validate();
+  if (source_ && config_.max_steps <= 0) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "max_steps", "must be > 0 when the host supplies the batches (there is no epoch to count)"));
+  }  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
   if (config_.full_determinism) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before cuBLAS's first handle
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
@@ -163,12 +190,25 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
   model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
   if (config_.cutoff_len > model_->config().max_position_embeddings && is_main()) {
     // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
-    fmt::print(stderr,
-               "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
-               "positions past it were not trained\n",
-               config_.source, config_.cutoff_len, model_->config().max_position_embeddings, model_->config().source);
+    logger()->warn(
+        "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
+        "positions past it were not trained",
+        config_.source, config_.cutoff_len, model_->config().max_position_embeddings, model_->config().source);
   }
 
+  if (source_) {
+    // The host's batches: as many examples as max_steps consumes (for the banner's arithmetic).
+    plan_ = plan_steps(
+        config_.max_steps * config_.gradient_accumulation_steps * config_.per_device_train_batch_size * world_size(),
+        config_.per_device_train_batch_size, world_size(), config_.gradient_accumulation_steps,
+        config_.num_train_epochs, config_.max_steps);
+  } else {
+    setup_shard_data();
+  }
+  setup_optimizer();
+}
+
+void Trainer::setup_shard_data() {
   // Data: packed blocks of the shard set's train split; its val split for evaluation.
   state_->data_dir = config_.dataset_dir.empty() ? data::default_corpus_shards() : config_.dataset_dir;
   state_->shards = data::TokenShards::open(state_->data_dir);
@@ -219,7 +259,9 @@ Trainer::Trainer(PretrainConfig config) : config_(std::move(config)), state_(std
 
   plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, world_size(),
                      config_.gradient_accumulation_steps, config_.num_train_epochs, config_.max_steps);
+}
 
+void Trainer::setup_optimizer() {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
   const optim::AdamWConfig adamw{.beta1 = config_.adam_beta1,
@@ -278,12 +320,16 @@ std::string Trainer::banner() const {
                        world_size(), comm_->env().launcher, comm_->backend(), rank(), zero_stage_,
                        config_.ddp_bucket_cap_mb);
   }
-  out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
-                     with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
-                     config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
-                     val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
-                                            config_.val_size > 0 ? " held out by val_size" : "")
-                              : "no val split");
+  if (source_) {
+    out += "\n  Data = batches supplied by the host program";
+  } else {
+    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
+                       with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
+                       config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
+                       val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
+                                              config_.val_size > 0 ? " held out by val_size" : "")
+                                : "no val split");
+  }
   out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", comm_ ? " per rank" : "",
                      human_bytes(memory.total()), memory.peak_phase);
   for (const auto& [name, bytes] : memory.components) {
@@ -294,24 +340,50 @@ std::string Trainer::banner() const {
   return out;
 }
 
+EvalOptions Trainer::eval_options() {
+  EvalOptions o{.batch_size = config_.per_device_eval_batch_size,
+                .device = device_,
+                .autocast_dtype = autocast_dtype_,
+                .neat_packing = config_.neat_packing,
+                .should_stop = [this] { return stop_requested(); },
+                .rank = rank(),
+                .world_size = world_size()};
+  if (comm_) {
+    o.host_sum = [this](std::vector<double> v) { return comm_->host_sum(std::move(v)); };
+    o.host_max = [this](std::vector<int64_t> v) { return comm_->host_max(std::move(v)); };
+  }
+  return o;
+}
+
 EvalResult Trainer::evaluate() {
-  if (!val_set_) throw std::runtime_error("evaluate: the dataset has no 'val' split");
+  if (!val_set_) {
+    throw std::runtime_error(source_ ? "evaluate: this trainer's batches come from the host; pass an evaluation source"
+                                     : "evaluate: the dataset has no 'val' split");
+  }
   const ops::BackendScope kernels(config_.kernels);
-  return evaluate_dataset(
-      model_, val_set_,
-      {.batch_size = config_.per_device_eval_batch_size,
-       .device = device_,
-       .autocast_dtype = autocast_dtype_,
-       .neat_packing = config_.neat_packing,
-       .should_stop = [this] { return stop_requested(); },
-       .rank = rank(),
-       .world_size = world_size(),
-       .host_sum = comm_ ? std::function<std::vector<double>(std::vector<double>)>(
-                               [this](std::vector<double> v) { return comm_->host_sum(std::move(v)); })
-                         : nullptr});
+  const bool training = model_->is_training();
+  EvalResult r = evaluate_dataset(model_, val_set_, eval_options());
+  model_->train(training);
+  return r;
+}
+
+EvalResult Trainer::evaluate(const BatchSource& source) {
+  const ops::BackendScope kernels(config_.kernels);
+  const bool training = model_->is_training();
+  EvalResult r = evaluate_batches(
+      model_,
+      [&]() -> std::optional<MicroBatch> {
+        std::optional<MicroBatch> b = source();
+        if (b) check_host_batch(*b, model_->config().vocab_size);
+        return b;
+      },
+      eval_options());
+  model_->train(training);
+  return r;
 }
 
 void Trainer::log_metrics(const std::string& json_line) {
+  if (callbacks_.on_log) callbacks_.on_log(json_line);
   if (!is_main()) return;
   const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
   std::ofstream out(path, std::ios::app);
@@ -330,18 +402,18 @@ void Trainer::prepare_output_dir_on_main() {
   fs::create_directories(out);
   const auto cleaned = clean_incomplete_checkpoints(out);
   if (!cleaned.empty()) {
-    fmt::print(stderr, "kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})\n",
-               out.string(), cleaned.size(), cleaned.size() == 1 ? "" : "s", fmt::join(cleaned, "; "));
+    logger()->info("kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})",
+                   out.string(), cleaned.size(), cleaned.size() == 1 ? "" : "s", fmt::join(cleaned, "; "));
   }
   const SetAside aside =
       set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
   if (!aside.checkpoints.empty()) {
     std::vector<std::string> names;
     for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
-    fmt::print(stderr, "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}\n",
-               out.string(), aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "),
-               state_->global_step,
-               aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");
+    logger()->info(
+        "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}", out.string(),
+        aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "), state_->global_step,
+        aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");
   }
 }
 
@@ -369,7 +441,7 @@ TrainResult Trainer::train() {
       .min_lr_ratio = config_.min_lr_ratio,
       .decay_ratio = config_.decay_ratio};
   TrainResult result;
-  ProgressBar bar(plan_.total_steps, st.global_step, is_main() ? stderr : nullptr);
+  ProgressBar bar(plan_.total_steps, st.global_step, is_main() && progress_bar_ ? stderr : nullptr);
   model_->train();
   double last_lr = 0;
   std::optional<at::Tensor> last_norm;
@@ -410,14 +482,13 @@ TrainResult Trainer::train() {
     reset_window();
     if (!is_main()) return;
     bar.clear();
-    fmt::print(stderr,
-               "{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}\n",
-               loss, entry["grad_norm"].get<double>(), last_lr, entry["epoch"].get<double>(),
-               with_commas(static_cast<int64_t>(tokens_per_s)) + " tokens",
-               st.peak ? fmt::format(", MFU {:.1f}% of {:.3g} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
-                                     st.peak->tflops, st.peak->name)
-                       : "",
-               human_bytes(entry["peak_memory_bytes"].get<double>()));
+    logger()->info("{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}",
+                   loss, entry["grad_norm"].get<double>(), last_lr, entry["epoch"].get<double>(),
+                   with_commas(static_cast<int64_t>(tokens_per_s)) + " tokens",
+                   st.peak ? fmt::format(", MFU {:.1f}% of {:.3g} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
+                                         st.peak->tflops, st.peak->name)
+                           : "",
+                   human_bytes(entry["peak_memory_bytes"].get<double>()));
     bar.print_line();
   };
 
@@ -428,14 +499,14 @@ TrainResult Trainer::train() {
     model_->train();
     if (ev.interrupted) return false;
     st.last_eval = ev;
+    if (callbacks_.on_evaluate) callbacks_.on_evaluate(step, ev);
     json entry = {
         {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
     st.log_history.push_back(entry);
     log_metrics(entry.dump());
     if (is_main()) {
       bar.clear();
-      fmt::print(stderr, "{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}\n", ev.loss, ev.perplexity,
-                 step);
+      logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity, step);
     }
     st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
     return true;
@@ -447,8 +518,8 @@ TrainResult Trainer::train() {
     const int sig = g_pending_signal.exchange(0);
     if (is_main()) {
       bar.clear();
-      fmt::print(stderr, "kiln-pretrain: {} received {}; saving a checkpoint at step {}\n",
-                 sig == 0 && comm_ ? "a stop request (of another rank)" : signal_name(sig), where, st.global_step);
+      logger()->info("kiln-pretrain: {} received {}; saving a checkpoint at step {}",
+                     sig == 0 && comm_ ? "a stop request (of another rank)" : signal_name(sig), where, st.global_step);
     }
     result.last_checkpoint = save_checkpoint(st.global_step);
     result.interrupted = true;
@@ -462,21 +533,46 @@ TrainResult Trainer::train() {
     }
     // Where the step starts: an interrupted step is undone to exactly here, so the checkpoint
     // saved for it resumes with the same batches and random numbers.
-    const data::LoaderState loader_at_step = loader_->state();
+    const std::optional<data::LoaderState> loader_at_step =
+        loader_ ? std::optional<data::LoaderState>(loader_->state()) : std::nullopt;
     const at::Tensor rng_at_step = cpu_generator.get_state();
     std::vector<MicroBatch> micro;
-    int64_t targets = 0, tokens = 0;
+    int64_t targets = 0, tokens = 0, exhausted = 0;
     for (int64_t i = 0; i < config_.gradient_accumulation_steps; ++i) {
-      data::Batch b = loader_->next();
-      targets += count_targets(b.labels);
-      tokens += b.input_ids.numel();
-      micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
+      if (source_) {
+        std::optional<MicroBatch> b = source_();
+        if (!b) {
+          exhausted = 1;
+          break;
+        }
+        check_host_batch(*b, model_->config().vocab_size);
+        micro.push_back(std::move(*b));
+      } else {
+        data::Batch b = loader_->next();
+        micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
+      }
+      targets += count_targets(micro.back().labels.cpu());
+      tokens += micro.back().input_ids.numel();
     }
     if (comm_) {
-      // The step's loss is normalised by every rank's target tokens (host values: no device sync).
-      const auto sums = comm_->host_sum({static_cast<double>(targets), static_cast<double>(tokens)});
+      // The step's loss is normalised by every rank's target tokens (host values: no device sync);
+      // a rank whose source ran out ends the run for all of them.
+      const auto sums =
+          comm_->host_sum({static_cast<double>(targets), static_cast<double>(tokens), static_cast<double>(exhausted)});
       targets = static_cast<int64_t>(sums[0]);
       tokens = static_cast<int64_t>(sums[1]);
+      exhausted = static_cast<int64_t>(sums[2]);
+    }
+    if (exhausted > 0) {
+      if (is_main()) {
+        bar.clear();
+        logger()->info(
+            "kiln-pretrain: the host's batches ran out during step {} (dropped); saving a checkpoint at step {}",
+            st.global_step + 1, st.global_step);
+      }
+      result.last_checkpoint = save_checkpoint(st.global_step);
+      result.data_exhausted = true;
+      break;
     }
     AccumulateOptions acc_opts;
     acc_opts.autocast_dtype = autocast_dtype_;
@@ -492,7 +588,7 @@ TrainResult Trainer::train() {
     const auto zero_grad = [&] { dp_ ? dp_->zero_grad() : optimizer_->zero_grad(); };
     if (acc.interrupted) {
       zero_grad();
-      loader_->restore(loader_at_step);
+      if (loader_at_step) loader_->restore(*loader_at_step);
       cpu_generator.set_state(rng_at_step);
       stop_now(fmt::format("during step {} (its partial gradients are dropped)", st.global_step + 1));
       break;
@@ -531,7 +627,7 @@ TrainResult Trainer::train() {
     last_norm = norm;
     ++st.window_steps;
     bar.update(st.global_step);
-    if (step_callback_) step_callback_(st.global_step);
+    if (callbacks_.on_step) callbacks_.on_step(st.global_step);
 
     const int64_t step = st.global_step;
     if (step % config_.logging_steps == 0 || step == plan_.total_steps) log_window(step);
@@ -543,7 +639,7 @@ TrainResult Trainer::train() {
       result.last_checkpoint = save_checkpoint(step);
     }
   }
-  if (!result.interrupted) {
+  if (!result.interrupted && !result.data_exhausted) {
     if (st.window_steps > 0) log_window(st.global_step);
     if (!run_eval(st.global_step)) {
       stop_now(
@@ -598,9 +694,11 @@ std::string Trainer::save_checkpoint(int64_t step) {
   io::save_safetensors((tmp / rng_state_file(rank(), world_size())).string(), {{"cpu", cpu_rng}});
   if (is_main()) {
     model::save_pretrained(model_, tmp.string());
-    io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
-    io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
-                          data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
+    if (loader_) {  // a host's batches have no position kiln could restore
+      io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
+      io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
+                            data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
+    }
     json trainer_state = {{"global_step", step},
                           {"max_steps", plan_.total_steps},
                           {"num_train_epochs", plan_.num_epochs},
@@ -619,6 +717,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
   }
   if (comm_) comm_->barrier();
   st.last_saved_step = step;
+  if (callbacks_.on_save) callbacks_.on_save(step, final_dir.string());
   return final_dir.string();
 }
 
@@ -626,6 +725,7 @@ void Trainer::resume(const std::string& dir) {
   const fs::path d(dir);
   state_->resumed_from = dir;
   for (const char* f : {"config.json", "loader_state.json", "trainer_state.json"}) {
+    if (source_ && std::string(f) == "loader_state.json") continue;  // the host restores its own data
     if (!fs::exists(d / f)) {
       throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, f));
     }
@@ -675,9 +775,11 @@ void Trainer::resume(const std::string& dir) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(rng.tensor("cpu").clone());
   }
-  data::LoaderState loader_state = data::LoaderState::from_json(read_text(d / "loader_state.json"));
-  loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
-  loader_->restore(loader_state);
+  if (loader_) {
+    data::LoaderState loader_state = data::LoaderState::from_json(read_text(d / "loader_state.json"));
+    loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
+    loader_->restore(loader_state);
+  }
   if (state_->global_step > plan_.total_steps) {
     throw std::runtime_error(fmt::format("{}: checkpoint is at step {}, past this run's {} steps", dir,
                                          state_->global_step, plan_.total_steps));

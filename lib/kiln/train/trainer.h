@@ -17,6 +17,7 @@
 
 #include "kiln/model/llama.h"
 #include "kiln/train/pretrain_config.h"
+#include "kiln/train/step.h"
 #include "kiln/train/step_math.h"
 
 namespace kiln::data {
@@ -36,6 +37,8 @@ class DataParallel;
 
 namespace kiln::train {
 
+struct EvalOptions;
+
 struct EvalResult {
   double loss = 0;           // mean token loss over the whole split
   double perplexity = 0;     // exp(loss)
@@ -45,7 +48,8 @@ struct EvalResult {
 
 struct TrainResult {
   int64_t global_step = 0;
-  bool interrupted = false;          // stopped by SIGINT/SIGTERM (a checkpoint was saved)
+  bool interrupted = false;          // stopped by SIGINT/SIGTERM or a stop request (a checkpoint was saved)
+  bool data_exhausted = false;       // the host's batch source ended before max_steps (a checkpoint was saved)
   std::string last_checkpoint;       // path, or empty
   std::optional<double> final_loss;  // training loss of the last logging window
   std::optional<EvalResult> final_eval;
@@ -57,9 +61,26 @@ class NonFiniteLossError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The host's batches (one micro-batch per call; nullopt = no more data). Labels are input_ids
+// or -100 where no loss is wanted; the model shifts them.
+using BatchSource = std::function<std::optional<MicroBatch>()>;
+
+// Called on every rank: after each optimizer step, with each logged window or evaluation (as the
+// JSON line metrics.jsonl receives), and after each checkpoint is in place.
+struct TrainerCallbacks {
+  std::function<void(int64_t step)> on_step;
+  std::function<void(const std::string& json_line)> on_log;
+  std::function<void(int64_t step, const EvalResult& result)> on_evaluate;
+  std::function<void(int64_t step, const std::string& checkpoint_dir)> on_save;
+};
+
 class Trainer {
  public:
+  // Trains on token shards (config.dataset_dir, or the embedded corpus).
   explicit Trainer(PretrainConfig config);
+  // Trains on the host's batches; config.max_steps must be > 0, dataset_dir and val_size are not
+  // used, and checkpoints hold no data position (the host keeps its own).
+  Trainer(PretrainConfig config, BatchSource source);
   ~Trainer();
 
   const StepPlan& plan() const { return plan_; }
@@ -69,15 +90,20 @@ class Trainer {
 
   // Trains until the planned step count, a signal, or an error.
   TrainResult train();
-  // Mean loss over the validation split (or any loader over a split, in order).
+  // Mean loss over the validation split of the shards.
   EvalResult evaluate();
+  // Mean loss over the host's batches until `source` returns nullopt.
+  EvalResult evaluate(const BatchSource& source);
 
   // A stop request besides SIGINT/SIGTERM: `check` is asked wherever the run can stop (before
   // every micro-batch and every evaluation batch); true makes train() act as on a signal: drop the
   // partial step or evaluation, save a checkpoint of the last completed step and return.
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
-  // Called after every optimizer step with the new global step (on every rank).
-  void set_step_callback(std::function<void(int64_t step)> callback) { step_callback_ = std::move(callback); }
+  void set_callbacks(TrainerCallbacks callbacks) { callbacks_ = std::move(callbacks); }
+  // Shorthand for callbacks.on_step.
+  void set_step_callback(std::function<void(int64_t step)> callback) { callbacks_.on_step = std::move(callback); }
+  // A tqdm-style progress bar on stderr (kiln-pretrain turns it on; a library user rarely wants it).
+  void set_progress_bar(bool on) { progress_bar_ = on; }
 
   // Data parallelism: this process's rank and the job's world size (0 and 1 without a launcher),
   // and the communicator (nullptr without a launcher). Only rank 0 prints and writes shared files.
@@ -112,7 +138,12 @@ class Trainer {
   StepPlan plan_;
   std::unique_ptr<State> state_;
   std::function<bool()> stop_check_;
-  std::function<void(int64_t)> step_callback_;
+  TrainerCallbacks callbacks_;
+  BatchSource source_;
+  bool progress_bar_ = false;
+  void setup_shard_data();
+  void setup_optimizer();
+  EvalOptions eval_options();
   std::shared_ptr<dist::Comm> comm_;
   std::unique_ptr<dist::DataParallel> dp_;
   int zero_stage_ = 0;
