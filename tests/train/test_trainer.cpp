@@ -450,3 +450,29 @@ TEST_CASE("a trainer on host batches: max_steps required, bad batches named, the
   c.overwrite_output_dir = true;
   CHECK_THAT(kiln::test::error_of([&] { Trainer(c, bad).train(); }), Catch::Matchers::Contains("int64"));
 }
+
+TEST_CASE("a CPU trainer and a CUDA trainer with other kernels run at once without interfering", "[train][cuda]") {
+  // On a GPU: kiln's CUDA kernels (bf16) beside a CPU trainer on the ATen reference. Each alone,
+  // then together on two threads: the CPU losses bit for bit, the GPU's within bf16 run-to-run
+  // noise (its flash backward accumulates dQ with atomics).
+  PretrainConfig cpu = small_run("mixed_cpu"), gpu = small_run("mixed_gpu");
+  cpu.kernels = "aten";
+  cpu.save_steps = gpu.save_steps = 0;
+  cpu.overwrite_output_dir = gpu.overwrite_output_dir = true;
+  gpu.device = "cuda";
+  gpu.bf16 = true;
+  gpu.kernels = "kiln";
+  Trainer(cpu).train();
+  Trainer(gpu).train();
+  const auto alone_cpu = losses(cpu.output_dir), alone_gpu = losses(gpu.output_dir);
+  for (const auto& c : {cpu, gpu}) fs::remove_all(c.output_dir);
+  Trainer tc(cpu), tg(gpu);
+  std::thread a([&] { tc.train(); });
+  std::thread b([&] { tg.train(); });
+  a.join();
+  b.join();
+  CHECK(losses(cpu.output_dir) == alone_cpu);
+  const auto together_gpu = losses(gpu.output_dir);
+  REQUIRE(together_gpu.size() == alone_gpu.size());
+  for (size_t i = 0; i < alone_gpu.size(); ++i) CHECK(together_gpu[i] == Approx(alone_gpu[i]).epsilon(2e-2));
+}
