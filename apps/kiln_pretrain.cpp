@@ -19,8 +19,8 @@ void print_help() {
       "configs/pretrain (default: quickstart, the tiny model on the embedded corpus). Every key can\n"
       "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE.\n\n"
       "  --config FILE    the run's YAML (or a preset name: quickstart, llama-100m, ...)\n"
-      "  --dry-run        build model, data and optimizer, print the banner and the predicted\n"
-      "                   memory, and exit without training\n"
+      "  --dry-run        read the config and the data, print the banner and the predicted\n"
+      "                   memory (no weights or optimizer state are allocated), and exit\n"
       "  -h, --help       this text\n\n"
       "Keys:");
   int col = 0;
@@ -72,11 +72,15 @@ int main(int argc, char** argv) {
   }
   try {
     const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
+    if (dry_run) {  // a plan: the model on the meta device, nothing allocated, no process group
+      const auto plan = kiln::train::Trainer::plan_only(config);
+      if (plan->rank() == 0) fmt::print("{}\n", plan->banner());
+      return 0;
+    }
     kiln::train::Trainer trainer(config);
     const bool main_rank = trainer.rank() == 0;  // only rank 0 of a data-parallel job prints
     if (main_rank) fmt::print("{}\n", trainer.banner());
     std::fflush(stdout);
-    if (dry_run) return 0;
     kiln::train::Trainer::install_signal_handlers();
     trainer.set_progress_bar(true);
     const auto result = trainer.train();

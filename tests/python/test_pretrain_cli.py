@@ -206,3 +206,34 @@ def test_kill_9_at_random_moments_never_loses_a_checkpoint(kiln_bin, run_kiln, t
     # The history the killed-and-resumed run carried into its last checkpoint is the
     # uninterrupted run's, loss for loss, bit for bit.
     assert losses(out_dir / "checkpoint-300") == losses(reference / "checkpoint-300"), f"(resumed at, newest after kill): {trials}"
+
+
+def test_dry_run_of_the_1b_preset_allocates_no_weights(kiln_bin, tmp_path):
+    """The banner and the prediction of a Llama-3.2-1B run on a laptop: the model is built on the
+    meta device, so the peak RSS stays well under 1 GB (it was 14.8 GB with real fp32 weights and
+    AdamW state) and it takes seconds (it took 40 s)."""
+    start = time.time()
+    proc = subprocess.Popen([str(kiln_bin("kiln-pretrain")), "--dry-run", "--model", "llama-3.2-1b", "--cutoff_len",
+                             "2048", "--per_device_train_batch_size", "1", "--bf16", "true", "--output_dir",
+                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    seconds = time.time() - start
+    assert proc.returncode == 0, stderr
+    assert "Number of trainable parameters = 1,235,814,400" in stdout
+    assert "Predicted peak memory" in stdout
+    assert seconds < 30, f"{seconds:.1f} s"
+    assert not (tmp_path / "out").exists()  # a plan writes nothing
+    rss = peak_rss_of([str(kiln_bin("kiln-pretrain")), "--dry-run", "--model", "llama-3.2-1b", "--output_dir",
+                       str(tmp_path / "out")])
+    assert rss < 1e9, f"peak RSS {rss / 1e9:.2f} GB"
+
+
+def peak_rss_of(cmd) -> int:
+    """Peak resident set of one child process, in bytes (its own rusage, not all children's)."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        os.execv(cmd[0], cmd)
+    _, status, usage = os.wait4(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return usage.ru_maxrss * 1024

@@ -119,11 +119,11 @@ bool Trainer::stop_requested() const {
 }
 
 int Trainer::rank() const {
-  return comm_ ? comm_->rank() : 0;
+  return comm_ ? comm_->rank() : env_rank_;
 }
 
 int Trainer::world_size() const {
-  return comm_ ? comm_->world_size() : 1;
+  return comm_ ? comm_->world_size() : env_world_;
 }
 
 int64_t Trainer::optimizer_state_bytes() const {
@@ -146,6 +146,19 @@ Trainer::Trainer(PretrainConfig config) : Trainer(std::move(config), BatchSource
 
 Trainer::Trainer(PretrainConfig config, BatchSource source)
     : config_(std::move(config)), state_(std::make_unique<State>()), source_(std::move(source)) {
+  init();
+}
+
+Trainer::Trainer(PretrainConfig config, BatchSource source, PlanOnly)
+    : config_(std::move(config)), state_(std::make_unique<State>()), source_(std::move(source)), plan_only_(true) {
+  init();
+}
+
+std::unique_ptr<Trainer> Trainer::plan_only(PretrainConfig config) {
+  return std::unique_ptr<Trainer>(new Trainer(std::move(config), BatchSource(), PlanOnly{}));
+}
+
+void Trainer::init() {
   config_.validate();
   if (source_ && config_.max_steps <= 0) {
     throw config::ConfigError(config::config_message(
@@ -172,15 +185,24 @@ Trainer::Trainer(PretrainConfig config, BatchSource source)
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
     c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device_);
   }
-  if (env.distributed()) {
+  if (plan_only_) {
+    env_rank_ = env.rank;  // the job's shape, without joining it
+    env_world_ = env.world_size;
+  } else if (env.distributed()) {
     comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
   }
   if (config_.bf16) autocast_dtype_ = at::kBFloat16;
   if (config_.fp16) autocast_dtype_ = at::kHalf;
   at::manual_seed(static_cast<uint64_t>(config_.seed));
 
-  // Model: fp32 master parameters on the device.
-  if (!config_.model_name_or_path.empty()) {
+  // Model: fp32 master parameters on the device (a plan: on the meta device, nothing allocated).
+  if (plan_only_) {
+    const model::LlamaConfig mc =
+        config_.model_name_or_path.empty()
+            ? model::load_llama_config(config_.model)
+            : model::read_hf_config((fs::path(config_.model_name_or_path) / "config.json").string()).config;
+    model_ = model::LlamaForCausalLM(mc, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+  } else if (!config_.model_name_or_path.empty()) {
     model_ = model::load_pretrained(config_.model_name_or_path, {.dtype = at::kFloat, .device = device_});
   } else {
     model_ = model::LlamaForCausalLM(model::load_llama_config(config_.model),
@@ -205,7 +227,7 @@ Trainer::Trainer(PretrainConfig config, BatchSource source)
   } else {
     setup_shard_data();
   }
-  setup_optimizer();
+  if (!plan_only_) setup_optimizer();
 }
 
 void Trainer::setup_shard_data() {
@@ -255,7 +277,7 @@ void Trainer::setup_shard_data() {
   lo.segment_ids = config_.neat_packing;
   lo.rank = rank();
   lo.world_size = world_size();
-  loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+  if (!plan_only_) loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
 
   plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, world_size(),
                      config_.gradient_accumulation_steps, config_.num_train_epochs, config_.max_steps);
@@ -356,6 +378,7 @@ EvalOptions Trainer::eval_options() {
 }
 
 EvalResult Trainer::evaluate() {
+  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
   if (!val_set_) {
     throw std::runtime_error(source_ ? "evaluate: this trainer's batches come from the host; pass an evaluation source"
                                      : "evaluate: the dataset has no 'val' split");
@@ -368,6 +391,7 @@ EvalResult Trainer::evaluate() {
 }
 
 EvalResult Trainer::evaluate(const BatchSource& source) {
+  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
   const ops::BackendScope kernels(config_.kernels);
   const bool training = model_->is_training();
   EvalResult r = evaluate_batches(
@@ -418,6 +442,7 @@ void Trainer::prepare_output_dir_on_main() {
 }
 
 TrainResult Trainer::train() {
+  if (plan_only_) throw std::logic_error("Trainer::train: this trainer only plans (Trainer::plan_only)");
   const ops::BackendScope kernels(config_.kernels);  // this trainer's kernels, on this thread only
   prepare_output_dir();
   State& st = *state_;

@@ -81,6 +81,10 @@ class Trainer {
   // Trains on the host's batches; config.max_steps must be > 0, dataset_dir and val_size are not
   // used, and checkpoints hold no data position (the host keeps its own).
   Trainer(PretrainConfig config, BatchSource source);
+  // Plans only (kiln-pretrain --dry-run): the model on the meta device (no weights, no optimizer
+  // state, no process group), the data's arithmetic and the memory prediction; banner() works,
+  // train() and evaluate() do not. Costs what reading the config and opening the shards cost.
+  static std::unique_ptr<Trainer> plan_only(PretrainConfig config);
   ~Trainer();
 
   const StepPlan& plan() const { return plan_; }
@@ -141,6 +145,11 @@ class Trainer {
   TrainerCallbacks callbacks_;
   BatchSource source_;
   bool progress_bar_ = false;
+  bool plan_only_ = false;
+  int env_rank_ = 0, env_world_ = 1;  // the launcher's, for a plan without a process group
+  struct PlanOnly {};
+  Trainer(PretrainConfig config, BatchSource source, PlanOnly);
+  void init();
   void setup_shard_data();
   void setup_optimizer();
   EvalOptions eval_options();
