@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     ("device", "auto | cpu | cuda", cxxopts::value<std::string>())
     ("dataset-dir", "token shards (default: synthetic random ids)", cxxopts::value<std::string>())
     ("gradient-checkpointing", "recompute each layer in backward")
+    ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (every_n)", cxxopts::value<int64_t>())
     ("peak-tflops", "peak TFLOP/s for MFU instead of the device table", cxxopts::value<double>())
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
     if (args.count("device")) config.device = args["device"].as<std::string>();
     if (args.count("dataset-dir")) config.dataset_dir = args["dataset-dir"].as<std::string>();
     if (args.count("gradient-checkpointing")) config.gradient_checkpointing = true;
+    if (args.count("gradient-checkpointing-every"))
+      config.gradient_checkpointing_every = args["gradient-checkpointing-every"].as<int64_t>();
     if (args.count("peak-tflops")) config.peak_tflops = args["peak-tflops"].as<double>();
     if (args.count("memory-cap-bytes")) config.memory_cap_bytes = args["memory-cap-bytes"].as<int64_t>();
     if (args.count("format")) config.formats = split(args["format"].as<std::string>());

@@ -184,7 +184,8 @@ TEST_CASE("memory model: components and phases", "[profile]") {
 
 namespace {
 void check_sweep_within_15_percent(const std::string& model, const std::string& dtype, std::vector<int64_t> cutoffs,
-                                   std::vector<int64_t> batches, int64_t warmup, const std::string& kernels = "aten") {
+                                   std::vector<int64_t> batches, int64_t warmup, const std::string& kernels = "aten",
+                                   int64_t recompute_every = 0) {
   kiln::profile::SweepConfig cfg;
   cfg.model = model;
   cfg.dtype = dtype;
@@ -197,13 +198,15 @@ void check_sweep_within_15_percent(const std::string& model, const std::string& 
   // "aten": what autograd saves for each op's ATen composition; "kiln": the fused ops' own saved
   // tensors (their CPU backward works in bounded blocks, like the kernels, so the peak is comparable).
   cfg.kernels = kernels;
+  cfg.gradient_checkpointing = recompute_every > 0;  // 0: none; 1: every layer (full); n: every_n
+  cfg.gradient_checkpointing_every = std::max<int64_t>(recompute_every, 1);
   const std::string before = kiln::ops::backends_spec();
   const auto report = kiln::profile::run_sweep(cfg);
   CHECK(kiln::ops::backends_spec() == before);  // the sweep restored the process's setting
   for (const auto& r : report.rows) {
-    INFO(model << " " << dtype << " kernels " << kernels << " cutoff_len " << r.point.cutoff_len << " batch "
-               << r.point.batch_size << ": measured " << r.peak_allocated_bytes << " predicted "
-               << r.predicted.total());
+    INFO(model << " " << dtype << " kernels " << kernels << " recompute every " << recompute_every << " cutoff_len "
+               << r.point.cutoff_len << " batch " << r.point.batch_size << ": measured " << r.peak_allocated_bytes
+               << " predicted " << r.predicted.total());
     REQUIRE(r.status == "ok");
     CHECK(r.ratio() > 0.85);
     CHECK(r.ratio() < 1.15);
@@ -280,4 +283,11 @@ TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[pr
   CHECK(s0.total() == Approx(one.total() + 4 * n));  // the forward side dominates both
   CHECK(s1.total() == Approx(s0.total() - 7 * n));
   CHECK(s2.total() < s1.total());
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak for each recomputation policy", "[profile]") {
+  for (const int64_t every : {1, 2}) {  // full, every_n with n = 2 (none is the cases above)
+    check_sweep_within_15_percent("tiny", "fp32", {256, 1024}, {2}, 0, "kiln", every);
+    check_sweep_within_15_percent("llama-100m", "fp32", {64, 128}, {1}, 0, "kiln", every);
+  }
 }

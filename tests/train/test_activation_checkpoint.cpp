@@ -95,3 +95,49 @@ TEST_CASE("checkpointed layers pass segment ids through (neat packing)", "[train
   CHECK(diff < 1e-6);
   CHECK(masked_vs_not > 1e-4);  // the segments reached the recomputed layers
 }
+
+TEST_CASE("every_n recomputes layers 0, n, 2n, ... with the gradients of no recomputation", "[train]") {
+  // 5 layers, every 2: layers 0, 2, 4 are recomputed, 1 and 3 keep their activations.
+  auto config = kiln::model::load_llama_config("tiny");
+  config.num_hidden_layers = 5;
+  kiln::model::LlamaForCausalLM m(config);
+  m->init_weights(33);
+  const at::Tensor ids = at::randint(0, 320, {2, 18}, at::kLong);
+  const at::Tensor seg = at::div(at::arange(18), 5, "floor").to(at::kInt).unsqueeze(0).expand({2, 18}).contiguous();
+  auto count_recomputing = [](const at::Tensor& loss) {
+    int n = 0;
+    std::vector<torch::autograd::Node*> stack = {loss.grad_fn().get()};
+    std::set<torch::autograd::Node*> seen;
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (node == nullptr || !seen.insert(node).second) continue;
+      n += node->name().find("CheckpointedLayer") != std::string::npos;
+      for (const auto& e : node->next_edges()) stack.push_back(e.function.get());
+    }
+    return n;
+  };
+  auto grads = [&](bool on, int every, int* recomputing) {
+    kiln::train::set_activation_checkpointing(m, on, every);
+    m->zero_grad();
+    const auto out = m->forward(ids, ids, {}, seg);
+    if (recomputing) *recomputing = count_recomputing(out.loss);
+    out.loss.backward();
+    std::vector<at::Tensor> g;
+    for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  int every2 = 0, every3 = 0, full = 0;
+  const auto plain = grads(false, 1, nullptr), two = grads(true, 2, &every2), three = grads(true, 3, &every3);
+  grads(true, 1, &full);
+  CHECK(every2 == 3);
+  CHECK(every3 == 2);
+  CHECK(full == 5);
+  double worst = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    worst = std::max({worst, kiln::test::max_abs_diff(plain[i], two[i]), kiln::test::max_abs_diff(plain[i], three[i])});
+  }
+  CHECK(worst < 1e-6);
+  kiln::train::set_activation_checkpointing(m, false);
+  CHECK_THROWS_WITH(kiln::train::set_activation_checkpointing(m, true, 0), Catch::Contains("every"));
+}

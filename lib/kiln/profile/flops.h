@@ -23,6 +23,9 @@ struct FlopsPerToken {
   // Model FLOPs of one trained token (forward + backward); recomputation is not model work, so
   // MFU uses recompute = false and hardware FLOPs use true.
   double train(bool recompute = false) const { return forward() * (recompute ? 4.0 : 3.0); }
+  // Hardware FLOPs when a fraction of the decoder layers runs its forward twice (every_n
+  // recomputation: ceil(L / n) / L); counted on the whole forward, a slight overestimate.
+  double train_recomputing(double fraction) const { return forward() * (3.0 + fraction); }
 };
 
 FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t seq_len);

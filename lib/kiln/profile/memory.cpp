@@ -1,6 +1,7 @@
 #include "kiln/profile/memory.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear_cross_entropy.h"
@@ -44,8 +45,16 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
     per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
   }
+  // Recomputed layers keep their fp32 input (4H per token); one of them is rebuilt at a time.
+  // Backward runs from the last layer down: rebuilding a layer adds one layer's activations on top
+  // of what the layers below it still hold, which passes the forward/backward boundary's total
+  // only when the last layer itself is recomputed (always for full; for every_n when
+  // (L - 1) % n == 0); otherwise the kept layers above it were freed first.
+  const int every = std::max(o.checkpoint_every, 1);
+  const double recomputed = o.activation_checkpointing ? std::ceil(layers / static_cast<double>(every)) : 0.0;
+  const bool top_recomputed = recomputed > 0 && (c.num_hidden_layers - 1) % every == 0;
   const double activations =
-      o.activation_checkpointing ? tokens * (layers * 4.0 * h + per_layer) : tokens * layers * per_layer;
+      tokens * (recomputed * 4.0 * h + (layers - recomputed) * per_layer + (top_recomputed ? per_layer : 0.0));
   double head = tokens * ((8.0 + cb) * h + (autocast ? 16.0 : 10.0) * vocab);
   if (fused_head) {
     // Chunked linear + cross-entropy: the forward computes both gradients and saves them. The

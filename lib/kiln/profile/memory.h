@@ -40,6 +40,7 @@ struct MemoryEstimate {
 struct MemoryOptions {
   int compute_bytes = 4;                  // 2 for bf16/fp16 autocast (fp32 master weights), 4 for fp32
   bool activation_checkpointing = false;  // each layer keeps only its input; one layer recomputed at a time
+  int checkpoint_every = 1;               // with it: layers 0, n, 2n, ... are recomputed (every_n), the rest keep all
   std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
   bool cuda = false;                      // adds the caching allocator's allowance
   std::string kernels = "aten";           // ops backends (ops/dispatch.h spec): kiln's fused ops save other tensors

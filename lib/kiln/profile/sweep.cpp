@@ -86,6 +86,8 @@ void SweepConfig::validate() const {
   if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
+  if (gradient_checkpointing_every < 1)
+    fail("gradient_checkpointing_every", fmt::format("{} is not positive", gradient_checkpointing_every));
   if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
   if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
   for (const auto& f : formats) {
@@ -132,6 +134,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("device", c.device);
   reader.read("dataset_dir", c.dataset_dir);
   reader.read("gradient_checkpointing", c.gradient_checkpointing);
+  reader.read("gradient_checkpointing_every", c.gradient_checkpointing_every);
   reader.read("peak_tflops", c.peak_tflops);
   reader.read("memory_cap_bytes", c.memory_cap_bytes);
   reader.read("task", c.task);
@@ -189,7 +192,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   const SweepPoint& p = row.point;
   at::manual_seed(ctx.config.seed);
   model::LlamaForCausalLM model(ctx.model_config, at::TensorOptions().device(ctx.device).dtype(at::kFloat));
-  train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing);
+  train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing,
+                                      static_cast<int>(ctx.config.gradient_checkpointing_every));
   model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
   model->train();
   std::vector<std::pair<std::string, at::Tensor>> named;
@@ -382,17 +386,18 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       for (int64_t accum : config.grad_accums) {
         ProfileRow row;
         row.point = {batch, accum, cutoff};
-        row.predicted =
-            estimate_training_memory(report.model, batch, cutoff,
-                                     MemoryOptions{.compute_bytes = autocast ? 2 : 4,
-                                                   .activation_checkpointing = config.gradient_checkpointing,
-                                                   .attention = config.attention,
-                                                   .cuda = device.is_cuda(),
-                                                   .kernels = config.kernels,
-                                                   .data_parallel = comm != nullptr,
-                                                   .world_size = report.world_size,
-                                                   .zero_stage = static_cast<int>(config.zero_stage),
-                                                   .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
+        row.predicted = estimate_training_memory(
+            report.model, batch, cutoff,
+            MemoryOptions{.compute_bytes = autocast ? 2 : 4,
+                          .activation_checkpointing = config.gradient_checkpointing,
+                          .checkpoint_every = static_cast<int>(config.gradient_checkpointing_every),
+                          .attention = config.attention,
+                          .cuda = device.is_cuda(),
+                          .kernels = config.kernels,
+                          .data_parallel = comm != nullptr,
+                          .world_size = report.world_size,
+                          .zero_stage = static_cast<int>(config.zero_stage),
+                          .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
         const PointContext ctx{config,  report.model,       device, autocast, counter.get(),
                                dataset, report.peak_tflops, comm};
         try {

@@ -33,11 +33,12 @@ struct SweepConfig {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dataset_dir;      // token shards; empty = synthetic ids
   bool gradient_checkpointing = false;
-  std::string attention = "sdpa";  // recorded for the memory model (kiln uses SDPA)
-  std::string kernels = "kiln";    // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
-  double peak_tflops = 0;          // > 0 overrides the device table / CPU measurement
-  int64_t memory_cap_bytes = 0;    // > 0: allocations past it fail as out-of-memory
-  std::string task = "pretrain";   // the table's first column
+  int64_t gradient_checkpointing_every = 1;  // with it: recompute layers 0, n, 2n, ... (1 = all)
+  std::string attention = "sdpa";            // recorded for the memory model (kiln uses SDPA)
+  std::string kernels = "kiln";              // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
+  double peak_tflops = 0;                    // > 0 overrides the device table / CPU measurement
+  int64_t memory_cap_bytes = 0;              // > 0: allocations past it fail as out-of-memory
+  std::string task = "pretrain";             // the table's first column
   std::vector<std::string> formats{"md", "csv", "json", "html"};
   std::string output_dir = "profile";
   uint64_t seed = 42;

@@ -1,5 +1,8 @@
 #include "kiln/train/activation_checkpoint.h"
 
+#include <set>
+#include <stdexcept>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -56,14 +59,21 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 
 }  // namespace
 
-void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable) {
+void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable, int every) {
   if (!enable) {
     model->model->layer_runner = nullptr;
     return;
   }
-  model->model->layer_runner = [](model::LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
-                                  const at::Tensor& sin, const at::Tensor& segment_ids) -> at::Tensor {
-    if (!at::GradMode::is_enabled()) {
+  if (every < 1) throw std::invalid_argument("activation checkpointing: every must be >= 1");
+  std::set<const model::LlamaDecoderLayerImpl*> recomputed;
+  const auto& layers = *model->model->layers;
+  for (size_t i = 0; i < layers.size(); i += static_cast<size_t>(every)) {
+    recomputed.insert(layers.ptr<model::LlamaDecoderLayerImpl>(i).get());
+  }
+  model->model->layer_runner = [recomputed](model::LlamaDecoderLayerImpl& layer, const at::Tensor& x,
+                                            const at::Tensor& cos, const at::Tensor& sin,
+                                            const at::Tensor& segment_ids) -> at::Tensor {
+    if (!at::GradMode::is_enabled() || !recomputed.count(&layer)) {
       return layer.forward(x, cos, sin, nullptr, nullptr, segment_ids);  // evaluation: nothing to save
     }
     const std::optional<at::Tensor> seg = segment_ids.defined() ? std::optional<at::Tensor>(segment_ids) : std::nullopt;

@@ -13,7 +13,10 @@
 
 namespace kiln::train {
 
-// Installs (or with enable = false removes) checkpointing on every decoder layer of `model`.
-void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable);
+// Installs (or with enable = false removes) checkpointing on decoder layers 0, every, 2 x every, ...
+// of `model` (every = 1: all of them, HF's gradient_checkpointing; every = n: kiln's
+// gradient_checkpointing_policy every_n, ceil(L / n) layers recomputed, the others keep their
+// activations).
+void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable, int every = 1);
 
 }  // namespace kiln::train

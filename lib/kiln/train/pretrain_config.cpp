@@ -52,6 +52,8 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"bf16", &C::bf16},
       {"fp16", &C::fp16},
       {"gradient_checkpointing", &C::gradient_checkpointing},
+      {"gradient_checkpointing_policy", &C::gradient_checkpointing_policy},
+      {"gradient_checkpointing_every", &C::gradient_checkpointing_every},
       {"device", &C::device},
       {"kernels", &C::kernels},
       {"nan_policy", &C::nan_policy},
@@ -152,11 +154,24 @@ void PretrainConfig::validate() const {
   at_least("save_total_limit", save_total_limit, 0);
   at_least("eval_steps", eval_steps, 0);
   if (output_dir.empty()) fail("output_dir", "must not be empty");
+  if (gradient_checkpointing_policy == "selective") {
+    fail("gradient_checkpointing_policy", "'selective' is not implemented yet; use full or every_n");
+  }
+  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n") {
+    fail("gradient_checkpointing_policy",
+         fmt::format("must be full or every_n, got '{}'", gradient_checkpointing_policy));
+  }
+  at_least("gradient_checkpointing_every", gradient_checkpointing_every, 1);
   at_least("ddp_timeout", ddp_timeout, 1);
   at_least("ddp_bucket_cap_mb", ddp_bucket_cap_mb, 1);
   if (zero_stage == 3) fail("zero_stage", "ZeRO stage 3 (sharded parameters) is not supported yet; use 0, 1 or 2");
   if (zero_stage < 0 || zero_stage > 3) fail("zero_stage", fmt::format("must be 0, 1 or 2, got {}", zero_stage));
   resolved_zero_stage();
+}
+
+int PretrainConfig::checkpoint_every() const {
+  if (!gradient_checkpointing) return 0;
+  return gradient_checkpointing_policy == "every_n" ? static_cast<int>(gradient_checkpointing_every) : 1;
 }
 
 int PretrainConfig::resolved_zero_stage() const {

@@ -43,6 +43,12 @@ struct KILN_API PretrainConfig {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
+  // With gradient_checkpointing: full (every decoder layer, HF's) or every_n (layers 0, n, 2n, ...
+  // with n = gradient_checkpointing_every): a memory/time point between none and full.
+  std::string gradient_checkpointing_policy = "full";
+  int64_t gradient_checkpointing_every = 2;
+  // The layer stride the policy recomputes (1 = every layer); 0 without gradient_checkpointing.
+  int checkpoint_every() const;
   std::string device = "auto";      // auto (cuda if available), cpu, cuda
   std::string kernels = "kiln";     // kiln, aten, or per op: "kiln,rope=aten" (ops/dispatch.h)
   std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does

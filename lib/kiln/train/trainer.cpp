@@ -303,7 +303,7 @@ void Trainer::setup_optimizer() {
   }
   if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
 
-  set_activation_checkpointing(model_, config_.gradient_checkpointing);
+  set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
   state_->flops = profile::flops_per_token(model_->config(), config_.cutoff_len);
 
   if (!config_.resume_from_checkpoint.empty()) {
@@ -327,6 +327,7 @@ std::string Trainer::banner() const {
       model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
       profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
                              .activation_checkpointing = config_.gradient_checkpointing,
+                             .checkpoint_every = std::max(config_.checkpoint_every(), 1),
                              .cuda = device_.is_cuda(),
                              .kernels = config_.kernels,
                              .data_parallel = dp_ != nullptr,
