@@ -19,6 +19,9 @@ void print_help() {
       "configs/pretrain (default: quickstart, the tiny model on the embedded corpus). Every key can\n"
       "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE.\n\n"
       "  --config FILE    the run's YAML (or a preset name: quickstart, llama-100m, ...)\n"
+      "  --auto-fit       let the memory planner choose micro-batch, accumulation and recomputation\n"
+      "                   for this cutoff_len within the device's memory, keeping the global batch\n"
+      "                   (key auto_fit; auto_fit_memory: 80GB or A100-80GB instead of the device's)\n"
       "  --dry-run        read the config and the data, print the banner and the predicted\n"
       "                   memory (no weights or optimizer state are allocated), and exit\n"
       "  -h, --help       this text\n\n"
@@ -62,6 +65,9 @@ int main(int argc, char** argv) {
     }
     if (a == "--dry-run") {
       dry_run = true;
+    } else if (a == "--auto-fit") {  // the key auto_fit: true
+      rest.push_back("--auto_fit");
+      rest.push_back("true");
     } else if (a == "--config" && i + 1 < argc) {
       config_path = argv[++i];
     } else if (a.rfind("--config=", 0) == 0) {

@@ -6,9 +6,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include "cli.h"
 #include "kiln/dist/env.h"
+#include "kiln/profile/device.h"
+#include "kiln/profile/plan.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
 
@@ -24,6 +27,49 @@ std::vector<std::string> split(const std::string& s) {
     start = comma + 1;
   }
   return out;
+}
+
+// kiln-profile --plan: the memory planner, from the analytic models only (nothing is allocated).
+int plan(const cxxopts::ParseResult& args) {
+  kiln::profile::PlanConfig c;
+  if (!args.count("model")) throw std::invalid_argument("--plan: give --model");
+  c.model = args["model"].as<std::string>();
+  if (args.count("cutoff-len"))
+    c.cutoff_lens = kiln::profile::parse_int_list(args["cutoff-len"].as<std::string>(), "--cutoff-len");
+  if (args.count("dtype")) c.dtype = args["dtype"].as<std::string>();
+  if (args.count("kernels")) c.kernels = args["kernels"].as<std::string>();
+  const std::string device = args.count("device") ? args["device"].as<std::string>() : "auto";
+  c.cuda = device != "cpu";
+  if (args.count("device-memory")) {
+    const std::string m = args["device-memory"].as<std::string>();
+    if (const auto spec = kiln::profile::device_spec(m)) {
+      c.device_memory_bytes = spec->memory_bytes;
+      c.device_name = spec->name;
+    } else {
+      c.device_memory_bytes = kiln::profile::parse_bytes(m, "--device-memory");
+    }
+  } else if (c.cuda && torch::cuda::is_available()) {
+    c.device_memory_bytes = kiln::profile::device_memory_bytes(at::Device(at::kCUDA, 0));
+  } else {
+    throw std::invalid_argument("--plan: give --device-memory (e.g. 80GB or H100-80GB): no GPU here to ask");
+  }
+  if (args.count("target-tokens")) c.target_tokens = args["target-tokens"].as<int64_t>();
+  if (args.count("target-sequences")) c.target_sequences = args["target-sequences"].as<int64_t>();
+  if (args.count("world-size")) c.world_size = args["world-size"].as<int>();
+  if (args.count("zero-stage")) c.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
+  if (args.count("ddp-bucket-cap-mb")) c.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
+  if (args.count("mfu")) c.mfu = args["mfu"].as<double>();
+  if (args.count("peak-tflops")) c.peak_tflops = args["peak-tflops"].as<double>();
+  const auto report = kiln::profile::make_plan(c);
+  fmt::print("{}", kiln::profile::plan_markdown(report));
+  std::fflush(stdout);
+  const std::vector<std::string> formats = args.count("format") ? split(args["format"].as<std::string>())
+                                                                : std::vector<std::string>{"md", "csv", "json", "html"};
+  const std::string out = args.count("output") ? args["output"].as<std::string>() : "profile";
+  for (const auto& path : kiln::profile::write_plan_reports(report, out, formats)) {
+    fmt::print(stderr, "kiln-profile: wrote {}\n", path);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -54,6 +100,12 @@ int main(int argc, char** argv) {
     ("task", "the table's task column", cxxopts::value<std::string>())
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
     ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
+    ("plan", "plan instead of measuring: the settings that fit --device-memory per cutoff_len, ranked (docs/performance.md)")
+    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
+    ("target-tokens", "--plan: global batch per optimizer step, in tokens", cxxopts::value<int64_t>())
+    ("target-sequences", "--plan: global batch per optimizer step, in sequences", cxxopts::value<int64_t>())
+    ("world-size", "--plan: data-parallel ranks", cxxopts::value<int>())
+    ("mfu", "--plan: assumed MFU for the predicted tokens/s (default 0.4)", cxxopts::value<double>())
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on
@@ -64,6 +116,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!args.unmatched().empty()) throw std::invalid_argument("unexpected argument '" + args.unmatched()[0] + "'");
+    if (args.count("plan")) return plan(args);
     kiln::profile::SweepConfig config;
     if (args.count("config")) config = kiln::profile::load_sweep_config(args["config"].as<std::string>());
     const bool overridden =

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -53,6 +54,7 @@ DevicePeak measure_cpu_peak() {
 #ifdef KILN_WITH_CUDA
 // device_cuda.cpp
 std::string cuda_device_name(int index);
+int64_t cuda_total_memory_bytes(int index);
 int64_t cuda_peak_allocated_bytes(int index);
 void cuda_reset_peak(int index);
 void cuda_synchronize(int index);
@@ -66,6 +68,14 @@ int cuda_index(const at::Device& device) {
   return device.has_index() ? device.index() : 0;
 }
 }  // namespace
+
+double device_memory_bytes(const at::Device& device) {
+#ifdef KILN_WITH_CUDA
+  if (device.is_cuda()) return static_cast<double>(cuda_total_memory_bytes(cuda_index(device)));
+#endif
+  (void)device;
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
 
 int64_t peak_rss_bytes() {
   rusage usage{};

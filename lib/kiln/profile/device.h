@@ -31,6 +31,8 @@ double peak_memory_bytes(const at::Device& device);
 // Restarts the GPU peak counter (the CPU's peak RSS cannot be reset).
 void reset_peak_memory(const at::Device& device);
 int64_t peak_rss_bytes();
+// What the device holds in all: a GPU's total memory, or the machine's physical RAM on the CPU.
+double device_memory_bytes(const at::Device& device);
 
 // Waits for the device's queued work (CUDA); a no-op on the CPU, whose ops are synchronous.
 void synchronize(const at::Device& device);

@@ -14,6 +14,12 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+int64_t cuda_total_memory_bytes(int index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return 0;
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 int64_t cuda_peak_allocated_bytes(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;

@@ -54,6 +54,8 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"gradient_checkpointing", &C::gradient_checkpointing},
       {"gradient_checkpointing_policy", &C::gradient_checkpointing_policy},
       {"gradient_checkpointing_every", &C::gradient_checkpointing_every},
+      {"auto_fit", &C::auto_fit},
+      {"auto_fit_memory", &C::auto_fit_memory},
       {"device", &C::device},
       {"kernels", &C::kernels},
       {"nan_policy", &C::nan_policy},

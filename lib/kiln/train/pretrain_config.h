@@ -47,6 +47,12 @@ struct KILN_API PretrainConfig {
   // with n = gradient_checkpointing_every): a memory/time point between none and full.
   std::string gradient_checkpointing_policy = "full";
   int64_t gradient_checkpointing_every = 2;
+  // kiln-pretrain --auto-fit: the memory planner (profile/plan.h) picks the micro-batch, the
+  // accumulation and the recomputation for this cutoff_len that keep the global batch
+  // (per_device_train_batch_size x gradient_accumulation_steps x world) and fit auto_fit_memory
+  // ("" = the device's own memory; a size such as 80GB, or a device name such as A100-80GB).
+  bool auto_fit = false;
+  std::string auto_fit_memory;
   // The layer stride the policy recomputes (1 = every layer); 0 without gradient_checkpointing.
   int checkpoint_every() const;
   std::string device = "auto";      // auto (cuda if available), cpu, cuda

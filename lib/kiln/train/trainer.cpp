@@ -40,6 +40,7 @@
 #include "kiln/profile/device.h"
 #include "kiln/profile/flops.h"
 #include "kiln/profile/memory.h"
+#include "kiln/profile/plan.h"
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
@@ -109,6 +110,7 @@ struct Trainer::State {
   std::chrono::steady_clock::time_point window_start;
   std::optional<EvalResult> last_eval;
   std::string resumed_from;      // the checkpoint this run started from (never rotated away)
+  std::string auto_fit;          // what --auto-fit chose, for the banner
   int64_t last_saved_step = -1;  // a stop request right after a save does not save again
 };
 
@@ -218,6 +220,7 @@ void Trainer::init() {
         config_.source, config_.cutoff_len, model_->config().max_position_embeddings, model_->config().source);
   }
 
+  if (config_.auto_fit) apply_auto_fit();
   if (source_) {
     // The host's batches: as many examples as max_steps consumes (for the banner's arithmetic).
     plan_ = plan_steps(
@@ -228,6 +231,52 @@ void Trainer::init() {
     setup_shard_data();
   }
   if (!plan_only_) setup_optimizer();
+}
+
+void Trainer::apply_auto_fit() {
+  profile::PlanConfig p;
+  p.source = config_.source;
+  p.model_config = model_->config();
+  p.cutoff_lens = {config_.cutoff_len};
+  p.dtype = config_.bf16 ? "bf16" : config_.fp16 ? "fp16" : "fp32";
+  p.kernels = config_.kernels;
+  p.cuda = device_.is_cuda();
+  const std::string& m = config_.auto_fit_memory;
+  try {
+    if (m.empty()) {
+      p.device_memory_bytes = profile::device_memory_bytes(device_);
+    } else if (const auto spec = profile::device_spec(m)) {
+      p.device_memory_bytes = spec->memory_bytes;
+      p.device_name = spec->name;
+    } else {
+      p.device_memory_bytes = profile::parse_bytes(m, "auto_fit_memory");
+    }
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(config_.source, "auto_fit_memory", e.what()));
+  }
+  p.target_sequences = config_.per_device_train_batch_size * config_.gradient_accumulation_steps * world_size();
+  p.world_size = world_size();
+  p.zero_stage = world_size() > 1 ? zero_stage_ : 0;
+  p.ddp_bucket_cap_mb = config_.ddp_bucket_cap_mb;
+  const profile::PlanReport plan = profile::make_plan(p);
+  const profile::PlanRow* best = plan.recommended(config_.cutoff_len);
+  if (!best) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "auto_fit",
+        fmt::format("nothing fits {} GB at cutoff_len {}, not even micro-batch 1 with full recomputation",
+                    p.device_memory_bytes / 1e9, config_.cutoff_len)));
+  }
+  config_.per_device_train_batch_size = best->micro_batch;
+  config_.gradient_accumulation_steps = best->grad_accum;
+  config_.gradient_checkpointing = best->every > 0;
+  config_.gradient_checkpointing_policy = best->every > 1 ? "every_n" : "full";
+  config_.gradient_checkpointing_every = std::max(best->every, 1);
+  state_->auto_fit = fmt::format(
+      "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
+      "of "
+      "{:.2f} GB",
+      best->micro_batch, best->grad_accum, world_size(), world_size() == 1 ? "" : "s", best->global_sequences,
+      p.target_sequences, best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
 }
 
 void Trainer::setup_shard_data() {
@@ -359,6 +408,7 @@ std::string Trainer::banner() const {
     if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
   }
   out.back() = ')';
+  if (!state_->auto_fit.empty()) out += "\n  Auto-fit = " + state_->auto_fit;
   if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
   return out;
 }

@@ -151,6 +151,7 @@ class Trainer {
   Trainer(PretrainConfig config, BatchSource source, PlanOnly);
   void init();
   void setup_shard_data();
+  void apply_auto_fit();
   void setup_optimizer();
   EvalOptions eval_options();
   std::shared_ptr<dist::Comm> comm_;
