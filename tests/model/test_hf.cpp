@@ -115,6 +115,31 @@ TEST_CASE("config.json written by kiln reads back to the same config", "[model][
   }
 }
 
+TEST_CASE("load_llama_config reads a Hugging Face folder or its config.json", "[model][hf]") {
+  // What kiln-profile --model and kiln-hf init accept, so that a benchmark builds kiln's model and
+  // transformers' from the very same config.json (scripts/bench_vs_hf.py).
+  const fs::path dir = kiln::test::scratch_dir("hf_config_folder");
+  {
+    std::ofstream out(dir / "config.json");
+    out << kTransformers5Config;
+  }
+  const LlamaConfig expected = kiln::model::llama_config_from_hf_json(kTransformers5Config, "config.json").config;
+  check_same(kiln::model::load_llama_config(dir.string()), expected);
+  check_same(kiln::model::load_llama_config((dir / "config.json").string()), expected);
+  CHECK(kiln::model::load_llama_config(dir.string()).source == (dir / "config.json").string());
+  // A folder without config.json is neither a preset nor a file.
+  const fs::path empty = kiln::test::scratch_dir("hf_config_empty");
+  CHECK_THAT(error_of([&] { kiln::model::load_llama_config(empty.string()); }),
+             Catch::Contains("config.json") && Catch::Contains(empty.string()));
+  // A config.json that is not a Llama config is refused with the file's name.
+  {
+    std::ofstream out(empty / "bad.json");
+    out << R"({"model_type": "gpt2"})";
+  }
+  CHECK_THAT(error_of([&] { kiln::model::load_llama_config((empty / "bad.json").string()); }),
+             Catch::Contains("bad.json"));
+}
+
 TEST_CASE("config.json problems name the file and the key", "[model][hf]") {
   auto error = [](const std::string& edit_from, const std::string& edit_to) {
     std::string text = kTransformers5Config;

@@ -10,6 +10,7 @@
 
 #include "kiln/common/format.h"
 #include "kiln/config/yaml.h"
+#include "kiln/model/hf.h"
 #include "kiln/model/presets.h"
 
 namespace kiln::model {
@@ -154,14 +155,23 @@ LlamaConfig load_llama_config(const std::string& preset_or_path) {
     if (name == preset_or_path) return parse_llama_config(std::string(text), fmt::format("preset '{}'", name));
   }
   namespace fs = std::filesystem;
+  // A Hugging Face model folder (its config.json) or a config.json itself: the same file
+  // transformers builds LlamaForCausalLM from, so both sides of a comparison read one config.
+  const fs::path path(preset_or_path);
+  if (fs::is_directory(path) && fs::is_regular_file(path / "config.json")) {
+    return read_hf_config((path / "config.json").string()).config;
+  }
+  if (fs::is_regular_file(path) && path.extension() == ".json") return read_hf_config(preset_or_path).config;
   if (fs::is_regular_file(preset_or_path)) {
     ConfigReader r = ConfigReader::from_file(preset_or_path);
     LlamaConfig c = read_llama_config(r);
     c.validate();
     return c;
   }
-  throw ConfigError(fmt::format("model '{}': neither a preset ({}) nor a readable YAML file", preset_or_path,
-                                fmt::join(llama_presets(), ", ")));
+  throw ConfigError(
+      fmt::format("model '{}': neither a preset ({}), a readable YAML file, nor a Hugging Face folder with config.json "
+                  "or a config.json",
+                  preset_or_path, fmt::join(llama_presets(), ", ")));
 }
 
 }  // namespace kiln::model

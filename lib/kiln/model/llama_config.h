@@ -56,7 +56,8 @@ struct LlamaConfig {
   int64_t num_non_embedding_parameters() const;
 };
 
-// A preset name (see llama_presets()) or a path to a model YAML file.
+// A preset name (see llama_presets()), a path to a model YAML file, a Hugging Face model folder
+// holding config.json, or a config.json path (read by model::read_hf_config, model/hf.h).
 LlamaConfig load_llama_config(const std::string& preset_or_path);
 // Parses model YAML text; `source` names it in errors.
 LlamaConfig parse_llama_config(const std::string& yaml_text, const std::string& source);
