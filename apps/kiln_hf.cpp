@@ -4,7 +4,7 @@
 //
 //   kiln-hf init    --model PRESET|YAML --out DIR [--seed N] [--dtype D]   fresh model -> HF dir
 //   kiln-hf convert --model DIR --out DIR [--dtype D] [--max-shard-bytes N] load and save again
-//   kiln-hf forward --model DIR --batch FILE --out FILE [--grads] [--dtype D]
+//   kiln-hf forward --model DIR --batch FILE --out FILE [--grads] [--dtype D] [--fused-loss] [--autocast D]
 //   kiln-hf train   --model DIR --batch FILE --out DIR [--steps N] [--lr X] [--dtype D]
 //   kiln-hf inspect --in FILE|DIR                 list tensors (name, dtype, shape) and metadata
 //   kiln-hf copy    --in FILE --out FILE          read every tensor and write them all again
@@ -12,6 +12,10 @@
 // A batch file is safetensors with "input_ids" [B, T] (I64) and optionally "labels" [B, T]
 // (default: input_ids). forward writes "logits" [B, T, V], "loss" [] and, with --grads,
 // "grad.<parameter name>" for every parameter (all in the model dtype, the loss in fp32).
+// --fused-loss computes the loss as the trainer does (ops::linear_cross_entropy, no logits are
+// written) and --autocast bf16|fp16 runs the forward under autocast with the checkpoint's fp32
+// weights, as the trainer's mixed precision does: scripts/bench_vs_hf.py checks with them that
+// kiln's training step and transformers' compute the same loss on the same batch.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -27,6 +31,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/model/hf.h"
 #include "kiln/model/llama.h"
+#include "kiln/train/step.h"
 
 namespace {
 
@@ -114,9 +119,22 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
   const Batch batch = read_batch(required(args, "batch"));
   if (command == "forward") {
     const bool grads = args.count("grads") != 0;
+    const std::string autocast_name = args["autocast"].as<std::string>();
+    std::optional<at::ScalarType> autocast;
+    if (!autocast_name.empty()) {
+      autocast = parse_dtype(autocast_name);
+      if (autocast != at::kBFloat16 && autocast != at::kHalf)
+        throw std::invalid_argument(fmt::format("--autocast must be bf16 or fp16, got '{}'", autocast_name));
+    }
+    model->fused_lm_loss = args.count("fused-loss") != 0;
     at::AutoGradMode grad_mode(grads);
-    const auto out = model->forward(batch.input_ids, batch.labels);
-    kiln::io::NamedTensors tensors = {{"logits", out.logits.detach()}, {"loss", out.loss.detach().to(at::kFloat)}};
+    kiln::model::CausalLMOutput out;
+    {
+      const kiln::train::AutocastGuard autocast_guard(at::kCPU, autocast);
+      out = model->forward(batch.input_ids, batch.labels);
+    }
+    kiln::io::NamedTensors tensors = {{"loss", out.loss.detach().to(at::kFloat)}};
+    if (out.logits.defined()) tensors.insert(tensors.begin(), {"logits", out.logits.detach()});
     if (grads) {
       out.loss.backward();
       for (const auto& item : model->named_parameters(true))
@@ -157,6 +175,8 @@ int main(int argc, char** argv) {
     ("batch", "safetensors file with input_ids [B, T] and optional labels", cxxopts::value<std::string>())
     ("dtype", "fp32, bf16, fp16 or fp64 (default: the checkpoint's)", cxxopts::value<std::string>()->default_value(""))
     ("grads", "forward: also write every parameter's gradient of the loss")
+    ("fused-loss", "forward: the trainer's loss (chunked linear + cross-entropy; no logits written)")
+    ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>()->default_value(""))
     ("steps", "train: AdamW steps on the batch", cxxopts::value<int64_t>()->default_value("3"))
     ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))
     ("seed", "init: weight seed", cxxopts::value<uint64_t>()->default_value("0"))

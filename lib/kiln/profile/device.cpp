@@ -1,6 +1,9 @@
 #include "kiln/profile/device.h"
 
 #include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -81,6 +84,30 @@ int64_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::optional<RssSample> read_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  RssSample s;
+  int found = 0;
+  while (std::getline(in, line)) {
+    for (auto [key, out] : {std::pair{"VmRSS:", &s.current_bytes}, std::pair{"VmHWM:", &s.peak_bytes}}) {
+      if (line.rfind(key, 0) == 0) {
+        *out = std::stoll(line.substr(std::strlen(key))) * 1024;  // "VmRSS:   123456 kB"
+        ++found;
+      }
+    }
+  }
+  if (found != 2) return std::nullopt;
+  return s;
+}
+
+bool reset_rss_peak() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 double peak_memory_bytes(const at::Device& device) {

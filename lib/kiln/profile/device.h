@@ -31,6 +31,15 @@ double peak_memory_bytes(const at::Device& device);
 // Restarts the GPU peak counter (the CPU's peak RSS cannot be reset).
 void reset_peak_memory(const at::Device& device);
 int64_t peak_rss_bytes();
+// The process's resident set now and its high-water mark (VmRSS, VmHWM of /proc/self/status), and
+// a reset of the mark to the current size (writing "5" to /proc/self/clear_refs, Linux 4.0+): the
+// "peak RSS over a baseline" that scripts/bench_vs_hf.py reads from kiln-profile and from
+// transformers' process alike. nullopt / false where /proc does not offer them.
+struct RssSample {
+  int64_t current_bytes = 0, peak_bytes = 0;
+};
+std::optional<RssSample> read_rss();
+bool reset_rss_peak();
 // What the device holds in all: a GPU's total memory, or the machine's physical RAM on the CPU.
 double device_memory_bytes(const at::Device& device);
 

@@ -341,6 +341,7 @@ std::string to_json(const SweepReport& report) {
                     {"peak_allocated_bytes", ok(r) ? json(r.peak_allocated_bytes) : json(nullptr)},
                     {"peak_reserved_bytes", ok(r) ? opt(r.peak_reserved_bytes) : json(nullptr)},
                     {"peak_rss_bytes", r.peak_rss_bytes},
+                    {"rss_peak_over_baseline_bytes", ok(r) ? opt(r.rss_peak_over_baseline_bytes) : json(nullptr)},
                     {"predicted_bytes", r.predicted.total()},
                     {"predicted_components", comps},
                     {"measured_over_predicted", ok(r) ? json(r.ratio()) : json(nullptr)},

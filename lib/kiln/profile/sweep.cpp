@@ -196,6 +196,11 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
                                       static_cast<int>(ctx.config.gradient_checkpointing_every));
   model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
   model->train();
+  // RSS baseline: the model is ready, nothing of the step exists yet (device.h read_rss).
+  std::optional<int64_t> rss_baseline;
+  if (reset_rss_peak()) {
+    if (const auto rss = read_rss()) rss_baseline = rss->current_bytes;
+  }
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
   std::unique_ptr<dist::DataParallel> dp;
@@ -310,6 +315,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   if (ctx.peak_tflops > 0) row.mfu = row.tflops / ctx.peak_tflops;
   row.peak_allocated_bytes = peak;
   row.peak_reserved_bytes = peak_reserved_bytes(ctx.device);
+  if (const auto rss = read_rss(); rss && rss_baseline)
+    row.rss_peak_over_baseline_bytes = static_cast<double>(rss->peak_bytes - *rss_baseline);
 }
 
 }  // namespace

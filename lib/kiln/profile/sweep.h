@@ -70,6 +70,10 @@ struct ProfileRow {
   double peak_allocated_bytes = 0;            // CUDA: caching allocator peak; CPU: counted tensor bytes
   std::optional<double> peak_reserved_bytes;  // CUDA only
   double peak_rss_bytes = 0;                  // process peak RSS (never resets; host side)
+  // The process's RSS high-water mark over the warmup and timed steps minus its RSS with the model
+  // built (before the optimizer): optimizer state, gradients, activations and allocator slack, as
+  // the OS sees them; measured the same way for another program (scripts/bench_vs_hf.py). Linux.
+  std::optional<double> rss_peak_over_baseline_bytes;
   // Data parallel: the share of step time the host waited on collectives (gradient buckets not
   // hidden behind backward, the clipping norm, ZeRO's all-gather); peaks are the largest rank's.
   std::optional<double> comm_wait_share;
