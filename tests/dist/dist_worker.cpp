@@ -1,6 +1,7 @@
 // kiln-dist-worker: kiln's Trainer as kiln-pretrain runs it (same config keys, same launchers),
 // writing this rank's parameters after every optimizer step to DIR/step<S>_rank<R>.bin (fp32, in
-// the model's parameter order) and, at the end, one JSON line of this rank's memory figures.
+// the model's parameter order) and, at the end, one JSON line of this rank's memory figures and
+// gradient-bucket launch counts.
 // tests/python/test_distributed.py compares the files across ranks and with one process.
 #include <cstdio>
 #include <fstream>
@@ -42,9 +43,9 @@ int main(int argc, char** argv) {
     const auto* dp = trainer.data_parallel();
     fmt::print(
         "{{\"rank\": {}, \"world_size\": {}, \"optimizer_state_bytes\": {}, \"grad_bytes\": {}, "
-        "\"buckets\": {}}}\n",
+        "\"buckets\": {}, \"buckets_launched\": {}, \"buckets_overlapped\": {}}}\n",
         trainer.rank(), trainer.world_size(), trainer.optimizer_state_bytes(), dp ? dp->grad_bytes() : 0,
-        dp ? dp->buckets().size() : 0);
+        dp ? dp->buckets().size() : 0, dp ? dp->launch_counts().buckets : 0, dp ? dp->launch_counts().overlapped : 0);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-dist-worker: error: {}\n", e.what());

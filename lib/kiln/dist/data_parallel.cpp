@@ -137,6 +137,7 @@ void DataParallel::begin_backward(bool last) {
   if (reducing_) throw std::logic_error("data parallel: begin_backward twice without end_backward");
   reducing_ = last || options_.zero_stage == 2;
   next_launch_ = 0;
+  grads_to_come_ = static_cast<int64_t>(params_.size());
   std::fill(ready_.begin(), ready_.end(), false);
   for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = static_cast<int64_t>(buckets_[b].params.size());
 }
@@ -145,6 +146,7 @@ void DataParallel::on_grad_ready(int64_t index) {
   if (!reducing_) return;  // an earlier micro-batch of stages 0/1: gradients accumulate in place
   FlatParam& fp = params_[static_cast<size_t>(index)];
   const int64_t b = fp.bucket;
+  --grads_to_come_;
   if (options_.zero_stage == 2) {
     at::NoGradGuard no_grad;
     if (!staging_[b].defined()) staging_[b] = at::zeros({buckets_[b].numel}, flat_params_.options());
@@ -177,6 +179,8 @@ void DataParallel::launch(int64_t b) {
   }
   stats_.bytes += bucket.numel * 4;
   ++stats_.collectives;
+  ++launch_counts_.buckets;
+  if (grads_to_come_ > 0) ++launch_counts_.overlapped;
   in_flight_.push_back(std::move(f));
   if (options_.zero_stage == 2 && static_cast<int>(in_flight_.size()) > options_.max_in_flight) {
     finish(*in_flight_.front());
@@ -206,6 +210,7 @@ void DataParallel::end_backward() {
   if (!reducing_) return;
   // A parameter that got no gradient in this backward contributes zeros, on every rank alike.
   std::fill(ready_.begin(), ready_.end(), true);
+  grads_to_come_ = 0;  // what is launched from here on no longer overlaps backward
   launch_ready();
   wait_all();
   reducing_ = false;

@@ -70,6 +70,15 @@ struct CommStats {
   int64_t collectives = 0;
 };
 
+// Gradient buckets launched since construction (never reset; for tests and kiln-profile).
+// `overlapped`: launched while the same backward still had gradients to produce, i.e. the
+// collective ran beside the rest of backward. With overlap every bucket but the one the last
+// gradient completes counts; with `overlap = false` none does.
+struct LaunchCounts {
+  int64_t buckets = 0;
+  int64_t overlapped = 0;
+};
+
 class DataParallel {
  public:
   DataParallel(std::shared_ptr<Comm> comm, std::vector<std::pair<std::string, at::Tensor>> named_parameters,
@@ -111,6 +120,7 @@ class DataParallel {
   int64_t grad_bytes() const;
   // Stats of the step since the last zero_grad().
   const CommStats& stats() const { return stats_; }
+  const LaunchCounts& launch_counts() const { return launch_counts_; }
 
   // Called by the parameters' hooks.
   void on_grad_ready(int64_t param_index);
@@ -133,9 +143,11 @@ class DataParallel {
   std::vector<int64_t> missing_;     // per bucket: gradients still to come in this backward
   std::vector<bool> ready_;
   int64_t next_launch_ = 0;
+  int64_t grads_to_come_ = 0;  // parameters of this backward whose gradient has not arrived yet
   bool reducing_ = false;
   std::deque<std::unique_ptr<InFlight>> in_flight_;
   CommStats stats_;
+  LaunchCounts launch_counts_;
 };
 
 }  // namespace kiln::dist

@@ -351,6 +351,8 @@ std::string to_json(const SweepReport& report) {
                       {"train", f.train()},
                       {"six_n", six_n_per_token(report.model)}}},
                     {"comm_wait_share", opt(r.comm_wait_share)},
+                    {"buckets_launched", r.buckets_launched ? json(*r.buckets_launched) : json(nullptr)},
+                    {"buckets_overlapped", r.buckets_overlapped ? json(*r.buckets_overlapped) : json(nullptr)},
                     {"dram_throughput", opt(r.dram_throughput)},
                     {"tensor_pipe", opt(r.tensor_pipe)}});
   }

@@ -288,6 +288,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   for (int64_t i = 0; i < ctx.config.warmup; ++i) step();
   synchronize(ctx.device);
   comm_seconds = 0;
+  const dist::LaunchCounts launched_before = dp ? dp->launch_counts() : dist::LaunchCounts{};
   double seconds = 0, peak = 0;
   for (int64_t i = 0; i < ctx.config.steps; ++i) {
     if (ctx.counter) ctx.counter->reset_peak();
@@ -308,6 +309,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     peak = static_cast<double>(worst[1]);
     // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
     if (ctx.device.is_cpu()) row.comm_wait_share = comm_seconds / seconds;
+    row.buckets_launched = dp->launch_counts().buckets - launched_before.buckets;
+    row.buckets_overlapped = dp->launch_counts().overlapped - launched_before.overlapped;
   }
   row.seconds_per_step = seconds / static_cast<double>(ctx.config.steps);
   row.tokens_per_second = tokens / row.seconds_per_step;

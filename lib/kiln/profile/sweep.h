@@ -77,6 +77,9 @@ struct ProfileRow {
   // Data parallel: the share of step time the host waited on collectives (gradient buckets not
   // hidden behind backward, the clipping norm, ZeRO's all-gather); peaks are the largest rank's.
   std::optional<double> comm_wait_share;
+  // Data parallel: gradient buckets launched in the measured steps, and how many of them while
+  // backward was still producing gradients (dist::LaunchCounts; 0 with --no-overlap).
+  std::optional<int64_t> buckets_launched, buckets_overlapped;
   MemoryEstimate predicted;
   std::optional<double> dram_throughput;  // fraction of peak DRAM bandwidth (hardware counters)
   std::optional<double> tensor_pipe;      // fraction of tensor-pipe cycles (hardware counters)
