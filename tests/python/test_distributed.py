@@ -1,13 +1,15 @@
 """Data-parallel training on c10d/Gloo with several real processes on 127.0.0.1 (docs/distributed.md).
 
 The launchers are the ones users run: the venv's torchrun (--no-python) and a Slurm-style launch
-with the variables set by hand. Every process is bounded by a timeout and killed by PID if the
-test fails. The reference is one process training on the same examples (batch N*b): the
+with the variables set by hand. Every process is bounded by a timeout (and BASE's ddp_timeout, so
+a hung worker ends on its own) and killed if the test fails: torchrun runs in its own process
+group, killed whole, so its workers are never orphaned. The reference is one process training on the same examples (batch N*b): the
 parameters after every step must be bitwise identical on all ranks and equal to it within fp32
 rounding, for ZeRO stages 0, 1 and 2, with and without gradient accumulation.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,7 +27,7 @@ STEPS = 4
 # scale, which Adam otherwise cancels: a wrong token normalisation or clipping norm must show.
 BASE = ["--cutoff_len", "32", "--logging_steps", "1", "--eval_steps", "0", "--save_steps", "0",
         "--learning_rate", "1e-3", "--warmup_steps", "0", "--ddp_bucket_cap_mb", "1", "--max_grad_norm", "0.5",
-        "--adam_epsilon", "1e-4"]
+        "--adam_epsilon", "1e-4", "--ddp_timeout", "120"]
 
 
 def free_port() -> int:
@@ -34,13 +36,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(kiln_bin, program, nproc, *args, timeout=300):
+def start_torchrun(kiln_bin, program, nproc, *args):
+    """torchrun in a session of its own; kill_torchrun() ends it and every worker it started."""
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "--no-python", str(kiln_bin(program)),
            *map(str, args)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return res
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def descendants(pid: int):
+    """The processes below `pid`, from /proc (field 4 of /proc/P/stat is the parent)."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_torchrun(proc):
+    """Kills torchrun's process group and then its workers, which torchrun starts each in a session
+    of their own (so killing its group alone would orphan them). Only while torchrun is unreaped:
+    until then its pid and its workers' cannot be reused."""
+    workers = descendants(proc.pid)
+    for target in (proc.pid, *workers):
+        try:
+            os.killpg(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate()
+
+
+def torchrun(kiln_bin, program, nproc, *args, timeout=300):
+    proc = start_torchrun(kiln_bin, program, nproc, *args)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # a timeout or an interrupt: never leave the workers running
+        kill_torchrun(proc)
+        raise
+    assert proc.returncode == 0, err[-4000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def single(kiln_bin, program, *args, timeout=300):
@@ -109,7 +153,44 @@ def test_ranks_agree_bitwise_and_equal_one_process(kiln_bin, reference, tmp_path
         assert moved > 0
         rel = np.linalg.norm(ranks[0] - want) / np.linalg.norm(want)
         assert rel < 1e-6, f"step {step}: relative distance {rel:.2e} from one process with batch {world * batch}"
-    assert len(figures(res.stdout)) == world
+    figs = figures(res.stdout)
+    assert len(figs) == world
+    # Buckets went out while backward was still producing gradients (stage 2 reduces every
+    # micro-batch, stages 0 and 1 only the last); the --no-overlap half of
+    # test_buckets_are_reduced_during_backward_unless_no_overlap shows the count is not vacuous.
+    reducing = STEPS * (accumulation if stage == 2 else 1)
+    for fig in figs:
+        assert fig["buckets"] >= 2
+        assert fig["buckets_launched"] == reducing * fig["buckets"], fig
+        assert fig["buckets_overlapped"] > 0, fig
+
+
+def test_buckets_are_reduced_during_backward_unless_no_overlap(kiln_bin, tmp_path):
+    """A bucket counts as overlapped when it was launched while the same backward still had
+    gradients to produce (dist::LaunchCounts, in kiln-profile's JSON). With overlap that is every
+    bucket but the one the last gradient completes; with --no-overlap (every bucket launched in
+    end_backward()) none, so a synchronisation that waited for the end of backward fails here."""
+    # tiny widened to 3.3M parameters: 9 buckets of 1 MB (the smallest cap) where tiny has 2.
+    tiny = (Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny.yaml").read_text()
+    wide = tmp_path / "tiny-wide.yaml"
+    wide.write_text(tiny.replace("name: tiny", "name: tiny-wide").replace("hidden_size: 128", "hidden_size: 256")
+                    .replace("intermediate_size: 384", "intermediate_size: 768")
+                    .replace("num_hidden_layers: 2", "num_hidden_layers: 4"))
+    counts = {}
+    for overlap in (True, False):
+        out = tmp_path / f"overlap_{overlap}"
+        torchrun(kiln_bin, "kiln-profile", 2, "--model", wide, "--cutoff-len", 32, "--batch-size", 1, "--dtype",
+                 "fp32", "--steps", 2, "--warmup", 0, "--ddp-bucket-cap-mb", 1, *([] if overlap else ["--no-overlap"]),
+                 "--format", "json", "--output", out)
+        report = json.loads((out / "profile.json").read_text())
+        assert report["ddp_overlap"] == overlap
+        (row,) = report["rows"]
+        assert row["status"] == "ok", row["message"]
+        counts[overlap] = (row["buckets_launched"], row["buckets_overlapped"])
+    launched, overlapped = counts[True]
+    assert launched >= 2 * 8, counts  # several buckets in each of the 2 steps
+    assert overlapped == launched - 2, counts  # all but the one the last gradient completes, per step
+    assert counts[False] == (launched, 0), counts
 
 
 def test_optimizer_state_and_gradients_per_rank_are_one_nth(kiln_bin, tmp_path):
@@ -170,6 +251,12 @@ def test_banner_counts_the_world_and_only_rank_0_prints(kiln_bin, tmp_path):
     assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in res.stdout
     assert "Distributed = 2 processes (torchrun, gloo" in res.stdout
     assert res.stderr.count("{'loss':") == 2  # rank 0's two log lines only
+    # The banner of a real launch (max_steps > 0, 2 processes) is HF's too.
+    banner = {k: v.replace(",", "") for k, v in
+              (line.strip().split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)}
+    batches = -(-int(banner["Num examples"]) // (3 * 2))  # rank 0's DistributedSampler share, in batches of 3
+    assert (int(banner["Num Epochs"]), int(banner["Total optimization steps"])) == \
+        tuple(hf_445_banner(batches, 3, 2, 2, 3.0, 2)[i] for i in (0, 2))
 
 
 def slurm_launch(kiln_bin, world, args, port, extra_env=None):
@@ -211,6 +298,10 @@ def test_kill_9_of_one_rank_ends_the_others_within_the_timeout(kiln_bin, tmp_pat
     procs = slurm_launch(kiln_bin, 2, args, free_port())
     try:
         wait_for(out / "checkpoint-4" / "trainer_state.json", 120)
+        # Aim at a save in progress (rank 1 writing its part into .checkpoint-N.tmp), the hard case.
+        end = time.time() + 20
+        while time.time() < end and not any(n.endswith(".tmp") and n != ".checkpoint-4.tmp" for n in os.listdir(out)):
+            time.sleep(0.001)
         procs[1].kill()
         killed = time.time()
         results = reap(procs, 60)
@@ -230,6 +321,21 @@ def test_kill_9_of_one_rank_ends_the_others_within_the_timeout(kiln_bin, tmp_pat
         names = {p.name for p in ckpt.iterdir()}
         assert {"model.safetensors", "trainer_state.json", "optimizer.rank-00000-of-00002.safetensors",
                 "optimizer.rank-00001-of-00002.safetensors"} <= names, (ckpt, names)
+    # A fresh launch resuming as HF does (resume_from_checkpoint: true, the newest checkpoint-N)
+    # starts from the newest complete checkpoint, never from what the save that was cut left
+    # behind (the start removes it), and trains on from there.
+    newest = int(complete[-1].name.split("-")[1])
+    before = json.loads((complete[-1] / "trainer_state.json").read_text())["log_history"]
+    left = [n for n in os.listdir(out) if n.startswith(".checkpoint-")]
+    res = torchrun(kiln_bin, "kiln-pretrain", 2, *args, "--max_steps", newest + 2, "--resume_from_checkpoint", "true")
+    assert not [n for n in os.listdir(out) if n.startswith(".checkpoint-")], os.listdir(out)
+    if left:
+        assert "cleaned up" in res.stderr, (left, res.stderr[-2000:])
+    state = json.loads((out / f"checkpoint-{newest + 2}" / "trainer_state.json").read_text())
+    assert state["global_step"] == newest + 2
+    steps = [h["step"] for h in state["log_history"] if "loss" in h]
+    assert steps == list(range(1, newest + 3)), steps
+    assert state["log_history"][:len(before)] == before
 
 
 def test_a_hung_rank_ends_the_others_after_ddp_timeout(kiln_bin, tmp_path):
@@ -276,27 +382,120 @@ def test_sigterm_to_one_rank_makes_every_rank_save_the_same_checkpoint(kiln_bin,
     assert state["world_size"] == 2 and state["global_step"] == int(ckpts[0].name.split("-")[1])
 
 
-@pytest.mark.parametrize("world,batch,accumulation,epochs", [(2, 3, 2, 2), (4, 1, 8, 1), (3, 5, 1, 3)])
-def test_banner_arithmetic_with_world_size_is_hf_trainers(kiln_bin, tmp_path, world, batch, accumulation, epochs):
-    """HF Trainer's numbers for the same run: its dataloader's length over a DistributedSampler
-    (torch's own), then updates per epoch = max(len // accumulation, 1) and total = ceil(epochs x
-    updates), as transformers 4.45 (the users' logs in shared/seed) computes them."""
+def test_sigterm_to_torchrun_makes_every_rank_save_the_same_checkpoint(kiln_bin, tmp_path):
+    """torchrun forwards a SIGTERM it receives to every worker (then exits non-zero itself, as its
+    agent does): every rank writes its part of one checkpoint, rank 0 reports the interruption
+    (its normal exit path) and no rank reports an error."""
+    out = tmp_path / "run"
+    proc = start_torchrun(kiln_bin, "kiln-pretrain", 2, *BASE, "--per_device_train_batch_size", 2, "--max_steps",
+                          100000, "--zero_stage", 1, "--output_dir", out)
+    try:
+        wait_for(out / "metrics.jsonl", 120)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=90)
+    except BaseException:
+        kill_torchrun(proc)
+        raise
+    (ckpt,) = [p for p in out.iterdir() if p.name.startswith("checkpoint-")]
+    step = int(ckpt.name.split("-")[1])
+    assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == step
+    assert {"rng_state_0.safetensors", "rng_state_1.safetensors", "optimizer.rank-00000-of-00002.safetensors",
+            "optimizer.rank-00001-of-00002.safetensors"} <= {p.name for p in ckpt.iterdir()}
+    assert f"kiln-pretrain: interrupted at step {step}" in stdout, stdout[-2000:] + stderr[-2000:]
+    assert not re.search(r"kiln-pretrain: (\[rank \d+\] )?error", stderr), stderr[-2000:]  # torchrun's own traceback aside
+    assert not [n for n in os.listdir(out) if n.startswith(".checkpoint-")]
+
+
+def test_llama_factory_ddp_timeout_of_180000000_s_is_accepted(kiln_bin, tmp_path):
+    """LLaMA-Factory's examples set ddp_timeout: 180000000 (5.7 years): every collective's and the
+    rendezvous' timeout must take it without overflowing into an immediate one."""
+    res = torchrun(kiln_bin, "kiln-pretrain", 2, *BASE, "--ddp_timeout", 180000000, "--max_steps", 2,
+                   "--per_device_train_batch_size", 1, "--output_dir", tmp_path / "run")
+    assert "kiln-pretrain: finished at step 2" in res.stdout, res.stdout[-2000:]
+
+
+def hf_445_banner(len_dataloader, batch, accumulation, world, epochs, max_steps):
+    """Trainer._inner_training_loop of transformers 4.45 (the users' logs in shared/seed), transcribed:
+    (Num Epochs, total train batch size, total optimization steps, updates per epoch)."""
     import math
 
-    import torch
+    updates = max(len_dataloader // accumulation, 1)
+    if max_steps > 0:
+        return max_steps // updates + int(max_steps % updates > 0), batch * accumulation * world, max_steps, updates
+    return math.ceil(epochs), batch * accumulation * world, math.ceil(epochs * updates), updates
+
+
+def hf_installed_banner(dataloader, batch, accumulation, world, epochs, max_steps):
+    """The same numbers from the installed transformers' own Trainer.set_initial_training_values,
+    called on a stand-in for the Trainer that has what it reads (no model, no parallelism config)."""
+    from types import SimpleNamespace
+
+    from transformers.trainer import Trainer
+
+    class Stub:
+        _train_batch_size = batch
+        model = None
+        is_deepspeed_enabled = False
+        accelerator = SimpleNamespace(parallelism_config=None)
+        args = SimpleNamespace(per_device_train_batch_size=batch)
+        get_total_train_batch_size = Trainer.get_total_train_batch_size
+        get_tp_size = Trainer.get_tp_size
+        get_cp_size = Trainer.get_cp_size
+        get_sp_size = Trainer.get_sp_size
+        num_examples = Trainer.num_examples
+
+    args = SimpleNamespace(max_steps=max_steps, gradient_accumulation_steps=accumulation, num_train_epochs=epochs,
+                           world_size=world, per_device_train_batch_size=batch)
+    epochs_, updates, examples, _, total_batch, _, steps = Trainer.set_initial_training_values(Stub(), args, dataloader)
+    return epochs_, total_batch, steps, updates, examples
+
+
+BANNER_CASES = [  # (cutoff_len, world, batch per rank, accumulation, num_train_epochs, max_steps)
+    (64, 2, 3, 2, 2, -1), (64, 4, 1, 8, 1, -1), (64, 3, 5, 1, 3, -1), (128, 2, 4, 3, 2.5, -1),
+    (256, 8, 16, 4, 1, -1), (512, 6, 64, 8, 2, -1),  # fewer batches than accumulation steps: one update
+    (32, 2, 8, 4, 3, 50), (128, 4, 2, 3, 1, 1000), (256, 3, 7, 2, 1, 10),  # max_steps > 0 with world > 1
+]
+
+
+def test_banner_arithmetic_with_world_size_is_hf_trainers(kiln_bin, tmp_path):
+    """kiln's banner against HF Trainer's numbers for the same (examples, batch, accumulation, world,
+    epochs, max_steps): the dataloader's length from torch's own DistributedSampler and DataLoader
+    (rank 0's share), then transformers 4.45's arithmetic; the installed transformers' own helper
+    must agree wherever 4.45 and 5.x do (the dataloader's length a multiple of the accumulation, or
+    below it) and otherwise count exactly one update per epoch more (docs/distributed.md). The
+    examples differ from case to case (cutoff_len packs the corpus into more or fewer blocks). Each
+    case is rank 0's --dry-run under a torchrun environment: a dry run joins no process group."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    res = torchrun(kiln_bin, "kiln-pretrain", world, "--dry-run", "--cutoff_len", 64, "--per_device_train_batch_size",
-                   batch, "--gradient_accumulation_steps", accumulation, "--num_train_epochs", epochs,
-                   "--max_steps", -1, "--output_dir", tmp_path / "run")
-    banner = dict(line.strip().split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)
-    examples = int(banner["Num examples"].replace(",", ""))
-    sampler = DistributedSampler(range(examples), num_replicas=world, rank=0, shuffle=True, drop_last=False)
-    steps_per_epoch = len(DataLoader(range(examples), batch_size=batch, sampler=sampler))
-    updates = max(steps_per_epoch // accumulation, 1)
-    assert int(banner["Total train batch size (w. parallel, distributed & accumulation)"]) == batch * world * accumulation
-    assert int(banner["Total optimization steps"].replace(",", "")) == math.ceil(epochs * updates)
-    assert int(banner["Num Epochs"]) == epochs
+    seen = set()
+    for case in BANNER_CASES:
+        cutoff, world, batch, accumulation, epochs, max_steps = case
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+        env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"})
+        res = subprocess.run([str(kiln_bin("kiln-pretrain")), "--dry-run", *map(str, [
+            "--cutoff_len", cutoff, "--per_device_train_batch_size", batch, "--gradient_accumulation_steps",
+            accumulation, "--num_train_epochs", epochs, "--max_steps", max_steps, "--output_dir", tmp_path / "run"])],
+            capture_output=True, text=True, timeout=120, env=env)
+        assert res.returncode == 0, (case, res.stderr[-2000:])
+        banner = {k: v.replace(",", "") for k, v in
+                  (line.strip().split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)}
+        examples = int(banner["Num examples"])
+        seen.add(examples)
+        dataset = range(examples)
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=0, shuffle=True, drop_last=False)
+        loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
+        got = (int(banner["Num Epochs"]), int(banner["Total train batch size (w. parallel, distributed & accumulation)"]),
+               int(banner["Total optimization steps"]))
+        want = hf_445_banner(len(loader), batch, accumulation, world, epochs, max_steps)
+        assert got == want[:3], (case, examples, len(loader), got, want)
+        installed = hf_installed_banner(loader, batch, accumulation, world, epochs, max_steps)
+        assert installed[4] == examples and installed[1] == want[1], (case, installed)
+        if len(loader) % accumulation == 0 or len(loader) < accumulation:
+            assert installed[:4] == want, (case, examples, len(loader), installed, want)
+        else:
+            assert installed[3] == want[3] + 1, (case, examples, len(loader), installed, want)
+    assert len(seen) >= 4, seen
 
 
 def test_profile_under_torchrun_predicts_each_stages_memory_per_rank(kiln_bin, tmp_path):
