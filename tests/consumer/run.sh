@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CTest's `consumer` test (docs/embedding.md): install kiln into a temporary prefix, check what was
-# installed (no libpython anywhere, libkiln.so exports only the API), build tests/consumer against
-# the installed package alone, make a checkpoint with the installed kiln-pretrain, and run the
-# service on it. Also: the package refuses a LibTorch of another version, naming both.
+# installed (SONAME and links, no libpython anywhere, libkiln.so exports exactly the API), build
+# tests/consumer against the installed package alone, make a checkpoint with the installed
+# kiln-pretrain, run the service on it, and run api_check. Also: the package refuses a LibTorch of
+# another version, naming both.
 # Usage: run.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$1"
@@ -13,22 +14,80 @@ prefix="$work/prefix"
 say() { printf 'consumer: %s\n' "$*"; }
 
 cmake --install "$build" --prefix "$prefix" >"$work/install.log"
-lib="$(ls "$prefix"/lib*/libkiln.so.* | head -1)"
-say "installed $(cd "$prefix" && find . -type f | wc -l) files; $(readelf -d "$lib" | grep SONAME | sed 's/.*\[\(.*\)\]/SONAME \1/')"
+# The library is installed under its full version, with its SONAME (major.minor while the version is
+# 0.x: the package is compatible within a minor version) and the two links to it.
+libdir="$(cd "$(echo "$prefix"/lib*/cmake/kiln)/../.." && pwd)"
+version="$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$libdir/cmake/kiln/kilnConfigVersion.cmake")"
+lib="$libdir/libkiln.so.$version"
+[[ -n "$version" && -f "$lib" && ! -L "$lib" ]] || { echo "consumer: libkiln.so.$version not installed" >&2; exit 1; }
+soname_want="libkiln.so.${version%.*}"
+dynamic="$(readelf -d "$lib")"
+soname="$(sed -n 's/.*(SONAME) *Library soname: \[\(.*\)\]/\1/p' <<<"$dynamic")"
+[[ "$soname" == "$soname_want" ]] || { echo "consumer: SONAME is '$soname', want $soname_want" >&2; exit 1; }
+for link in "$libdir/$soname_want" "$libdir/libkiln.so"; do
+  [[ -L "$link" && "$(readlink -f "$link")" == "$(readlink -f "$lib")" ]] ||
+    { echo "consumer: $link is not a link to libkiln.so.$version" >&2; exit 1; }
+done
+say "installed $(cd "$prefix" && find . -type f | wc -l) files; libkiln.so.$version, SONAME $soname"
 for f in "$lib" "$prefix"/bin/kiln-*; do
-  if readelf -d "$f" | grep NEEDED | grep -qi "libpython" || ldd "$f" | grep -qi "libpython"; then
+  needed="$(readelf -d "$f")" resolved="$(ldd "$f")"
+  if [[ "$needed" == *libpython* || "$resolved" == *libpython* ]]; then
     echo "consumer: $f needs libpython" >&2
     exit 1
   fi
 done
-# The dynamic symbol table is the API: every defined symbol is in namespace kiln.
-exported="$(nm -D --defined-only -C "$lib" | awk '{ $1 = ""; $2 = ""; print }' | sed 's/^ *//')"
-if echo "$exported" | grep -v -E '^(typeinfo (name )?for |vtable for )?kiln::' | grep -q .; then
-  echo "consumer: libkiln.so exports more than the API:" >&2
-  echo "$exported" | grep -v -E '^(typeinfo (name )?for |vtable for )?kiln::' | head >&2
+
+# The dynamic symbol table is the API, exactly. The demangled names of the defined dynamic symbols
+# equal tests/consumer/exported_symbols.txt (an API change updates it in the same commit: `nm -D
+# --defined-only libkiln.so | awk 'NF == 3 { print $3 }' | c++filt | LC_ALL=C sort -u`), except
+# the member functions of the settings struct (KILN_API as a whole), each of which must be declared
+# in the installed train/pretrain_config.h. And, so that a list regenerated in haste cannot let
+# internals through: every name is in namespace kiln, outside its internal namespaces (kiln::train
+# is internal but for what train/pretrain_config.h declares), and each word of its qualified name is
+# in the installed headers. The count is the names plus a second symbol per constructor/destructor
+# (GCC's complete- and base-object variants), nothing more.
+raw="$(nm -D --defined-only "$lib")"
+mangled="$(awk 'NF == 3 { print $3 }' <<<"$raw")"
+count="$(wc -l <<<"$mangled")"
+exported="$(c++filt <<<"$mangled" | LC_ALL=C sort -u)"
+settings_member='^kiln::train::PretrainConfig::'
+expected="$(grep -v "$settings_member" "$src/tests/consumer/exported_symbols.txt" | LC_ALL=C sort -u)"
+listed="$(grep -v "$settings_member" <<<"$exported" || true)"
+if [[ "$listed" != "$expected" ]]; then
+  echo "consumer: libkiln.so's exported symbols differ from tests/consumer/exported_symbols.txt (< listed, > exported):" >&2
+  diff <(echo "$expected") <(echo "$listed") >&2 || true
   exit 1
 fi
-say "libkiln.so exports $(echo "$exported" | wc -l) symbols, all kiln::"
+headers="$(cat "$prefix"/include/kiln/*.h "$prefix"/include/kiln/*/*.h)"
+settings_header="$(cat "$prefix/include/kiln/train/pretrain_config.h")"
+public_train='^kiln::train::(PretrainConfig|load_pretrain_config|parse_overrides|pretrain_config_from_yaml_text|pretrain_config_keys)\b'
+structors=0
+while IFS= read -r sym; do
+  name="$(sed -E 's/^(typeinfo name for |typeinfo for |vtable for )//; s/\[abi:[a-z0-9]*\]//g; s/\(.*//' <<<"$sym")"
+  if [[ ! "$name" =~ ^kiln:: ]] ||
+    { [[ "$name" =~ ^kiln::(model|data|ops|optim|dist|io|config|profile|kernels|common|detail|internal|train):: ]] &&
+      ! grep -Eq "$public_train" <<<"$name"; }; then
+    echo "consumer: libkiln.so exports an internal symbol: $sym" >&2
+    exit 1
+  fi
+  IFS=':' read -ra parts <<<"${name#kiln::}"
+  for part in "${parts[@]}"; do
+    [[ -z "$part" ]] && continue
+    grep -Fqw -- "${part#\~}" <<<"$headers" || { echo "consumer: exported $sym: '$part' is in no installed header" >&2; exit 1; }
+  done
+  if [[ "$name" =~ $settings_member ]] && ! grep -Eq "\b${name##*::}\(" <<<"$settings_header"; then
+    echo "consumer: exported $sym is not declared in the installed train/pretrain_config.h" >&2
+    exit 1
+  fi
+  if [[ "${#parts[@]}" -ge 3 && "${parts[-1]#\~}" == "${parts[-3]}" ]]; then structors=$((structors + 1)); fi
+done <<<"$exported"
+api_count="$(wc -l <<<"$exported")"
+if ((count > api_count + structors)); then
+  echo "consumer: libkiln.so exports $count symbols for $api_count API names ($structors constructors/destructors)" >&2
+  exit 1
+fi
+say "libkiln.so exports $count symbols: $api_count API names ($(wc -l <<<"$expected") listed in" \
+  "exported_symbols.txt, $((api_count - $(wc -l <<<"$expected"))) settings members) + $structors constructors'/destructors' twins"
 for h in kiln/kiln.h kiln/export.h kiln/version.h kiln/train/pretrain_config.h; do
   [[ -f "$prefix/include/$h" ]] || { echo "consumer: $h not installed" >&2; exit 1; }
 done
@@ -40,7 +99,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   "${launcher[@]}" >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
-say "built the service against $prefix"
+say "built the service and api_check against $prefix"
 
 # A checkpoint from the installed program, continued by the service.
 timeout 300 "$prefix/bin/kiln-pretrain" --max_steps 2 --save_steps 0 --eval_steps 0 --logging_steps 1 \
@@ -49,6 +108,9 @@ timeout 300 "$work/build/service" "$work/pretrain/checkpoint-2" "$work/service" 
 cat "$work/service.out"
 # kiln wrote nothing to stdout (its log went to the service's handler): one line, the service's.
 [[ "$(wc -l <"$work/service.out")" == 1 ]] || { echo "consumer: kiln wrote to stdout" >&2; exit 1; }
+# The API's other entry points (models from a preset and a YAML, save_pretrained, evaluate, kOff).
+timeout 300 "$work/build/api_check" "$work/api" >"$work/api.out" || { cat "$work/api.out"; exit 1; }
+cat "$work/api.out"
 
 # Another LibTorch version is refused at configure time, naming both versions.
 mkdir -p "$work/faketorch"
@@ -61,4 +123,5 @@ if cmake -S "$src/tests/consumer" -B "$work/build-other" -G Ninja -DCMAKE_PREFIX
 fi
 grep -q "built against LibTorch" "$work/other.log" && grep -q "2.10.0" "$work/other.log" ||
   { cat "$work/other.log" >&2; exit 1; }
-say "LibTorch 2.10.0 refused: $(grep -o 'kiln [0-9.]* was built against LibTorch [0-9.]*' "$work/other.log" | head -1)"
+refusal="$(grep -o 'kiln [0-9.]* was built against LibTorch [0-9.]*' "$work/other.log" || true)"
+say "LibTorch 2.10.0 refused: ${refusal%%$'\n'*}"
