@@ -2,12 +2,18 @@
 // checkpoint-N is always complete, checked on the folder contents after each operation and after
 // the states a kill can leave between two of its steps.
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 
@@ -95,6 +101,151 @@ TEST_CASE("remove_checkpoint leaves no partial folder under the checkpoint's nam
   make_checkpoint(out / "checkpoint-7", "seven");
   remove_checkpoint(out / "checkpoint-7");
   CHECK(fs::is_empty(out));
+}
+
+namespace {
+
+// A checkpoint of `files` files that all hold `tag`; complete_as() tells whether a folder is
+// such a checkpoint, whole (every file there, every one with the same tag).
+constexpr int kFiles = 150;
+
+void make_big_checkpoint(const fs::path& dir, const std::string& tag) {
+  fs::create_directories(dir);
+  for (int i = 0; i < kFiles; ++i) std::ofstream(dir / ("part-" + std::to_string(i))) << tag;
+}
+
+std::string complete_as(const fs::path& dir) {
+  std::string tag;
+  for (int i = 0; i < kFiles; ++i) {
+    std::ifstream in(dir / ("part-" + std::to_string(i)));
+    if (!in) return "partial";
+    const std::string t(std::istreambuf_iterator<char>(in), {});
+    if (i > 0 && t != tag) return "mixed";
+    tag = t;
+  }
+  return tag;
+}
+
+struct Fault : std::runtime_error {
+  Fault() : std::runtime_error("killed here") {}
+};
+testing::FaultPoint g_fault_at;
+int g_faults = 0;
+void throw_at(testing::FaultPoint p) {
+  if (p != g_fault_at) return;
+  ++g_faults;
+  throw Fault();
+}
+
+struct HookGuard {
+  explicit HookGuard(bool no_exchange) { testing::hooks() = {.at = throw_at, .no_exchange = no_exchange}; }
+  ~HookGuard() { testing::hooks() = {}; }
+};
+
+}  // namespace
+
+TEST_CASE("a kill between any two steps of a re-save or a deletion is recovered whole", "[train]") {
+  using testing::FaultPoint;
+  // (exchange available?, where the kill comes)
+  const std::vector<std::pair<bool, FaultPoint>> cases = {{true, FaultPoint::kReplaceExchanged},
+                                                          {false, FaultPoint::kReplaceOldMoved},
+                                                          {false, FaultPoint::kReplaceNewPlaced},
+                                                          {true, FaultPoint::kRemoveRenamed}};
+  for (const auto& [can_exchange, point] : cases) {
+    CAPTURE(can_exchange, static_cast<int>(point));
+    const fs::path out = kiln::test::scratch_dir("ckdir_fault");
+    make_big_checkpoint(out / "checkpoint-5", "old");
+    make_big_checkpoint(out / ".checkpoint-5.tmp", "new");
+    make_big_checkpoint(out / "checkpoint-3", "three");
+    g_fault_at = point;
+    g_faults = 0;
+    {
+      const HookGuard guard(!can_exchange);
+      if (point == FaultPoint::kRemoveRenamed) {
+        CHECK_THROWS_AS(remove_checkpoint(out / "checkpoint-3"), Fault);
+      } else {
+        CHECK_THROWS_AS(replace_folder_atomically(out / ".checkpoint-5.tmp", out / "checkpoint-5"), Fault);
+      }
+    }
+    REQUIRE(g_faults == 1);
+    // What the kill left: a folder under a checkpoint name is whole, never partial.
+    for (const fs::path& p : list_checkpoints(out)) CHECK(complete_as(p) != "partial");
+    if (can_exchange) CHECK(fs::exists(out / "checkpoint-5"));  // the exchange never leaves a gap
+    // The next start: checkpoint-5 is there, old or new but whole; checkpoint-3 is whole or gone.
+    clean_incomplete_checkpoints(out);
+    const std::string five = complete_as(out / "checkpoint-5");
+    CHECK((five == "old" || five == "new"));
+    if (point == FaultPoint::kReplaceNewPlaced || point == FaultPoint::kReplaceExchanged) CHECK(five == "new");
+    if (point == FaultPoint::kRemoveRenamed) {
+      CHECK_FALSE(fs::exists(out / "checkpoint-3"));
+    } else {
+      CHECK(complete_as(out / "checkpoint-3") == "three");
+    }
+    for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().filename().string()[0] != '.');
+  }
+}
+
+TEST_CASE("kill -9 at random moments of a re-save and a rotation never leaves a partial checkpoint", "[train]") {
+  // The same property as above without fault points: a child process re-saves checkpoint-5 and
+  // deletes checkpoint-3 (150 files each) and is killed at a random moment of that work.
+  std::mt19937 rng(7);
+  for (const bool no_exchange : {false, true}) {
+    CAPTURE(no_exchange);
+    const auto run_child = [&](const fs::path& out) {
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        testing::hooks().no_exchange = no_exchange;
+        try {
+          replace_folder_atomically(out / ".checkpoint-5.tmp", out / "checkpoint-5");
+          remove_checkpoint(out / "checkpoint-3");
+        } catch (...) {
+          ::_exit(3);
+        }
+        ::_exit(0);
+      }
+      return pid;
+    };
+    const auto prepare = [](const fs::path& out) {
+      make_big_checkpoint(out / "checkpoint-5", "old");
+      make_big_checkpoint(out / ".checkpoint-5.tmp", "new");
+      make_big_checkpoint(out / "checkpoint-3", "three");
+    };
+    // How long the work takes here, uninterrupted (the faster of two runs): the kills land
+    // uniformly over it.
+    std::chrono::microseconds took = std::chrono::hours(1);
+    for (int k = 0; k < 2; ++k) {
+      const fs::path timing = kiln::test::scratch_dir("ckdir_kill_timing");
+      prepare(timing);
+      const auto t0 = std::chrono::steady_clock::now();
+      int status = 0;
+      ::waitpid(run_child(timing), &status, 0);
+      took =
+          std::min(took, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0));
+      REQUIRE(WIFEXITED(status));
+      REQUIRE(WEXITSTATUS(status) == 0);
+      REQUIRE(complete_as(timing / "checkpoint-5") == "new");
+    }
+    // Until 8 kills have cut the work short (a kill after the child's end proves nothing).
+    int cut = 0;
+    for (int trial = 0; trial < 40 && cut < 8; ++trial) {
+      const fs::path out = kiln::test::scratch_dir("ckdir_kill");
+      prepare(out);
+      const pid_t pid = run_child(out);
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::uniform_int_distribution<int64_t>(0, took.count())(rng)));
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      if (WIFSIGNALED(status)) ++cut;
+      clean_incomplete_checkpoints(out);
+      const std::string five = complete_as(out / "checkpoint-5");
+      CHECK((five == "old" || five == "new"));
+      CHECK((!fs::exists(out / "checkpoint-3") || complete_as(out / "checkpoint-3") == "three"));
+      for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().filename().string()[0] != '.');
+    }
+    CHECK(cut == 8);
+  }
 }
 
 TEST_CASE("rotation deletes the oldest but never a kept checkpoint", "[train]") {

@@ -13,13 +13,17 @@
 #include <vector>
 
 #include <ATen/Context.h>
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/common/format.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/kiln.h"
+#include "kiln/model/llama_config.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/profile/memory.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
 #include "support.h"
@@ -301,6 +305,101 @@ TEST_CASE("resuming an earlier checkpoint never deletes what it writes or resume
   cont.resume_from_checkpoint = "true";
   Trainer c(cont);
   CHECK_THAT(c.banner(), Catch::Matchers::Contains("Resuming at step 7"));
+}
+
+TEST_CASE("resume_from_checkpoint: true recovers a re-save cut between its renames before choosing", "[train]") {
+  PretrainConfig first = small_run("resume_after_cut_resave");
+  first.max_steps = 4;
+  first.save_steps = 2;
+  Trainer(first).train();
+  const fs::path out(first.output_dir);
+  REQUIRE(fs::exists(out / "checkpoint-4" / "optimizer.safetensors"));
+  // A kill while checkpoint-4 was re-saved on a file system without an atomic exchange: the
+  // complete old folder is at .checkpoint-4.old, the new one half-written at .checkpoint-4.tmp.
+  fs::rename(out / "checkpoint-4", out / ".checkpoint-4.old");
+  fs::create_directories(out / ".checkpoint-4.tmp");
+  std::ofstream(out / ".checkpoint-4.tmp" / "model.safetensors") << "partial";
+  PretrainConfig again = first;
+  again.resume_from_checkpoint = "true";
+  again.max_steps = 5;
+  std::vector<std::string> logged;
+  kiln::set_log_handler([&](kiln::LogLevel, std::string_view m) { logged.emplace_back(m); });
+  Trainer t(again);
+  kiln::set_log_handler(nullptr);
+  CHECK_THAT(t.banner(), Catch::Matchers::Contains("Resuming at step 4"));  // not checkpoint-2
+  CHECK(fs::exists(out / "checkpoint-4" / "optimizer.safetensors"));
+  CHECK_FALSE(fs::exists(out / ".checkpoint-4.old"));
+  CHECK_FALSE(fs::exists(out / ".checkpoint-4.tmp"));
+  const bool said = std::any_of(logged.begin(), logged.end(), [](const std::string& m) {
+    return m.find("cleaned up 2 incomplete checkpoint folders") != std::string::npos &&
+           m.find(".checkpoint-4.old restored as checkpoint-4") != std::string::npos;
+  });
+  CHECK(said);
+}
+
+TEST_CASE("cutoff_len beyond max_position_embeddings warns once, naming both numbers", "[train]") {
+  PretrainConfig c = small_run("cutoff_warning");
+  c.cutoff_len = 1100;  // the tiny preset has max_position_embeddings 1024
+  c.max_steps = 1;
+  std::vector<std::pair<kiln::LogLevel, std::string>> logged;
+  kiln::set_log_handler([&](kiln::LogLevel l, std::string_view m) { logged.emplace_back(l, std::string(m)); });
+  Trainer t(c);
+  kiln::set_log_handler(nullptr);
+  int warnings = 0;
+  for (const auto& [level, m] : logged) {
+    if (m.find("max_position_embeddings") == std::string::npos) continue;
+    ++warnings;
+    CHECK(level == kiln::LogLevel::kWarning);
+    CHECK_THAT(m, Catch::Matchers::Contains("cutoff_len 1100") && Catch::Matchers::Contains("1024"));
+  }
+  CHECK(warnings == 1);
+  c.cutoff_len = 32;
+  logged.clear();
+  kiln::set_log_handler([&](kiln::LogLevel l, std::string_view m) { logged.emplace_back(l, std::string(m)); });
+  Trainer quiet(c);
+  kiln::set_log_handler(nullptr);
+  for (const auto& [level, m] : logged) CHECK(m.find("max_position_embeddings") == std::string::npos);
+}
+
+TEST_CASE("a dry run under a launcher plans the per-rank memory of the job's ZeRO stage", "[train]") {
+  // The Slurm variables of rank 1 of 4; a plan joins no process group, so none needs to exist.
+  const std::vector<std::pair<std::string, std::string>> vars = {{"SLURM_PROCID", "1"},
+                                                                 {"SLURM_NTASKS", "4"},
+                                                                 {"SLURM_LOCALID", "1"},
+                                                                 {"SLURM_JOB_NODELIST", "node[01-02]"},
+                                                                 {"SLURM_JOB_ID", "77"}};
+  for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  PretrainConfig c = small_run("dry_run_dist");
+  std::map<int, std::string> banners;
+  for (const int stage : {0, 2}) {
+    c.zero_stage = stage;
+    banners[stage] = Trainer::plan_only(c)->banner();
+  }
+  for (const auto& [k, v] : vars) ::unsetenv(k.c_str());
+  const std::string one = Trainer::plan_only(c)->banner();
+  const auto per_rank = [&](int stage, int world) {
+    const auto m = kiln::profile::estimate_training_memory(
+        kiln::model::load_llama_config("tiny"), c.per_device_train_batch_size, c.cutoff_len,
+        kiln::profile::MemoryOptions{.compute_bytes = 4,
+                                     .kernels = c.kernels,
+                                     .data_parallel = world > 1,
+                                     .world_size = world,
+                                     .zero_stage = stage,
+                                     .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20});
+    return kiln::human_bytes(m.total());
+  };
+  for (const int stage : {0, 2}) {
+    CAPTURE(banners[stage]);
+    CHECK_THAT(banners[stage],
+               Catch::Matchers::Contains(fmt::format(
+                   "Distributed = 4 processes (slurm; planned, not joined; this is rank 1), ZeRO stage {}", stage)));
+    CHECK_THAT(banners[stage], Catch::Matchers::Contains("Predicted peak memory per rank = " + per_rank(stage, 4)));
+    CHECK_THAT(banners[stage], Catch::Matchers::Contains("Total train batch size (w. parallel, distributed & "
+                                                         "accumulation) = 16"));
+  }
+  CHECK(per_rank(2, 4) != per_rank(0, 1));
+  CHECK_THAT(one, Catch::Matchers::Contains("Predicted peak memory = " + per_rank(0, 1)));
+  CHECK_THAT(one, !Catch::Matchers::Contains("Distributed"));
 }
 
 TEST_CASE("overwrite_output_dir deletes an earlier run's checkpoints instead of setting them aside", "[train]") {

@@ -37,8 +37,13 @@ fs::path sibling(const fs::path& p, const std::string& suffix) {
   return p.parent_path() / ("." + p.filename().string() + suffix);
 }
 
+void fault(testing::FaultPoint point) {
+  if (testing::hooks().at) testing::hooks().at(point);
+}
+
 // renameat2(RENAME_EXCHANGE): false when the file system or kernel cannot do it.
 bool exchange(const fs::path& a, const fs::path& b) {
+  if (testing::hooks().no_exchange) return false;
   constexpr unsigned kRenameExchange = 2;  // RENAME_EXCHANGE in <linux/fs.h>
   if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), kRenameExchange) == 0) return true;
   if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP || errno == EOPNOTSUPP) return false;
@@ -47,6 +52,11 @@ bool exchange(const fs::path& a, const fs::path& b) {
 }
 
 }  // namespace
+
+testing::Hooks& testing::hooks() {
+  static Hooks h;
+  return h;
+}
 
 int64_t checkpoint_step(const fs::path& path) {
   std::smatch m;
@@ -74,14 +84,17 @@ void replace_folder_atomically(const fs::path& staged, const fs::path& target) {
   }
   if (exchange(staged, target)) {
     sync_dir(target.parent_path());
+    fault(testing::FaultPoint::kReplaceExchanged);
     fs::remove_all(staged);  // the old content
     return;
   }
   const fs::path old = sibling(target, ".old");
   fs::remove_all(old);
   fs::rename(target, old);
+  fault(testing::FaultPoint::kReplaceOldMoved);
   fs::rename(staged, target);
   sync_dir(target.parent_path());
+  fault(testing::FaultPoint::kReplaceNewPlaced);
   fs::remove_all(old);
 }
 
@@ -90,6 +103,7 @@ void remove_checkpoint(const fs::path& checkpoint) {
   fs::remove_all(doomed);
   fs::rename(checkpoint, doomed);
   sync_dir(checkpoint.parent_path());
+  fault(testing::FaultPoint::kRemoveRenamed);
   fs::remove_all(doomed);
 }
 

@@ -54,4 +54,22 @@ struct SetAside {
 SetAside set_aside_later_checkpoints(const std::filesystem::path& output_dir, int64_t start_step,
                                      const std::filesystem::path& resumed_from, bool remove);
 
+// Crash testing: the moments between two steps of the operations above where a kill leaves a
+// state that the next start must recover from. Tests install a hook that throws at one of them
+// (the operation then stops there, as a killed process would) and check the folder; the hook can
+// also disable the atomic exchange, so the fallback path is exercised on any file system.
+namespace testing {
+enum class FaultPoint {
+  kReplaceExchanged,  // replace: exchanged, the old content not yet deleted
+  kReplaceOldMoved,   // replace (fallback): target renamed to .old, staged not yet renamed
+  kReplaceNewPlaced,  // replace (fallback): staged renamed into place, .old not yet deleted
+  kRemoveRenamed,     // remove: renamed to .deleting, not yet deleted
+};
+struct Hooks {
+  void (*at)(FaultPoint) = nullptr;
+  bool no_exchange = false;  // behave as a file system without renameat2(RENAME_EXCHANGE)
+};
+Hooks& hooks();
+}  // namespace testing
+
 }  // namespace kiln::train

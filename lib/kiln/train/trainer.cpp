@@ -190,6 +190,7 @@ void Trainer::init() {
   if (plan_only_) {
     env_rank_ = env.rank;  // the job's shape, without joining it
     env_world_ = env.world_size;
+    env_launcher_ = env.launcher;
   } else if (env.distributed()) {
     comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
   }
@@ -363,6 +364,10 @@ void Trainer::setup_optimizer() {
         throw config::ConfigError(
             config::config_message(config_.source, "resume_from_checkpoint",
                                    fmt::format("'true' but {} holds no checkpoint-N folder", config_.output_dir)));
+      // A kill during a re-save can leave the newest checkpoint renamed aside (.checkpoint-N.old
+      // on file systems without an atomic exchange): recover first, then choose.
+      if (is_main()) clean_incomplete_on_main();
+      if (comm_) comm_->barrier();
       }
     }
     resume(dir);
@@ -379,7 +384,7 @@ std::string Trainer::banner() const {
                              .checkpoint_every = std::max(config_.checkpoint_every(), 1),
                              .cuda = device_.is_cuda(),
                              .kernels = config_.kernels,
-                             .data_parallel = dp_ != nullptr,
+                             .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
                              .world_size = world_size(),
                              .zero_stage = zero_stage_,
                              .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
@@ -397,12 +402,18 @@ std::string Trainer::banner() const {
   } else {
     out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
                        with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
+  } else if (plan_only_ && env_launcher_ != "none") {
+    out += fmt::format(
+        "\n  Distributed = {} processes ({}; planned, not joined; this is rank {}), ZeRO stage {}, "
+        "buckets of {} MB",
+        env_world_, env_launcher_, env_rank_, zero_stage_, config_.ddp_bucket_cap_mb);
                        config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
+  const bool per_rank = comm_ || (plan_only_ && env_launcher_ != "none");
                        val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
                                               config_.val_size > 0 ? " held out by val_size" : "")
                                 : "no val split");
   }
-  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", comm_ ? " per rank" : "",
+  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", per_rank ? " per rank" : "",
                      human_bytes(memory.total()), memory.peak_phase);
   for (const auto& [name, bytes] : memory.components) {
     if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
@@ -472,9 +483,8 @@ void Trainer::prepare_output_dir() {
   if (comm_) comm_->barrier();
 }
 
-void Trainer::prepare_output_dir_on_main() {
+void Trainer::clean_incomplete_on_main() {
   const fs::path out(config_.output_dir);
-  fs::create_directories(out);
   const auto cleaned = clean_incomplete_checkpoints(out);
   if (!cleaned.empty()) {
     logger()->info("kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})",
@@ -486,6 +496,12 @@ void Trainer::prepare_output_dir_on_main() {
     std::vector<std::string> names;
     for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
     logger()->info(
+}
+
+void Trainer::prepare_output_dir_on_main() {
+  const fs::path out(config_.output_dir);
+  fs::create_directories(out);
+  clean_incomplete_on_main();
         "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}", out.string(),
         aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "), state_->global_step,
         aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");

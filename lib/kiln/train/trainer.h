@@ -128,6 +128,7 @@ class Trainer {
   std::string save_checkpoint(int64_t step);  // returns the checkpoint's folder
   void prepare_output_dir();                  // recovery after a kill; sets an abandoned run's checkpoints aside
   void prepare_output_dir_on_main();
+  void clean_incomplete_on_main();  // what a kill during a save or rotation left
   void resume(const std::string& checkpoint_dir);
   void log_metrics(const std::string& json_line);  // appends a line to output_dir/metrics.jsonl
 
@@ -147,6 +148,7 @@ class Trainer {
   bool progress_bar_ = false;
   bool plan_only_ = false;
   int env_rank_ = 0, env_world_ = 1;  // the launcher's, for a plan without a process group
+  std::string env_launcher_ = "none";
   struct PlanOnly {};
   Trainer(PretrainConfig config, BatchSource source, PlanOnly);
   void init();
