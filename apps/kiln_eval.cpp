@@ -1,7 +1,9 @@
 // kiln-eval: mean next-token loss and perplexity of a checkpoint over a whole split of token
 // shards. Sum of token losses / number of targets, so the result does not depend on the batch
 // size or the order.
+#include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -10,6 +12,7 @@
 #include "kiln/common/format.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/data/tokenize.h"
 #include "kiln/model/hf.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
@@ -24,9 +27,8 @@ int main(int argc, char** argv) {
     ("cutoff-len", "tokens per packed block", cxxopts::value<int64_t>()->default_value("1024"))
     ("batch-size", "blocks per forward pass", cxxopts::value<int64_t>()->default_value("8"))
     ("bf16", "compute in bf16 (autocast)")
-    ("add-bos", "put the shards' BOS token before every block (every block token is then scored); for a model "
-     "trained with a BOS at the start of each sequence")
-    ("no-add-bos", "score the blocks as they are (the default: the shards' own documents, as in training)")
+    ("add-bos", "put the shards' BOS token before every block (every block token is then scored)")
+    ("no-add-bos", "score the blocks as the shards hold them")
     ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
     ("h,help", "print this help");
   // clang-format on
@@ -50,16 +52,27 @@ int main(int argc, char** argv) {
     const auto shards = kiln::data::TokenShards::open(args["dataset-dir"].as<std::string>());
     shards->check_ids_below(model->config().vocab_size,
                             fmt::format("the model's vocab_size ({})", model->config().source));
-    int64_t bos = -1;
-    if (args.count("add-bos")) {
-      bos = shards->meta().bos_id;
-      if (bos < 0)
-        throw std::invalid_argument(
-            fmt::format("--add-bos: the shards' tokenizer '{}' has no BOS token", shards->meta().tokenizer));
-      if (bos >= model->config().vocab_size)
-        throw std::invalid_argument(
-            fmt::format("--add-bos: BOS id {} is outside the model's vocab_size {}", bos, model->config().vocab_size));
+    // The BOS rule (docs/data.md): as the model was trained (kiln_data.json), else as HF's
+    // tokenizer(text) starts a sequence (the checkpoint's tokenizer.json, else the shards').
+    const std::string dir = args["model"].as<std::string>();
+    const auto record = kiln::data::DataRecord::read(dir);
+    std::unique_ptr<kiln::data::Tokenizer> tokenizer;
+    if (!record) {
+      const std::string& shard_tok = shards->meta().tokenizer;
+      if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+        tokenizer = kiln::data::load_tokenizer(dir);
+      } else if (shard_tok == "byte" || std::filesystem::exists(shard_tok)) {
+        tokenizer = kiln::data::load_tokenizer(shard_tok);
+      }
     }
+    const auto rule = args.count("add-bos")      ? kiln::data::BosRule::kAdd
+                      : args.count("no-add-bos") ? kiln::data::BosRule::kNone
+                                                 : kiln::data::BosRule::kAuto;
+    const auto bos_rule = kiln::data::block_bos(rule, record, tokenizer.get(), shards->meta());
+    const int64_t bos = bos_rule.id;
+    if (bos >= model->config().vocab_size)
+      throw std::invalid_argument(
+          fmt::format("BOS id {} is outside the model's vocab_size {}", bos, model->config().vocab_size));
     std::string split = args["split"].as<std::string>();
     if (split.empty()) split = shards->has_split("val") ? "val" : "train";
     const auto dataset = std::make_shared<kiln::data::PackedDataset>(shards->split(split), cutoff);
@@ -70,8 +83,9 @@ int main(int argc, char** argv) {
     if (args.count("bf16")) autocast = at::kBFloat16;
     const auto r = kiln::train::evaluate_dataset(
         model, dataset, {.batch_size = batch, .device = device, .autocast_dtype = autocast, .prepend_token_id = bos});
-    fmt::print("split {}: {} blocks of {}{}, {} target tokens\n", split, kiln::with_commas(dataset->num_blocks()),
-               cutoff, bos >= 0 ? fmt::format(" after BOS {}", bos) : "", kiln::with_commas(r.tokens));
+    fmt::print("split {}: {} blocks of {}{}, {} target tokens (BOS: {})\n", split,
+               kiln::with_commas(dataset->num_blocks()), cutoff, bos >= 0 ? fmt::format(" after BOS {}", bos) : "",
+               kiln::with_commas(r.tokens), bos_rule.rule);
     fmt::print("loss {:.6f}\nperplexity {:.4f}\n", r.loss, r.perplexity);
     return 0;
   } catch (const std::exception& e) {

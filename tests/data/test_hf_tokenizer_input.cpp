@@ -258,3 +258,38 @@ TEST_CASE("prompts are encoded by the BOS rule: flag, training record, else HF's
         std::vector<int32_t>{kiln::data::ByteTokenizer::kBos, 'a', 'b'});
   CHECK(encode_prompt(with_template, "ab", BosRule::kNone, record).ids == ab);
 }
+
+TEST_CASE("kiln-eval's blocks start by the same BOS rule: flag, training record, else HF's template", "[data]") {
+  using kiln::data::block_bos;
+  using kiln::data::BosRule;
+  const fs::path dir = kiln::test::scratch_dir("hf_input_block_bos");
+  const HfTokenizer with_template(write(dir, "tokenizer.json", base_tokenizer().dump()));
+  json plain = base_tokenizer();
+  plain["post_processor"] = nullptr;
+  fs::create_directories(dir / "plain");
+  const HfTokenizer without_template(write(dir / "plain", "tokenizer.json", plain.dump()));
+  const kiln::data::ByteTokenizer bytes;
+  kiln::data::ShardSetMeta shards;
+  shards.tokenizer = (dir / "tokenizer.json").string();
+  shards.bos_id = 30;
+  // A model from elsewhere (no record): the template's BOS, as HF's tokenizer(text) starts a sequence.
+  CHECK(block_bos(BosRule::kAuto, std::nullopt, &with_template, shards).id == 30);
+  CHECK(block_bos(BosRule::kAuto, std::nullopt, &without_template, shards).id == -1);
+  CHECK(block_bos(BosRule::kAuto, std::nullopt, &bytes, shards).id == -1);
+  CHECK(block_bos(BosRule::kAuto, std::nullopt, nullptr, shards).id == -1);
+  // ... but not twice when the shards' documents already start with it.
+  shards.add_special_tokens = true;
+  CHECK(block_bos(BosRule::kAuto, std::nullopt, &with_template, shards).id == -1);
+  shards.add_special_tokens = false;
+  // A model trained on kiln shards: the blocks as it saw them.
+  const kiln::data::DataRecord record;
+  const auto as_trained = block_bos(BosRule::kAuto, record, &with_template, shards);
+  CHECK(as_trained.id == -1);
+  CHECK_THAT(as_trained.rule, Catch::Contains("kiln_data.json"));
+  // The flags win; --add-bos needs a BOS.
+  CHECK(block_bos(BosRule::kAdd, record, nullptr, shards).id == 30);
+  CHECK(block_bos(BosRule::kNone, std::nullopt, &with_template, shards).id == -1);
+  shards.bos_id = -1;
+  CHECK_THAT(kiln::test::error_of([&] { block_bos(BosRule::kAdd, std::nullopt, nullptr, shards); }),
+             Catch::Contains("--add-bos") && Catch::Contains("no BOS"));
+}

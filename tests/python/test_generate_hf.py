@@ -3,7 +3,8 @@ tokenizer.json: the prompt is encoded as HF's tokenizer(prompt) encodes it (with
 BOS where the tokenizer.json has one, without where it has none), and greedy continuations are
 token for token equal. Also the rules for kiln's own runs: a checkpoint trained on kiln shards
 (no BOS) is prompted without BOS, the flags override, ids outside the tokenizer are never
-sampled, and a negative --max-new-tokens is an error."""
+sampled, and a negative --max-new-tokens is an error. kiln-eval starts its blocks by the same BOS
+rule."""
 import json
 import subprocess
 from pathlib import Path
@@ -102,6 +103,12 @@ def test_kiln_trained_checkpoint_is_prompted_as_its_shards(run_kiln, kiln_bin, t
                               "--max-new-tokens", "64", "--temperature", "5", "--top-k", "0", "--top-p", "1",
                               "--seed", str(seed)], capture_output=True, timeout=120)
         assert raw.returncode == 0, raw.stderr  # bytes: a byte model's text need not be valid UTF-8
+    # kiln-eval on its own training shards: the blocks as trained (no BOS) unless asked.
+    data_dir = run_kiln("kiln-tokenize", "--default-corpus").stdout.strip()
+    as_trained, _ = eval_report(run_kiln, "--model", ckpt, "--dataset-dir", data_dir, "--cutoff-len", "64")
+    assert "after BOS" not in as_trained and "kiln_data.json" in as_trained, as_trained
+    with_bos, _ = eval_report(run_kiln, "--model", ckpt, "--dataset-dir", data_dir, "--cutoff-len", "64", "--add-bos")
+    assert "after BOS 256" in with_bos, with_bos
     res = run_kiln("kiln-generate", "--model", ckpt, "--prompt", "The ", "--max-new-tokens", "-1")
     assert res.returncode == 2 and "--max-new-tokens" in res.stderr and "-1" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
@@ -131,3 +138,54 @@ def test_shards_of_a_larger_tokenizer_are_one_clear_line_in_every_program(run_ki
         assert len(lines) == 1, (program, res.stderr)
         assert "token id 3" in lines[0] and "vocab_size" in lines[0] and "320" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+    # kiln-generate: a prompt the 400-id tokenizer encodes with an id the 320-row model lacks.
+    text = [json.loads(line)["text"] for line in (ROOT / "data/corpus/stories.jsonl").open()][0][:300]
+    ids = tok.encode(text).ids
+    first_bad = next(i for i in ids if i >= 320)
+    res = run_kiln("kiln-generate", "--model", model_dir, "--tokenizer", tmp_path / "tokenizer.json", "--prompt", text,
+                   "--max-new-tokens", "4", "--device", "cpu")
+    assert res.returncode == 2, res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert f"token id {first_bad} " in lines[0] and "vocab_size 320" in lines[0], lines[0]
+
+
+def eval_report(run_kiln, *args):
+    res = run_kiln("kiln-eval", *args, "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    head, loss, _ = res.stdout.strip().splitlines()
+    return head, float(loss.split()[1])
+
+
+def test_kiln_eval_starts_blocks_by_the_bos_rule(run_kiln, tmp_path):
+    # An HF model with a BOS-template tokenizer.json, scored on shards made without the template:
+    # as HF's tokenizer(text) starts each sequence, every block gets the BOS (and every block token
+    # is then a target); --no-add-bos scores the blocks as they are (one target fewer per block).
+    tok = make_tokenizer(True)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    model_dir = tmp_path / "model"
+    make_model(model_dir, tok.get_vocab_size(), bos, tok.token_to_id("<|end_of_text|>"))
+    tok.save(str(model_dir / "tokenizer.json"))
+    texts = [json.loads(line)["text"] for line in (ROOT / "data/corpus/stories.jsonl").open()][:40]
+    (tmp_path / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    shards = tmp_path / "shards"
+    res = run_kiln("kiln-tokenize", "--tokenizer", model_dir / "tokenizer.json", "--input", tmp_path / "text.jsonl",
+                   "--output", shards)
+    assert res.returncode == 0, res.stderr
+    common = ["--model", model_dir, "--dataset-dir", shards, "--cutoff-len", "32", "--batch-size", "4"]
+    auto_head, auto_loss = eval_report(run_kiln, *common)
+    assert f"after BOS {bos}" in auto_head and "template" in auto_head, auto_head
+    blocks = int(auto_head.split(": ")[1].split()[0].replace(",", ""))
+    assert f"{blocks * 32:,} target tokens" in auto_head
+    add_head, add_loss = eval_report(run_kiln, *common, "--add-bos")
+    assert add_loss == auto_loss
+    none_head, none_loss = eval_report(run_kiln, *common, "--no-add-bos")
+    assert "after BOS" not in none_head and f"{blocks * 31:,} target tokens" in none_head
+    assert none_loss != auto_loss
+    # The same model without a template in its tokenizer.json: no BOS.
+    tok.post_processor = None
+    tok.save(str(model_dir / "tokenizer.json"))
+    plain_head, plain_loss = eval_report(run_kiln, *common)
+    assert "after BOS" not in plain_head and plain_loss == none_loss
+    res = run_kiln("kiln-eval", *common, "--add-bos", "--no-add-bos")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1

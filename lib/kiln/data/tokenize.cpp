@@ -282,4 +282,27 @@ EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, B
   return out;
 }
 
+BlockBos block_bos(BosRule rule, const std::optional<DataRecord>& record, const Tokenizer* tokenizer,
+                   const ShardSetMeta& shards) {
+  switch (rule) {
+    case BosRule::kAdd:
+      if (shards.bos_id < 0)
+        throw std::invalid_argument(
+            fmt::format("--add-bos: the shards' tokenizer '{}' has no BOS token", shards.tokenizer));
+      return {shards.bos_id, "BOS added (--add-bos)"};
+    case BosRule::kNone:
+      return {-1, "no BOS (--no-add-bos)"};
+    case BosRule::kAuto:
+      break;
+  }
+  if (record) return {-1, "the blocks as the model was trained on them (kiln_data.json)"};
+  if (shards.add_special_tokens) return {-1, "the blocks as they are: the shards' documents start with the template"};
+  if (!tokenizer || tokenizer->name() == "byte") return {-1, "no BOS (no tokenizer template)"};
+  const std::vector<int32_t> empty = tokenizer->encode("", true);
+  if (!empty.empty() && empty.front() == tokenizer->bos_id() && tokenizer->bos_id() >= 0) {
+    return {tokenizer->bos_id(), "the tokenizer's template BOS, as HF's tokenizer(text)"};
+  }
+  return {-1, "no BOS (the tokenizer's template adds none)"};
+}
+
 }  // namespace kiln::data

@@ -68,4 +68,18 @@ struct EncodedPrompt {
 EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, BosRule rule,
                             const std::optional<DataRecord>& record);
 
+// How kiln-eval starts each scored block of a shard set (docs/data.md, "BOS"), by the same rules:
+//   kAdd  the shards' BOS before every block (an error when they have none);
+//   kNone the blocks as the shards hold them;
+//   kAuto as the model was trained when the checkpoint records it (kiln_data.json: kiln packs
+//         blocks from the shards and adds nothing); otherwise as HF's tokenizer(text) starts a
+//         sequence: `tokenizer`'s template BOS when it has one and the shards' documents do not
+//         already carry it (nullptr or the byte tokenizer: nothing).
+struct BlockBos {
+  int32_t id = -1;   // -1: none
+  std::string rule;  // which rule decided, for the report
+};
+BlockBos block_bos(BosRule rule, const std::optional<DataRecord>& record, const Tokenizer* tokenizer,
+                   const ShardSetMeta& shards);
+
 }  // namespace kiln::data
