@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     ("dataset-dir", "token shards (default: synthetic random ids)", cxxopts::value<std::string>())
     ("gradient-checkpointing", "recompute each layer in backward")
     ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (every_n)", cxxopts::value<int64_t>())
+    ("gradient-checkpointing-policy", "full, every_n (with --gradient-checkpointing-every) or selective (keep matmul outputs, recompute RMSNorm/SwiGLU); implies --gradient-checkpointing", cxxopts::value<std::string>())
     ("peak-tflops", "peak TFLOP/s for MFU instead of the device table", cxxopts::value<double>())
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
     if (args.count("gradient-checkpointing")) config.gradient_checkpointing = true;
     if (args.count("gradient-checkpointing-every"))
       config.gradient_checkpointing_every = args["gradient-checkpointing-every"].as<int64_t>();
+    if (args.count("gradient-checkpointing-policy")) {
+      config.gradient_checkpointing = true;
+      config.gradient_checkpointing_policy = args["gradient-checkpointing-policy"].as<std::string>();
+    }
     if (args.count("peak-tflops")) config.peak_tflops = args["peak-tflops"].as<double>();
     if (args.count("memory-cap-bytes")) config.memory_cap_bytes = args["memory-cap-bytes"].as<int64_t>();
     if (args.count("format")) config.formats = split(args["format"].as<std::string>());

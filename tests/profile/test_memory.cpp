@@ -14,6 +14,7 @@
 
 #include "kiln/ops/dispatch.h"
 #include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/flops.h"
 #include "kiln/profile/memory.h"
 #include "kiln/profile/sweep.h"
 
@@ -185,7 +186,7 @@ TEST_CASE("memory model: components and phases", "[profile]") {
 namespace {
 void check_sweep_within_15_percent(const std::string& model, const std::string& dtype, std::vector<int64_t> cutoffs,
                                    std::vector<int64_t> batches, int64_t warmup, const std::string& kernels = "aten",
-                                   int64_t recompute_every = 0) {
+                                   int64_t recompute_every = 0, bool selective = false) {
   kiln::profile::SweepConfig cfg;
   cfg.model = model;
   cfg.dtype = dtype;
@@ -200,11 +201,15 @@ void check_sweep_within_15_percent(const std::string& model, const std::string& 
   cfg.kernels = kernels;
   cfg.gradient_checkpointing = recompute_every > 0;  // 0: none; 1: every layer (full); n: every_n
   cfg.gradient_checkpointing_every = std::max<int64_t>(recompute_every, 1);
+  if (selective) {
+    cfg.gradient_checkpointing = true;
+    cfg.gradient_checkpointing_policy = "selective";
+  }
   const std::string before = kiln::ops::backends_spec();
   const auto report = kiln::profile::run_sweep(cfg);
   CHECK(kiln::ops::backends_spec() == before);  // the sweep restored the process's setting
   for (const auto& r : report.rows) {
-    INFO(model << " " << dtype << " kernels " << kernels << " recompute every " << recompute_every << " cutoff_len "
+    INFO(model << " " << dtype << " kernels " << kernels << " recompute " << cfg.recomputation() << " cutoff_len "
                << r.point.cutoff_len << " batch " << r.point.batch_size << ": measured " << r.peak_allocated_bytes
                << " predicted " << r.predicted.total());
     REQUIRE(r.status == "ok");
@@ -290,4 +295,44 @@ TEST_CASE("memory model within 15% of the counted CPU peak for each recomputatio
     check_sweep_within_15_percent("tiny", "fp32", {256, 1024}, {2}, 0, "kiln", every);
     check_sweep_within_15_percent("llama-100m", "fp32", {64, 128}, {1}, 0, "kiln", every);
   }
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak: selective recomputation", "[profile]") {
+  check_sweep_within_15_percent("tiny", "fp32", {256, 1024}, {2}, 0, "kiln", 0, true);
+  check_sweep_within_15_percent("tiny", "fp32", {256, 1024}, {2}, 0, "aten", 0, true);
+  check_sweep_within_15_percent("tiny", "bf16", {256, 1024}, {2}, 0, "kiln", 0, true);
+  check_sweep_within_15_percent("llama-100m", "fp32", {64, 128}, {1}, 0, "kiln", 0, true);
+}
+
+TEST_CASE("memory model within 15% of the counted CPU peak: selective recomputation, llama-100m long",
+          "[profile][slow]") {
+  // Where the activations, not the gradients, make the peak.
+  check_sweep_within_15_percent("llama-100m", "fp32", {512, 1024}, {1}, 0, "kiln", 0, true);
+}
+
+TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]") {
+  using kiln::profile::estimate_training_memory;
+  using kiln::profile::MemoryOptions;
+  const auto c = kiln::model::load_llama_config("llama-3.2-1b");
+  const double h = 2048, q = 2048, kv = 512, f = 8192, layers = 16, tokens = 4.0 * 2048;
+  auto est = [&](bool checkpointing, bool selective, int every) {
+    return estimate_training_memory(c, 4, 2048,
+                                    MemoryOptions{.compute_bytes = 2,
+                                                  .activation_checkpointing = checkpointing,
+                                                  .checkpoint_every = every,
+                                                  .selective = selective,
+                                                  .kernels = "kiln"});
+  };
+  const auto none = est(false, false, 1), selective = est(true, true, 1), full = est(true, false, 1);
+  // Two fp32 residuals, q/k/v and the attention output in bf16, gate and up in bf16; once the
+  // top layer's F-sized backward temporary.
+  CHECK(selective.component("activations") ==
+        Approx(tokens * (layers * (8 * h + 2 * (2 * q + 2 * kv + 2 * f)) + 2 * f)));
+  CHECK(full.total() < selective.total());
+  CHECK(selective.total() < none.total());
+  // `selective` is a policy of its own: without activation_checkpointing it changes nothing.
+  CHECK(est(false, true, 1).total() == Approx(none.total()));
+  const auto flops = kiln::profile::flops_per_token(c, 2048);
+  CHECK(flops.train_selective() > flops.train());
+  CHECK(flops.train_selective() < flops.train() * 1.001);  // no matmul is recomputed
 }

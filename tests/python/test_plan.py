@@ -18,7 +18,11 @@ def plan(run_kiln, tmp_path, memory, cutoff_len=256):
 
 
 def sweep_status(run_kiln, tmp_path, batch, cap, every, cutoff_len=256):
-    extra = ["--gradient-checkpointing", "--gradient-checkpointing-every", str(every)] if every else []
+    # every: 0 none, n every_n (1 = full), "selective"
+    if every == "selective":
+        extra = ["--gradient-checkpointing-policy", "selective"]
+    else:
+        extra = ["--gradient-checkpointing", "--gradient-checkpointing-every", str(every)] if every else []
     res = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", str(cutoff_len), "--batch-size", str(batch), "--dtype",
                    "fp32", "--device", "cpu", "--steps", "1", "--warmup", "0", "--memory-cap-bytes", str(int(cap)),
                    "--peak-tflops", "1", "--format", "json", "--output", tmp_path, *extra)
@@ -46,13 +50,27 @@ def test_recomputation_is_chosen_when_nothing_else_fits(run_kiln, tmp_path):
     # cutoff_len 1024, where activations outweigh tiny's 7.6 MB of weights and optimizer state.
     _, free = plan(run_kiln, tmp_path / "free", "10GB", 1024)
     need = {(r["micro_batch"], r["policy"]): r["needed_bytes"] for r in free["rows"]}
-    # Micro-batch 1 without recomputation does not fit, with full recomputation it does.
-    cap = (need[(1, "none")] + need[(1, "full")]) / 2
-    assert need[(1, "full")] < cap < need[(1, "none")]
+    # Micro-batch 1 with selective recomputation (and so without any) does not fit, with full
+    # recomputation it does.
+    cap = (need[(1, "selective")] + need[(1, "full")]) / 2
+    assert need[(1, "full")] < cap < need[(1, "selective")] < need[(1, "none")]
     _, capped = plan(run_kiln, tmp_path / "tight", int(cap), 1024)
     best = next(r for r in capped["rows"] if r["recommended"])
     assert best["policy"] == "full" and best["gradient_checkpointing_every"] == 1 and best["micro_batch"] == 1
     assert sweep_status(run_kiln, tmp_path / "run", 1, cap, 1, 1024) == "ok"
+    assert sweep_status(run_kiln, tmp_path / "plain", 1, cap, 0, 1024) == "OOM"
+
+
+def test_selective_recomputation_is_chosen_between_none_and_full(run_kiln, tmp_path):
+    # A cap between selective's and no recomputation's prediction at micro-batch 1: selective (no
+    # matmul recomputed) ranks before full, runs under the cap, and no recomputation runs out.
+    _, free = plan(run_kiln, tmp_path / "free", "10GB", 1024)
+    need = {(r["micro_batch"], r["policy"]): r["needed_bytes"] for r in free["rows"]}
+    cap = (need[(1, "none")] + need[(1, "selective")]) / 2
+    _, capped = plan(run_kiln, tmp_path / "tight", int(cap), 1024)
+    best = next(r for r in capped["rows"] if r["recommended"])
+    assert (best["policy"], best["micro_batch"]) == ("selective", 1), best
+    assert sweep_status(run_kiln, tmp_path / "run", 1, cap, "selective", 1024) == "ok"
     assert sweep_status(run_kiln, tmp_path / "plain", 1, cap, 0, 1024) == "OOM"
 
 

@@ -10,6 +10,7 @@ FlopsPerToken flops_per_token(const model::LlamaConfig& c, int64_t seq_len) {
   f.matmul_forward =
       2.0 * (layers * (h * q + 2 * h * kv + q * h + 3 * h * ffn) + static_cast<double>(c.vocab_size) * h);
   f.attention_forward = 4.0 * layers * q * (static_cast<double>(seq_len) + 1.0) / 2.0;
+  f.elementwise_recompute = layers * (2.0 * 4.0 * h + 5.0 * ffn);
   return f;
 }
 

@@ -41,9 +41,18 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // Saved for backward per token (see the header and docs/performance.md).
   double per_layer =
       (fused_norm ? 6.0 : 16.0) * h + cb * (2.0 * h + 3.0 * q + 2.0 * kv + (fused_swiglu ? 3.0 : 4.0) * ffn);
+  // Selective recomputation: the norms' outputs, their casts and the SwiGLU product are rebuilt in
+  // backward (fused with the matmuls that consume them), the merged attention output is not
+  // copied; kept are the two fp32 residuals (the norms' inputs), q/k/v and the attention output
+  // (the attention's own saved tensors) and gate/up, with either backend. Backward of the top
+  // layer then holds one F-sized tensor more than without recomputation (measured): there the
+  // SwiGLU product, saved and counted at the boundary, is freed before gate's and up's gradients
+  // are formed; recomputed, it has nothing to give back.
+  double selective_layer = 8.0 * h + cb * (2.0 * q + 2.0 * kv + 2.0 * ffn);
   if (o.attention == "math") {
     // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
     per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
+    selective_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
   }
   // Recomputed layers keep their fp32 input (4H per token); one of them is rebuilt at a time.
   // Backward runs from the last layer down: rebuilding a layer adds one layer's activations on top
@@ -51,10 +60,14 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // only when the last layer itself is recomputed (always for full; for every_n when
   // (L - 1) % n == 0); otherwise the kept layers above it were freed first.
   const int every = std::max(o.checkpoint_every, 1);
-  const double recomputed = o.activation_checkpointing ? std::ceil(layers / static_cast<double>(every)) : 0.0;
+  const bool selective = o.activation_checkpointing && o.selective;
+  const double recomputed =
+      o.activation_checkpointing && !selective ? std::ceil(layers / static_cast<double>(every)) : 0.0;
   const bool top_recomputed = recomputed > 0 && (c.num_hidden_layers - 1) % every == 0;
   const double activations =
-      tokens * (recomputed * 4.0 * h + (layers - recomputed) * per_layer + (top_recomputed ? per_layer : 0.0));
+      selective
+          ? tokens * (layers * selective_layer + cb * ffn)
+          : tokens * (recomputed * 4.0 * h + (layers - recomputed) * per_layer + (top_recomputed ? per_layer : 0.0));
   double head = tokens * ((8.0 + cb) * h + (autocast ? 16.0 : 10.0) * vocab);
   if (fused_head) {
     // Chunked linear + cross-entropy: the forward computes both gradients and saves them. The

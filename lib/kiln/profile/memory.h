@@ -14,6 +14,10 @@
 //   c (2H + 3q + 2kv)     the norms' outputs cast for the projections, q/k/v as SDPA keeps them,
 //                         its output and the o_proj input
 //   4 c F                 gate, silu(gate), up and their product (SwiGLU)
+// Selective recomputation (activation_checkpointing with selective) keeps per layer only the
+// fp32 residual input and the residual after attention (8 H), q/k/v and the attention output as
+// the attention keeps them (c (2q + 2kv)) and gate and up (2 c F), whatever the kernels; plus
+// c F once (the top layer's backward).
 // Head per token: the final norm (4H + 4H + c H) and, per vocabulary entry, 10 bytes (fp32) or
 // 16 bytes (bf16/fp16: logits, fp32 upcast, log-softmax, their gradients).
 #pragma once
@@ -41,6 +45,7 @@ struct MemoryOptions {
   int compute_bytes = 4;                  // 2 for bf16/fp16 autocast (fp32 master weights), 4 for fp32
   bool activation_checkpointing = false;  // each layer keeps only its input; one layer recomputed at a time
   int checkpoint_every = 1;               // with it: layers 0, n, 2n, ... are recomputed (every_n), the rest keep all
+  bool selective = false;                 // with it: policy selective instead (matmul outputs kept)
   std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
   bool cuda = false;                      // adds the caching allocator's allowance
   std::string kernels = "aten";           // ops backends (ops/dispatch.h spec): kiln's fused ops save other tensors

@@ -101,7 +101,8 @@ PlanReport make_plan(const PlanConfig& c) {
     report.peak_source = d->name + " datasheet";
   }
   const int layers = static_cast<int>(report.model.num_hidden_layers);
-  std::vector<std::pair<std::string, int>> policies = {{"none", 0}};
+  // every 0: no whole layer recomputed (none; selective recomputes only element-wise parts).
+  std::vector<std::pair<std::string, int>> policies = {{"none", 0}, {"selective", 0}};
   for (int n : {4, 2}) {
     if (n < layers) policies.emplace_back(fmt::format("every_{}", n), n);
   }
@@ -124,12 +125,14 @@ PlanReport make_plan(const PlanConfig& c) {
         r.micro_batch = b;
         r.grad_accum = std::max<int64_t>((target + b * c.world_size - 1) / (b * c.world_size), 1);
         r.global_sequences = b * r.grad_accum * c.world_size;
+        const bool selective = name == "selective";
         r.policy = name;
         r.every = every;
         r.predicted = estimate_training_memory(report.model, b, t,
                                                MemoryOptions{.compute_bytes = c.dtype == "fp32" ? 4 : 2,
-                                                             .activation_checkpointing = every > 0,
+                                                             .activation_checkpointing = every > 0 || selective,
                                                              .checkpoint_every = std::max(every, 1),
+                                                             .selective = selective,
                                                              .cuda = c.cuda,
                                                              .kernels = c.kernels,
                                                              .data_parallel = c.world_size > 1,
@@ -139,10 +142,11 @@ PlanReport make_plan(const PlanConfig& c) {
         r.needed_bytes = r.predicted.total() + r.predicted.allocator_overhead;
         r.fits = r.needed_bytes <= c.device_memory_bytes;
         const double fraction = every > 0 ? std::ceil(layers / static_cast<double>(every)) / layers : 0.0;
+        const double hardware = selective ? flops.train_selective() : flops.train_recomputing(fraction);
         if (report.peak_tflops > 0) {
-          r.tokens_per_second = c.world_size * report.peak_tflops * 1e12 * c.mfu / flops.train_recomputing(fraction);
+          r.tokens_per_second = c.world_size * report.peak_tflops * 1e12 * c.mfu / hardware;
         } else {
-          r.tokens_per_second = 1.0 / flops.train_recomputing(fraction);  // relative only (no peak known)
+          r.tokens_per_second = 1.0 / hardware;  // relative only (no peak known)
         }
         rows.push_back(r);
       }

@@ -4,7 +4,7 @@
 // analytic models (memory.h, flops.h) and the model's config: no weights are allocated.
 //
 // Candidates per cutoff_len: micro-batches 1, 2, 4, ... up to the target global batch, times the
-// policies none, every_n (n = 4, 2, where n < layers) and full. A candidate fits when its predicted
+// policies none, selective, every_n (n = 4, 2, where n < layers) and full. A candidate fits when its predicted
 // peak (plus the CUDA caching allocator's allowance on a GPU) is at most the device's memory.
 // Predicted tokens/s = world x peak TFLOP/s x the assumed MFU / hardware FLOPs per token
 // (recomputation included), so a policy that recomputes less is faster; among equals the larger
@@ -58,8 +58,8 @@ struct PlanConfig {
 struct PlanRow {
   int64_t cutoff_len = 0, micro_batch = 0, grad_accum = 0;
   int64_t global_sequences = 0;  // micro_batch x grad_accum x world
-  std::string policy;            // none | every_4 | every_2 | full
-  int every = 0;                 // 0 = no recomputation
+  std::string policy;            // none | selective | every_4 | every_2 | full
+  int every = 0;                 // 0 = no whole layer recomputed (none, selective)
   MemoryEstimate predicted;
   double needed_bytes = 0;  // predicted peak + allocator allowance
   bool fits = false;

@@ -365,6 +365,7 @@ std::string to_json(const SweepReport& report) {
                     {"peak_name", report.peak_name},
                     {"peak_source", report.peak_source},
                     {"gradient_checkpointing", report.config.gradient_checkpointing},
+                    {"recomputation", report.config.recomputation()},
                     {"steps", report.config.steps},
                     {"warmup", report.config.warmup},
                     {"synthetic_data", report.config.dataset_dir.empty()},
@@ -426,7 +427,7 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
       report.num_parameters, html_escape(report.config.dtype), html_escape(report.device), report.peak_tflops,
       html_escape(report.peak_source.empty() ? "unknown" : report.peak_source), report.config.steps,
       report.config.warmup, report.config.dataset_dir.empty() ? "synthetic" : "shard",
-      report.config.gradient_checkpointing ? ", activation checkpointing" : "");
+      report.config.gradient_checkpointing ? ", recomputation " + report.config.recomputation() : "");
   out += "<table id=\"results\"><thead><tr>";
   for (const auto& h : table_header(report)) out += "<th>" + html_escape(h) + "</th>";
   out += "</tr></thead><tbody>\n";

@@ -88,12 +88,23 @@ void SweepConfig::validate() const {
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
   if (gradient_checkpointing_every < 1)
     fail("gradient_checkpointing_every", fmt::format("{} is not positive", gradient_checkpointing_every));
+  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n" &&
+      gradient_checkpointing_policy != "selective") {
+    fail("gradient_checkpointing_policy",
+         fmt::format("'{}' is not full, every_n or selective", gradient_checkpointing_policy));
+  }
   if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
   if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
   for (const auto& f : formats) {
     if (f != "md" && f != "csv" && f != "json" && f != "html")
       fail("format", fmt::format("'{}' is not md, csv, json or html", f));
   }
+}
+
+std::string SweepConfig::recomputation() const {
+  if (!gradient_checkpointing) return "none";
+  if (gradient_checkpointing_policy == "selective") return "selective";
+  return gradient_checkpointing_every == 1 ? "full" : fmt::format("every_{}", gradient_checkpointing_every);
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
@@ -135,6 +146,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("dataset_dir", c.dataset_dir);
   reader.read("gradient_checkpointing", c.gradient_checkpointing);
   reader.read("gradient_checkpointing_every", c.gradient_checkpointing_every);
+  reader.read("gradient_checkpointing_policy", c.gradient_checkpointing_policy);
   reader.read("peak_tflops", c.peak_tflops);
   reader.read("memory_cap_bytes", c.memory_cap_bytes);
   reader.read("task", c.task);
@@ -192,8 +204,12 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   const SweepPoint& p = row.point;
   at::manual_seed(ctx.config.seed);
   model::LlamaForCausalLM model(ctx.model_config, at::TensorOptions().device(ctx.device).dtype(at::kFloat));
-  train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing,
-                                      static_cast<int>(ctx.config.gradient_checkpointing_every));
+  if (ctx.config.recomputation() == "selective") {
+    train::set_selective_recomputation(model, true);
+  } else {
+    train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing,
+                                        static_cast<int>(ctx.config.gradient_checkpointing_every));
+  }
   model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
   model->train();
   // RSS baseline: the model is ready, nothing of the step exists yet (device.h read_rss).
@@ -401,6 +417,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
             MemoryOptions{.compute_bytes = autocast ? 2 : 4,
                           .activation_checkpointing = config.gradient_checkpointing,
                           .checkpoint_every = static_cast<int>(config.gradient_checkpointing_every),
+                          .selective = config.recomputation() == "selective",
                           .attention = config.attention,
                           .cuda = device.is_cuda(),
                           .kernels = config.kernels,

@@ -33,6 +33,9 @@ struct SweepConfig {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dataset_dir;      // token shards; empty = synthetic ids
   bool gradient_checkpointing = false;
+  // With it: full (layers 0, n, 2n, ... as gradient_checkpointing_every says: 1 = all), every_n
+  // (the same) or selective (matmul outputs kept, element-wise parts recomputed; ignores every).
+  std::string gradient_checkpointing_policy = "full";
   int64_t gradient_checkpointing_every = 1;  // with it: recompute layers 0, n, 2n, ... (1 = all)
   std::string attention = "sdpa";            // recorded for the memory model (kiln uses SDPA)
   std::string kernels = "kiln";              // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
@@ -48,6 +51,8 @@ struct SweepConfig {
   bool ddp_overlap = true;  // false: every bucket after backward (to measure what the overlap hides)
 
   void validate() const;  // throws config::ConfigError naming source and key
+  // "none", "full", "every_2", "selective": what the points run.
+  std::string recomputation() const;
 };
 
 // Reads a configs/profile/*.yaml (lists as YAML sequences or "128,256" strings).

@@ -156,12 +156,10 @@ void PretrainConfig::validate() const {
   at_least("save_total_limit", save_total_limit, 0);
   at_least("eval_steps", eval_steps, 0);
   if (output_dir.empty()) fail("output_dir", "must not be empty");
-  if (gradient_checkpointing_policy == "selective") {
-    fail("gradient_checkpointing_policy", "'selective' is not implemented yet; use full or every_n");
-  }
-  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n") {
+  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n" &&
+      gradient_checkpointing_policy != "selective") {
     fail("gradient_checkpointing_policy",
-         fmt::format("must be full or every_n, got '{}'", gradient_checkpointing_policy));
+         fmt::format("must be full, every_n or selective, got '{}'", gradient_checkpointing_policy));
   }
   at_least("gradient_checkpointing_every", gradient_checkpointing_every, 1);
   at_least("ddp_timeout", ddp_timeout, 1);
@@ -172,8 +170,12 @@ void PretrainConfig::validate() const {
 }
 
 int PretrainConfig::checkpoint_every() const {
-  if (!gradient_checkpointing) return 0;
+  if (!gradient_checkpointing || selective_recomputation()) return 0;
   return gradient_checkpointing_policy == "every_n" ? static_cast<int>(gradient_checkpointing_every) : 1;
+}
+
+bool PretrainConfig::selective_recomputation() const {
+  return gradient_checkpointing && gradient_checkpointing_policy == "selective";
 }
 
 int PretrainConfig::resolved_zero_stage() const {

@@ -43,8 +43,10 @@ struct KILN_API PretrainConfig {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
-  // With gradient_checkpointing: full (every decoder layer, HF's) or every_n (layers 0, n, 2n, ...
-  // with n = gradient_checkpointing_every): a memory/time point between none and full.
+  // With gradient_checkpointing: full (every decoder layer, HF's), every_n (layers 0, n, 2n, ...
+  // with n = gradient_checkpointing_every): a memory/time point between none and full, or
+  // selective (every layer keeps its matmul outputs and recomputes only the element-wise parts:
+  // RMSNorm, SwiGLU; train/activation_checkpoint.h).
   std::string gradient_checkpointing_policy = "full";
   int64_t gradient_checkpointing_every = 2;
   // kiln-pretrain --auto-fit: the memory planner (profile/plan.h) picks the micro-batch, the
@@ -53,8 +55,11 @@ struct KILN_API PretrainConfig {
   // ("" = the device's own memory; a size such as 80GB, or a device name such as A100-80GB).
   bool auto_fit = false;
   std::string auto_fit_memory;
-  // The layer stride the policy recomputes (1 = every layer); 0 without gradient_checkpointing.
+  // The layer stride the policy recomputes (1 = every layer); 0 without gradient_checkpointing
+  // and for selective (no whole layer is recomputed).
   int checkpoint_every() const;
+  // gradient_checkpointing with policy selective.
+  bool selective_recomputation() const;
   std::string device = "auto";      // auto (cuda if available), cpu, cuda
   std::string kernels = "kiln";     // kiln, aten, or per op: "kiln,rope=aten" (ops/dispatch.h)
   std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does

@@ -269,8 +269,9 @@ void Trainer::apply_auto_fit() {
   }
   config_.per_device_train_batch_size = best->micro_batch;
   config_.gradient_accumulation_steps = best->grad_accum;
-  config_.gradient_checkpointing = best->every > 0;
-  config_.gradient_checkpointing_policy = best->every > 1 ? "every_n" : "full";
+  const bool selective = best->policy == "selective";
+  config_.gradient_checkpointing = best->every > 0 || selective;
+  config_.gradient_checkpointing_policy = selective ? "selective" : best->every > 1 ? "every_n" : "full";
   config_.gradient_checkpointing_every = std::max(best->every, 1);
   state_->auto_fit = fmt::format(
       "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
@@ -353,7 +354,11 @@ void Trainer::setup_optimizer() {
   }
   if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
 
-  set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
+  if (config_.selective_recomputation()) {
+    set_selective_recomputation(model_, true);
+  } else {
+    set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
+  }
   state_->flops = profile::flops_per_token(model_->config(), config_.cutoff_len);
 
   if (!config_.resume_from_checkpoint.empty()) {
@@ -382,6 +387,7 @@ std::string Trainer::banner() const {
       profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
                              .activation_checkpointing = config_.gradient_checkpointing,
                              .checkpoint_every = std::max(config_.checkpoint_every(), 1),
+                             .selective = config_.selective_recomputation(),
                              .cuda = device_.is_cuda(),
                              .kernels = config_.kernels,
                              .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
