@@ -45,7 +45,8 @@ KILN_API std::string version();
 enum class LogLevel { kDebug, kInfo, kWarning, kError, kOff };
 using LogHandler = std::function<void(LogLevel level, std::string_view message)>;
 // Sends every record of the "kiln" logger to `handler` (from any thread kiln logs on); an empty
-// handler restores the default (the bare message on stderr).
+// handler restores the default (the bare message on stderr). The level set by set_log_level
+// (info by default) stays as it was.
 KILN_API void set_log_handler(LogHandler handler);
 // Records below `level` are dropped (kOff: all of them).
 KILN_API void set_log_level(LogLevel level);

@@ -138,7 +138,10 @@ TEST_CASE("set_log_level filters kiln's records by level, kOff all of them", "[a
   std::vector<std::pair<kiln::LogLevel, std::string>> records;
   kiln::set_log_handler([&](kiln::LogLevel level, std::string_view m) { records.emplace_back(level, m); });
   struct Restore {  // the default logger again, whatever happens
-    ~Restore() { kiln::set_log_handler(nullptr); }
+    ~Restore() {
+      kiln::set_log_handler(nullptr);
+      kiln::set_log_level(kiln::LogLevel::kInfo);
+    }
   } restore;
   auto run = [&](kiln::LogLevel level) {
     records.clear();
@@ -160,6 +163,17 @@ TEST_CASE("set_log_level filters kiln's records by level, kOff all of them", "[a
   CHECK(run(kiln::LogLevel::kError) == std::pair{0, 0});
   CHECK(run(kiln::LogLevel::kOff) == std::pair{0, 0});
   CHECK(run(kiln::LogLevel::kDebug).second >= info.second);
+  // Level and destination are independent: a new handler keeps the level set before it.
+  kiln::set_log_level(kiln::LogLevel::kWarning);
+  std::vector<std::pair<kiln::LogLevel, std::string>> later;
+  kiln::set_log_handler([&](kiln::LogLevel level, std::string_view m) { later.emplace_back(level, m); });
+  kiln::Trainer t(small_run("log_level", "max_steps: 2\nlogging_steps: 1\noverwrite_output_dir: true\n", yaml.string()),
+                  [&] {
+                    return std::optional(kiln::Batch{ids, ids});
+                  });
+  t.train();
+  REQUIRE(later.size() == 1);
+  CHECK(later.front().first == kiln::LogLevel::kWarning);
 }
 
 TEST_CASE("Model::create names a preset it does not know, and a model YAML's unknown key", "[api]") {

@@ -113,7 +113,10 @@ int main(int argc, char** argv) {
   kiln::set_log_level(kiln::LogLevel::kOff);
   train_two_steps(work / "quiet");
   CHECK(loud >= 2 && records == loud);
-  kiln::set_log_handler(nullptr);  // back to the default: the bare message on stderr
+  kiln::set_log_handler(nullptr);  // back to the default sink (the bare message on stderr); still off
+  const std::string still_off = stderr_of(work / "stderr-still-off", [&] { train_two_steps(work / "quiet"); });
+  CHECK(still_off.empty());
+  kiln::set_log_level(kiln::LogLevel::kInfo);
   const std::string on = stderr_of(work / "stderr-on", [&] { train_two_steps(work / "loud"); });
   kiln::set_log_level(kiln::LogLevel::kOff);
   const std::string off = stderr_of(work / "stderr-off", [&] { train_two_steps(work / "quiet"); });

@@ -54,14 +54,18 @@ std::shared_ptr<spdlog::logger> logger() {
 
 void set_log_handler(LogHandler handler) {
   const std::lock_guard<std::mutex> lock(g_mutex);
+  // The destination changes, the level stays (set_log_level is the other, independent knob).
+  const auto previous = spdlog::get(kName);
+  const spdlog::level::level_enum level = previous ? previous->level() : spdlog::level::info;
   spdlog::drop(kName);
-  if (!handler) {
-    spdlog::register_logger(make_default());
-    return;
+  std::shared_ptr<spdlog::logger> l;
+  if (handler) {
+    l = std::make_shared<spdlog::logger>(kName, std::make_shared<HandlerSink>(std::move(handler)));
+    l->set_pattern("%v");
+  } else {
+    l = make_default();
   }
-  auto l = std::make_shared<spdlog::logger>(kName, std::make_shared<HandlerSink>(std::move(handler)));
-  l->set_pattern("%v");
-  l->set_level(spdlog::level::debug);
+  l->set_level(level);
   spdlog::register_logger(l);
 }
 
