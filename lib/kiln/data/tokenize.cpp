@@ -2,9 +2,12 @@
 #include "kiln/data/tokenize.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -20,37 +23,64 @@ namespace fs = std::filesystem;
 namespace {
 
 bool is_input_extension(const fs::path& p) {
-  return p.extension() == ".txt" || p.extension() == ".jsonl";
+  return p.extension() == ".txt" || p.extension() == ".jsonl" || p.extension() == ".json";
 }
+
+// One input file, with the JSON field and the document group (dataset) it belongs to.
+struct InputFile {
+  std::string path, text_key;
+  int group = 0;
+};
 
 // Reads documents file by file in order; next_chunk() returns about `chunk_bytes` of them.
 class DocumentReader {
  public:
-  DocumentReader(std::vector<std::string> files, const TokenizeOptions& options)
+  DocumentReader(std::vector<InputFile> files, const TokenizeOptions& options)
       : files_(std::move(files)), options_(options) {}
 
   bool next_chunk(size_t chunk_bytes, std::vector<std::string>& docs) {
     docs.clear();
     size_t bytes = 0;
     while (bytes < chunk_bytes) {
-      if (!in_.is_open()) {
+      if (!in_.is_open() && array_.empty()) {
         if (next_file_ >= files_.size()) break;
-        path_ = files_[next_file_++];
+        const InputFile& f = files_[next_file_++];
+        path_ = f.path;
+        key_ = f.text_key;
+        group_ = f.group;
+        if (group_full()) {  // max documents of this group reached: skip its other files
+          bytes_done += static_cast<int64_t>(fs::file_size(path_));
+          continue;
+        }
         in_.open(path_, std::ios::binary);
         if (!in_) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
-        jsonl_ = fs::path(path_).extension() == ".jsonl";
+        const auto ext = fs::path(path_).extension();
+        jsonl_ = ext == ".jsonl" || ext == ".json";
         line_ = 0;
+        if (ext == ".json" && starts_with_bracket()) read_array();
+      }
+      if (!array_.empty()) {  // the documents of a .json array, one at a time
+        std::string doc = std::move(array_.front());
+        array_.pop_front();
+        bytes += doc.size();
+        if (array_.empty()) bytes_done += array_bytes_;
+        add(docs, std::move(doc));
+        if (group_full()) {
+          if (!array_.empty()) bytes_done += array_bytes_;
+          array_.clear();
+        }
+        continue;
       }
       if (!jsonl_ && options_.txt_unit == TxtUnit::kFile) {
         std::stringstream ss;
         ss << in_.rdbuf();
-        docs.push_back(ss.str());
-        bytes += docs.back().size();
-        bytes_done += static_cast<int64_t>(docs.back().size());
+        bytes += ss.str().size();
+        bytes_done += static_cast<int64_t>(ss.str().size());
+        add(docs, ss.str());
         in_.close();
         continue;
       }
-      if (!std::getline(in_, text_)) {
+      if (group_full() || !std::getline(in_, text_)) {
         in_.close();
         continue;
       }
@@ -58,30 +88,18 @@ class DocumentReader {
       bytes += text_.size() + 1;
       bytes_done += static_cast<int64_t>(text_.size()) + 1;
       if (!jsonl_) {
-        if (!text_.empty()) docs.push_back(std::move(text_));
+        if (!text_.empty()) add(docs, std::move(text_));
         continue;
       }
       if (text_.find_first_not_of(" \t\r") == std::string::npos) continue;
       std::string error;
       try {
-        const auto j = nlohmann::json::parse(text_);
-        if (!j.is_object())
-          error = "not a JSON object";
-        else if (!j.contains(options_.text_key))
-          error = fmt::format("no key '{}'", options_.text_key);
-        else if (!j[options_.text_key].is_string())
-          error = fmt::format("'{}' is not a string", options_.text_key);
-        else
-          docs.push_back(j[options_.text_key].get<std::string>());
+        auto j = nlohmann::json::parse(text_);
+        error = take_text(j, docs);
       } catch (const nlohmann::json::exception& e) {
         error = fmt::format("invalid JSON ({})", e.what());
       }
-      if (!error.empty()) {
-        const std::string message = fmt::format("{}:{}: {}", path_, line_, error);
-        if (!options_.skip_bad_lines) throw std::runtime_error(message + " (pass --skip-bad-lines to skip such lines)");
-        ++bad_lines;
-        if (options_.on_warning) options_.on_warning(message);
-      }
+      if (!error.empty()) bad(fmt::format("{}:{}: {}", path_, line_, error));
     }
     return !docs.empty();
   }
@@ -89,14 +107,89 @@ class DocumentReader {
   int64_t bytes_done = 0, bad_lines = 0;
 
  private:
-  std::vector<std::string> files_;
+  bool group_full() const {
+    const int64_t max = options_.max_documents_per_group;
+    const auto it = group_docs_.find(group_);
+    return max > 0 && it != group_docs_.end() && it->second >= max;
+  }
+  void add(std::vector<std::string>& docs, std::string doc) {
+    docs.push_back(std::move(doc));
+    ++group_docs_[group_];
+  }
+  void bad(const std::string& message) {
+    if (!options_.skip_bad_lines) throw std::runtime_error(message + " (pass --skip-bad-lines to skip such lines)");
+    ++bad_lines;
+    if (options_.on_warning) options_.on_warning(message);
+  }
+  // The document of one JSON record; an error text when it has none.
+  std::string take_text(nlohmann::json& j, std::vector<std::string>& docs) {
+    if (!j.is_object()) return "not a JSON object";
+    const auto it = j.find(key_);
+    if (it == j.end()) return fmt::format("no key '{}'", key_);
+    if (!it->is_string()) return fmt::format("'{}' is not a string", key_);
+    add(docs, std::move(it->get_ref<std::string&>()));
+    return "";
+  }
+  // A .json file is a JSON array of objects when its first non-blank character is '[', else
+  // JSON Lines (the two layouts HF's json loader reads).
+  bool starts_with_bracket() {
+    char c = 0;
+    while (in_.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+    }
+    const bool bracket = in_ && c == '[';
+    in_.clear();
+    in_.seekg(0);
+    return bracket;
+  }
+  // Reads a whole .json array; its documents are handed out by next_chunk.
+  void read_array() {
+    array_bytes_ = static_cast<int64_t>(fs::file_size(path_));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in_);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(fmt::format("{}: invalid JSON ({})", path_, e.what()));
+    }
+    in_.close();
+    std::vector<std::string> docs;
+    for (size_t i = 0; i < j.size(); ++i) {
+      const int64_t before = group_docs_[group_];
+      const std::string error = take_text(j[i], docs);
+      group_docs_[group_] = before;  // counted when handed out
+      if (!error.empty()) bad(fmt::format("{}: element {}: {}", path_, i, error));
+    }
+    if (docs.empty()) bytes_done += array_bytes_;
+    for (auto& d : docs) array_.push_back(std::move(d));
+  }
+
+  std::vector<InputFile> files_;
   const TokenizeOptions& options_;
   size_t next_file_ = 0;
   std::ifstream in_;
-  std::string path_, text_;
+  std::string path_, text_, key_;
+  int group_ = 0;
+  std::map<int, int64_t> group_docs_;
+  std::deque<std::string> array_;
+  int64_t array_bytes_ = 0;
   bool jsonl_ = false;
   int64_t line_ = 0;
 };
+
+// Each input's files with their JSON field and group.
+std::vector<InputFile> input_files(const TokenizeOptions& options) {
+  const auto& in = options.inputs;
+  if (!options.input_text_keys.empty() && options.input_text_keys.size() != in.size())
+    throw std::invalid_argument("input_text_keys must have one entry per input");
+  if (!options.input_groups.empty() && options.input_groups.size() != in.size())
+    throw std::invalid_argument("input_groups must have one entry per input");
+  std::vector<InputFile> out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& key = options.input_text_keys.empty() ? options.text_key : options.input_text_keys[i];
+    const int group = options.input_groups.empty() ? static_cast<int>(i) : options.input_groups[i];
+    for (auto& f : list_input_files({in[i]})) out.push_back({std::move(f), key, group});
+  }
+  return out;
+}
 
 // Removes what a previous (possibly crashed) run left: meta.json first, so that the folder is
 // never a valid-looking shard set while it is being rewritten.
@@ -127,10 +220,11 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       }
       std::sort(found.begin(), found.end());
       if (found.empty())
-        throw std::runtime_error(fmt::format("input '{}': folder holds no .txt or .jsonl files", input));
+        throw std::runtime_error(fmt::format("input '{}': folder holds no .txt, .jsonl or .json files", input));
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p)) {
-      if (!is_input_extension(p)) throw std::runtime_error(fmt::format("input '{}': not a .txt or .jsonl file", input));
+      if (!is_input_extension(p))
+        throw std::runtime_error(fmt::format("input '{}': not a .txt, .jsonl or .json file", input));
       files.push_back(input);
     } else {
       throw std::runtime_error(fmt::format("input '{}': no such file or folder", input));
@@ -140,7 +234,7 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
 }
 
 std::vector<std::string> read_documents(const TokenizeOptions& options) {
-  DocumentReader reader(list_input_files(options.inputs), options);
+  DocumentReader reader(input_files(options), options);
   std::vector<std::string> all, chunk;
   while (reader.next_chunk(size_t{64} << 20, chunk)) std::move(chunk.begin(), chunk.end(), std::back_inserter(all));
   return all;
@@ -148,16 +242,16 @@ std::vector<std::string> read_documents(const TokenizeOptions& options) {
 
 namespace {
 TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& options,
-                             const std::vector<std::string>& files, int64_t bytes_total);
+                             const std::vector<InputFile>& files, int64_t bytes_total);
 }  // namespace
 
 TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOptions& options) {
   if (options.val_fraction < 0 || options.val_fraction >= 1)
     throw std::invalid_argument(fmt::format("val fraction {} is outside [0, 1)", options.val_fraction));
   if (options.output_dir.empty()) throw std::invalid_argument("no output folder");
-  const auto files = list_input_files(options.inputs);
+  const auto files = input_files(options);
   int64_t bytes_total = 0;
-  for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f));
+  for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f.path));
   const fs::path out_dir(options.output_dir);
   clear_output(out_dir, options.overwrite);
   const bool created = !fs::exists(out_dir);
@@ -176,7 +270,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
 namespace {
 
 TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& options,
-                             const std::vector<std::string>& files, int64_t bytes_total) {
+                             const std::vector<InputFile>& files, int64_t bytes_total) {
   const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   ShardSetMeta meta;
   meta.tokenizer = tokenizer.name();

@@ -24,9 +24,17 @@ struct TokenizeProgress {
 };
 
 struct TokenizeOptions {
-  std::vector<std::string> inputs;  // .txt / .jsonl files, or folders searched recursively
+  std::vector<std::string> inputs;  // .txt / .jsonl / .json files, or folders searched recursively
   std::string output_dir;
-  std::string text_key = "text";  // JSONL field holding the document
+  std::string text_key = "text";  // JSON field holding the document
+  // Per entry of `inputs` (empty = text_key for all): its JSON field (LLaMA-Factory's
+  // columns.prompt of the dataset the file belongs to).
+  std::vector<std::string> input_text_keys;
+  // Per entry of `inputs` (empty = each input a group of its own): the dataset it belongs to;
+  // max_documents_per_group > 0 keeps only the first that many documents of each group
+  // (LLaMA-Factory's max_samples, applied per dataset).
+  std::vector<int> input_groups;
+  int64_t max_documents_per_group = 0;
   TxtUnit txt_unit = TxtUnit::kFile;
   double val_fraction = 0.0;  // in [0, 1)
   int threads = 0;            // 0 = hardware concurrency
@@ -44,7 +52,7 @@ struct TokenizeReport {
   double seconds = 0;
 };
 
-// The .txt and .jsonl files named by `inputs` (folders searched recursively), sorted by path
+// The .txt, .jsonl and .json files named by `inputs` (folders searched recursively), sorted by path
 // within each folder; errors name the input that does not exist or has another extension.
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
 
