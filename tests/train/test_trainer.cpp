@@ -155,7 +155,7 @@ TEST_CASE("a pending signal saves a checkpoint and stops cleanly", "[train]") {
   CHECK(Trainer::pending_signal().load() == 0);
 }
 
-TEST_CASE("val_size holds out the last blocks of the train split", "[train]") {
+TEST_CASE("val_size holds out random blocks of the train split", "[train]") {
   PretrainConfig c = small_run("val_size");
   const int64_t all = Trainer(c).plan().num_examples;
   c.val_size = 10;

@@ -1,6 +1,7 @@
 // PackedDataset and DataLoader: see loader.h for the packing, order and resume rules.
 #include "kiln/data/loader.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -29,17 +30,32 @@ PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cu
   }
 }
 
+PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, std::vector<int64_t> blocks)
+    : PackedDataset(std::move(split), cutoff_len) {
+  for (const int64_t b : blocks) {
+    if (b < 0 || b >= blocks_)
+      throw std::invalid_argument(fmt::format("block {} is outside the split's {} blocks", b, blocks_));
+  }
+  if (blocks.empty()) throw std::invalid_argument("an empty list of blocks");
+  blocks_ = static_cast<int64_t>(blocks.size());
+  map_ = std::move(blocks);
+}
+
 std::shared_ptr<PackedDataset> PackedDataset::range(int64_t first, int64_t count) const {
   if (first < 0 || count < 1 || first + count > blocks_) {
     throw std::invalid_argument(fmt::format("blocks [{}, {}) are not a non-empty range of the dataset's {} blocks",
                                             first, first + count, blocks_));
+  }
+  if (!map_.empty()) {
+    return std::make_shared<PackedDataset>(split_, cutoff_len_,
+                                           std::vector<int64_t>(map_.begin() + first, map_.begin() + first + count));
   }
   return std::make_shared<PackedDataset>(split_, cutoff_len_, first_block_ + first, count);
 }
 
 void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) const {
   if (index < 0 || index >= blocks_) throw std::out_of_range(fmt::format("block {} outside [0, {})", index, blocks_));
-  const int64_t start = (first_block_ + index) * cutoff_len_;
+  const int64_t start = (map_.empty() ? first_block_ + index : map_[index]) * cutoff_len_;
   split_->copy_tokens(start, cutoff_len_, ids);
   if (segments) {
     const auto& starts = split_->document_starts();
@@ -97,6 +113,18 @@ uint64_t uniform(uint64_t& state, uint64_t bound) {
 }
 
 }  // namespace
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_split(int64_t n, int64_t held_out, uint64_t seed) {
+  if (held_out < 0 || held_out > n) throw std::invalid_argument(fmt::format("cannot hold out {} of {}", held_out, n));
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  uint64_t state = seed ^ 0x5EED5A1D5EED5A1DULL;  // a stream of its own, apart from the epochs' orders
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[uniform(state, static_cast<uint64_t>(i) + 1)]);
+  std::vector<int64_t> val(perm.begin(), perm.begin() + held_out), train(perm.begin() + held_out, perm.end());
+  std::sort(val.begin(), val.end());
+  std::sort(train.begin(), train.end());
+  return {std::move(train), std::move(val)};
+}
 
 struct DataLoader::Worker {
   std::thread thread;

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -35,6 +36,8 @@ class PackedDataset {
   // from first_block): a contiguous range, e.g. to hold out the last blocks for validation.
   PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, int64_t first_block = 0,
                 int64_t num_blocks = -1);
+  // The listed blocks of the split's packing, in this order (e.g. a random validation split).
+  PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, std::vector<int64_t> blocks);
   int64_t num_blocks() const { return blocks_; }  // "Num examples"
   int64_t cutoff_len() const { return cutoff_len_; }
   // Tokens of the split that no block of its full packing covers (the dropped tail).
@@ -47,7 +50,14 @@ class PackedDataset {
  private:
   std::shared_ptr<const TokenSplit> split_;
   int64_t cutoff_len_, first_block_, blocks_;
+  std::vector<int64_t> map_;  // non-empty: block i is map_[i] of the split's packing
 };
+
+// LLaMA-Factory's val_size split of n packed examples: `held_out` of them chosen at random by
+// `seed` (the first held_out of a Fisher-Yates permutation over SplitMix64; not numpy's
+// generator, so not the same blocks as LLaMA-Factory's), the rest for training; both sorted.
+// Returns {train, held out}.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_split(int64_t n, int64_t held_out, uint64_t seed);
 
 struct LoaderOptions {
   int64_t batch_size = 1;  // per rank

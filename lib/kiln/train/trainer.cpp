@@ -302,8 +302,9 @@ void Trainer::setup_shard_data() {
                                fmt::format("{} is longer than the whole train split of {} ({} tokens)",
                                            config_.cutoff_len, state_->data_dir, train_split->num_tokens())));
   }
-  // Evaluation data: val_size > 0 holds out the last blocks of the train split (a fraction, or
-  // a count); otherwise the shard set's own val split, when it has one block or more.
+  // Evaluation data: val_size > 0 holds out blocks of the train split chosen at random by the
+  // run's seed (a fraction, or a count; as LLaMA-Factory's split of its packed examples);
+  // otherwise the shard set's own val split, when it has one block or more.
   int64_t held_out = 0;
   if (config_.val_size > 0) {
     held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
@@ -314,14 +315,16 @@ void Trainer::setup_shard_data() {
           fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
                       config_.cutoff_len)));
     }
-    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, blocks - held_out, held_out);
+    const auto [train_blocks, val_blocks] = data::random_split(blocks, held_out, static_cast<uint64_t>(config_.seed));
+    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, val_blocks);
+    train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, train_blocks);
   } else if (state_->shards->has_split("val")) {
     const auto val_split = state_->shards->split("val");
     if (val_split->num_tokens() >= config_.cutoff_len) {
       val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
     }
   }
-  train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, 0, blocks - held_out);
+  if (!train_set_) train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len);
   data::LoaderOptions lo;
   lo.batch_size = config_.per_device_train_batch_size;
   lo.seed = static_cast<uint64_t>(config_.seed);
