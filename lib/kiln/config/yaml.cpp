@@ -130,6 +130,20 @@ void ConfigReader::read(std::string_view key, std::string& out, Need need) {
   out = node->Scalar();
 }
 
+std::optional<std::string> ConfigReader::read_text(std::string_view key) {
+  consumed_.emplace_back(key);
+  const YAML::Node node = std::as_const(map_)[std::string(key)];
+  if (!node || node.IsNull()) return std::nullopt;
+  if (node.IsScalar()) return node.Scalar();
+  if (node.IsMap()) return std::string("{...}");
+  std::string out;
+  for (const auto& item : node) {
+    if (!out.empty()) out += ",";
+    out += item.IsScalar() ? item.Scalar() : std::string("...");
+  }
+  return out;
+}
+
 ConfigReader ConfigReader::child(std::string_view key) {
   consumed_.emplace_back(key);
   YAML::Node node = std::as_const(map_)[std::string(key)];

@@ -44,6 +44,10 @@ class ConfigReader {
   void read(std::string_view key, bool& out, Need need = Need::kOptional);
   void read(std::string_view key, std::string& out, Need need = Need::kOptional);
 
+  // Any value as text: a scalar as written, a list joined with ',', a mapping as "{...}";
+  // nullopt when absent or null. Marks the key as consumed.
+  std::optional<std::string> read_text(std::string_view key);
+
   // A nested mapping; its keys count as consumed here and are checked by its own finish().
   ConfigReader child(std::string_view key);
   // Marks a key as known without reading it (a key handled elsewhere).

@@ -14,6 +14,7 @@
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/train/lf_keys.h"
 
 namespace kiln::train {
 
@@ -31,6 +32,10 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"model", &C::model},
       {"model_name_or_path", &C::model_name_or_path},
       {"dataset_dir", &C::dataset_dir},
+      {"dataset", &C::dataset},
+      {"tokenized_path", &C::tokenized_path},
+      {"max_samples", &C::max_samples},
+      {"overwrite_cache", &C::overwrite_cache},
       {"cutoff_len", &C::cutoff_len},
       {"val_size", &C::val_size},
       {"per_device_train_batch_size", &C::per_device_train_batch_size},
@@ -81,6 +86,7 @@ void read_fields(ConfigReader& r, PretrainConfig& c) {
   for (const auto& [key, field] : fields()) {
     std::visit([&, &key = key](auto member) { r.read(key, c.*member); }, field);
   }
+  read_lf_keys(r, c);  // LLaMA-Factory / HF keys without a field: acted on, accepted or refused
   r.finish();
 }
 
@@ -151,6 +157,7 @@ void PretrainConfig::validate() const {
   if (!(val_size >= 0) || (val_size >= 1 && val_size != static_cast<double>(static_cast<int64_t>(val_size)))) {
     fail("val_size", fmt::format("must be a fraction in [0, 1) or a whole number of blocks, got {}", val_size));
   }
+  at_least("max_samples", max_samples, 0);
   at_least("logging_steps", logging_steps, 1);
   at_least("save_steps", save_steps, 0);
   at_least("save_total_limit", save_total_limit, 0);

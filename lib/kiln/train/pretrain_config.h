@@ -17,10 +17,17 @@ struct KILN_API PretrainConfig {
   // Model: a preset / model YAML (`model`) or a Hugging Face directory to continue from.
   std::string model;
   std::string model_name_or_path;
-  // Data: a folder of token shards written by kiln-tokenize; empty = the embedded corpus.
+  // Data: a folder of token shards written by kiln-tokenize (it holds meta.json); empty = the
+  // embedded corpus. With `dataset`: LLaMA-Factory's folder of dataset_info.json ("" = "data").
   std::string dataset_dir;
+  // LLaMA-Factory's datasets by name ("a,b"), resolved through dataset_dir/dataset_info.json and
+  // tokenized into a cache on first use (data/named_datasets.h).
+  std::string dataset;
+  std::string tokenized_path;    // the tokenized shards' folder instead of the cache's
+  int64_t max_samples = 0;       // > 0: the first max_samples documents of each dataset
+  bool overwrite_cache = false;  // tokenize again even when the cache holds these datasets
   int64_t cutoff_len = 1024;
-  double val_size = 0.0;  // > 0: hold out the last blocks of train (< 1: fraction, >= 1: count)
+  double val_size = 0.0;  // > 0: hold out random blocks of train (< 1: fraction, >= 1: count), by seed
 
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;  // blocks per forward pass of the evaluation (HF's default 8)

@@ -46,6 +46,7 @@
 #include "kiln/train/evaluate.h"
 #include "kiln/train/progress.h"
 #include "kiln/train/step.h"
+#include "kiln/train/training_data.h"
 
 namespace kiln::train {
 
@@ -283,7 +284,7 @@ void Trainer::apply_auto_fit() {
 
 void Trainer::setup_shard_data() {
   // Data: packed blocks of the shard set's train split; its val split for evaluation.
-  state_->data_dir = config_.dataset_dir.empty() ? data::default_corpus_shards() : config_.dataset_dir;
+  state_->data_dir = training_shard_dir(config_, is_main());
   state_->shards = data::TokenShards::open(state_->data_dir);
   const auto& meta = state_->shards->meta();
   state_->shards->check_ids_below(model_->config().vocab_size,

@@ -1,0 +1,248 @@
+// The LLaMA-Factory / HF TrainingArguments key table: see lf_keys.h and docs/training.md.
+#include "kiln/train/lf_keys.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
+
+#include "kiln/common/log.h"
+#include "kiln/config/yaml.h"
+
+namespace kiln::train {
+
+namespace {
+
+struct Entry {
+  const char* key;
+  // Values kiln accepts (lower case); empty = any value.
+  std::vector<std::string> allowed;
+  // For an allowed value: the info line ("" = silent: what kiln does anyway); for the others the
+  // error, which says what kiln supports.
+  const char* info;
+  const char* refusal;
+  LfKeyClass cls = LfKeyClass::kNoEffect;  // of an allowed value
+};
+
+constexpr const char* kFullOnly =
+    "kiln trains all weights (finetuning_type: full); LoRA and freeze tuning are not supported";
+constexpr const char* kPtOnly =
+    "kiln-pretrain does pretraining only (stage: pt); sft, rm, ppo, dpo and kto are not supported";
+
+const std::vector<Entry>& table() {
+  using C = LfKeyClass;
+  static const std::vector<Entry> t = {
+      // What to train: kiln does full-weight pretraining only.
+      {"stage", {"pt"}, "", kPtOnly, C::kActed},
+      {"finetuning_type", {"full"}, "", kFullOnly, C::kActed},
+      {"do_train", {"true"}, "", "kiln-pretrain always trains: do_train must be true", C::kActed},
+      {"do_eval",
+       {},
+       "evaluation follows val_size and eval_steps (a val split is evaluated every eval_steps and at the end)",
+       ""},
+      {"do_predict", {"false"}, "", "prediction is not supported: use kiln-eval (loss, perplexity) or kiln-generate"},
+      {"packing",
+       {"true"},
+       "",
+       "pretraining always packs documents into cutoff_len blocks (as LLaMA-Factory's stage pt); packing: false is not "
+       "supported",
+       C::kActed},
+      {"mix_strategy",
+       {"concat"},
+       "",
+       "datasets are concatenated (mix_strategy: concat); interleaving is not supported",
+       C::kActed},
+      {"interleave_probs",
+       {"__never__"},
+       "",
+       "datasets are concatenated (mix_strategy: concat); interleaving is not supported"},
+      {"streaming",
+       {"false"},
+       "",
+       "kiln tokenizes the datasets into shards on first use and reads them memory-mapped; streaming: true is not "
+       "supported"},
+      {"eval_dataset",
+       {"__never__"},
+       "",
+       "not supported yet: hold out evaluation data with val_size, or give a shard folder with a val split"},
+      {"optim",
+       {"adamw_torch", "adamw_torch_fused", "adamw_hf"},
+       "",
+       "kiln's optimizer is AdamW (one fused kernel): optim adamw_torch, adamw_torch_fused or adamw_hf",
+       C::kActed},
+      {"eval_strategy",
+       {"steps", "no"},
+       "",
+       "kiln evaluates every eval_steps and at the end (eval_strategy: steps); epoch is not supported",
+       C::kActed},
+      {"evaluation_strategy",
+       {"steps", "no"},
+       "",
+       "kiln evaluates every eval_steps and at the end (eval_strategy: steps); epoch is not supported",
+       C::kActed},
+      {"save_strategy",
+       {"steps"},
+       "",
+       "kiln saves every save_steps and at the end (save_strategy: steps); no, epoch and best are not supported",
+       C::kActed},
+      {"logging_strategy", {"steps"}, "", "kiln logs every logging_steps (logging_strategy: steps)", C::kActed},
+      {"disable_gradient_checkpointing", {}, "", "", C::kActed},
+      {"save_safetensors", {"true"}, "", "kiln always saves model.safetensors", C::kActed},
+      {"load_best_model_at_end",
+       {"false"},
+       "",
+       "not supported: kiln keeps the checkpoints of save_steps (save_total_limit)"},
+      {"push_to_hub", {"false"}, "", "kiln does not upload (no network); push the output_dir yourself"},
+      {"pure_bf16",
+       {"false"},
+       "",
+       "kiln keeps fp32 weights and optimizer state under bf16 autocast (bf16: true); pure_bf16 is not supported"},
+      {"use_unsloth", {"false"}, "", "kiln uses its own kernels (the kernels key); unsloth is not supported"},
+      {"resize_vocab", {"false"}, "", "not supported: the model's vocab_size must cover the tokenizer"},
+      {"quantization_bit", {"__never__"}, "", "kiln does not train quantized models"},
+      {"quantization_method", {"__never__"}, "", "kiln does not train quantized models"},
+      {"rope_scaling", {"__never__"}, "", "set rope_scaling in the model's config.json (or model YAML) instead"},
+      {"lr_scheduler_kwargs",
+       {"__never__"},
+       "",
+       "not supported: use min_lr_ratio (cosine, warmup_stable_decay floor) and decay_ratio (warmup_stable_decay)"},
+      {"adapter_name_or_path", {"__never__"}, "", kFullOnly},
+      {"lora_rank", {"__never__"}, "", kFullOnly},
+      {"lora_alpha", {"__never__"}, "", kFullOnly},
+      {"lora_dropout", {"__never__"}, "", kFullOnly},
+      {"lora_target", {"__never__"}, "", kFullOnly},
+      {"use_dora", {"__never__"}, "", kFullOnly},
+      {"use_rslora", {"__never__"}, "", kFullOnly},
+      {"freeze_trainable_layers", {"__never__"}, "", kFullOnly},
+      {"freeze_trainable_modules", {"__never__"}, "", kFullOnly},
+      {"pref_beta", {"__never__"}, "", kPtOnly},
+      {"pref_loss", {"__never__"}, "", kPtOnly},
+      {"reward_model", {"__never__"}, "", kPtOnly},
+      // Accepted without effect: they cannot change a kiln run.
+      {"trust_remote_code",
+       {},
+       "kiln reads config.json, safetensors and tokenizer.json itself and never runs a model's Python code",
+       ""},
+      {"preprocessing_num_workers", {}, "kiln tokenizes with one thread per core", ""},
+      {"dataloader_num_workers", {}, "kiln's loader reads memory-mapped shards on one prefetch thread", ""},
+      {"dataloader_pin_memory", {}, "kiln pins batch memory whenever CUDA is present", ""},
+      {"dataloader_persistent_workers", {}, "kiln's loader has no worker processes", ""},
+      {"dataloader_prefetch_factor", {}, "kiln's loader prefetches 2 batches", ""},
+      {"template", {}, "stage pt uses no chat template (documents + EOS, as LLaMA-Factory)", ""},
+      {"flash_attn", {}, "kiln's attention is its own kernels (the kernels key, docs/kernels.md)", ""},
+      {"enable_liger_kernel",
+       {},
+       "kiln's own fused kernels are used (RMSNorm, RoPE, SwiGLU, linear + cross-entropy)",
+       ""},
+      {"torch_compile", {}, "kiln is compiled C++; there is nothing for torch.compile to do", ""},
+      {"use_fast_tokenizer", {}, "kiln has one tokenizer implementation (docs/data.md)", ""},
+      {"cache_dir",
+       {},
+       "kiln downloads nothing; its tokenized datasets are cached under $KILN_HOME/data (or tokenized_path)",
+       ""},
+      {"hf_hub_token", {}, "kiln downloads nothing", ""},
+      {"ms_hub_token", {}, "kiln downloads nothing", ""},
+      {"low_cpu_mem_usage", {}, "kiln loads safetensors memory-mapped", ""},
+      {"report_to", {"none"}, "", "", C::kNoEffect},   // other values: info line in read_lf_keys
+      {"plot_loss", {"false"}, "", "", C::kNoEffect},  // true: info line in read_lf_keys
+      {"logging_dir",
+       {},
+       "not implemented yet: no TensorBoard event files are written (the logs are in output_dir/metrics.jsonl and "
+       "trainer_state.json)",
+       ""},
+      {"run_name", {}, "kiln names runs by output_dir", ""},
+      {"disable_tqdm", {}, "kiln's progress bar redraws only on a terminal", ""},
+      {"ddp_find_unused_parameters", {}, "kiln's data parallelism has no unused parameters to find", ""},
+      {"ddp_broadcast_buffers", {}, "a Llama model has no buffers to broadcast", ""},
+      {"include_num_input_tokens_seen", {}, "kiln logs tokens/s at every logging step", ""},
+      {"include_tokens_per_second", {}, "kiln logs tokens/s at every logging step", ""},
+      {"save_only_model", {}, "kiln's checkpoints always hold the optimizer and RNG state, for an exact resume", ""},
+      {"remove_unused_columns", {}, "kiln's batches hold only input ids and labels", ""},
+      {"prediction_loss_only", {}, "kiln's evaluation computes the loss only", ""},
+      {"local_rank", {}, "kiln reads the rank from torchrun's or srun's environment", ""},
+      {"print_param_status", {}, "no effect in kiln", ""},
+      {"hub_model_id", {}, "kiln does not upload", ""},
+  };
+  return t;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+const Entry* find(std::string_view key) {
+  for (const auto& e : table()) {
+    if (key == e.key) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<std::string>& lf_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& e : table()) k.emplace_back(e.key);
+    return k;
+  }();
+  return keys;
+}
+
+std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_view value) {
+  const Entry* e = find(key);
+  if (!e) return std::nullopt;
+  const std::string v = lower(value);
+  const bool allowed = e->allowed.empty() || std::find(e->allowed.begin(), e->allowed.end(), v) != e->allowed.end();
+  if (!allowed) {
+    // Value-dependent info lines of keys that are silent at their default.
+    if (key == "report_to")
+      return LfKeyVerdict{
+          LfKeyClass::kNoEffect,
+          fmt::format("not implemented yet: kiln writes no {} logs (its logs are output_dir/metrics.jsonl "
+                      "and trainer_state.json)",
+                      value)};
+    if (key == "plot_loss" && v == "true")
+      return LfKeyVerdict{LfKeyClass::kNoEffect,
+                          "not implemented yet: no training_loss.png is written (the losses are in "
+                          "output_dir/metrics.jsonl)"};
+    return LfKeyVerdict{LfKeyClass::kRefused, fmt::format("'{}' is not supported: {}", value, e->refusal)};
+  }
+  if (key == "disable_gradient_checkpointing") {
+    if (v == "true") return LfKeyVerdict{LfKeyClass::kActed, ""};
+    if (v == "false")
+      return LfKeyVerdict{LfKeyClass::kNoEffect,
+                          "LLaMA-Factory recomputes activations unless this is true; kiln does only with "
+                          "gradient_checkpointing: true"};
+    return LfKeyVerdict{LfKeyClass::kRefused, fmt::format("expected true or false, got '{}'", value)};
+  }
+  if (key == "eval_strategy" || key == "evaluation_strategy") {
+    if (v == "no")
+      return LfKeyVerdict{LfKeyClass::kNoEffect,
+                          "kiln still evaluates at the end when there is evaluation data (val_size, or a val split)"};
+  }
+  return LfKeyVerdict{e->cls, e->info};
+}
+
+void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
+  for (const auto& e : table()) {
+    if (!r.has(e.key)) continue;
+    const auto value = r.read_text(e.key);
+    if (!value) continue;  // key: null
+    const auto verdict = classify_lf_key(e.key, *value);
+    if (verdict->cls == LfKeyClass::kRefused) r.fail(e.key, verdict->message);
+    if (!verdict->message.empty()) {
+      logger()->info("{}: {}: {}: {}", r.source(), e.key, *value, verdict->message);
+    }
+    const std::string v = lower(*value);
+    const std::string key = e.key;
+    if (key == "disable_gradient_checkpointing" && v == "true") c.gradient_checkpointing = false;
+    // HF: eval_strategy steps without eval_steps evaluates every logging_steps.
+    if ((key == "eval_strategy" || key == "evaluation_strategy") && v == "steps" && !r.has("eval_steps")) {
+      c.eval_steps = c.logging_steps;
+    }
+  }
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,39 @@
+// The keys of LLaMA-Factory's `stage: pt` / `finetuning_type: full` configs and of the HF
+// TrainingArguments such runs use that PretrainConfig has no field of its own for. Each is judged
+// with its value: acted on (it changes the config as the two projects define it), accepted
+// without effect (one info line says why it cannot change a kiln run), or refused (it asks for
+// something kiln does not do: the error names the key and what kiln supports). A key neither
+// PretrainConfig nor this table knows stays an "unknown key" error (docs/training.md, the table).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/train/pretrain_config.h"
+
+namespace kiln::config {
+class ConfigReader;
+}
+
+namespace kiln::train {
+
+enum class LfKeyClass { kActed, kNoEffect, kRefused };
+
+struct LfKeyVerdict {
+  LfKeyClass cls;
+  std::string message;  // the info line (no effect; "" = silent) or the error (refused)
+};
+
+// nullopt for a key this table does not know. `value` as written in the YAML (a list joined by ',').
+std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_view value);
+
+// Every key of the table, in documentation order.
+const std::vector<std::string>& lf_keys();
+
+// Reads each table key present in `r`: a refused one throws config::ConfigError naming the
+// source and key, an accepted one logs its info line, an acted one changes `c`.
+void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
+
+}  // namespace kiln::train

@@ -1,0 +1,82 @@
+// The run's token shards: see training_data.h.
+#include "kiln/train/training_data.h"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "kiln/common/log.h"
+#include "kiln/config/yaml.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/data/named_datasets.h"
+#include "kiln/train/progress.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+
+std::string model_tokenizer_spec(const PretrainConfig& config) {
+  if (!config.model_name_or_path.empty() && fs::exists(fs::path(config.model_name_or_path) / "tokenizer.json")) {
+    return (fs::path(config.model_name_or_path) / "tokenizer.json").string();
+  }
+  return "byte";
+}
+
+std::string training_shard_dir(const PretrainConfig& config, bool main_process) {
+  auto fail = [&](const std::string& key, const std::string& problem) -> std::string {
+    throw config::ConfigError(config::config_message(config.source, key, problem));
+  };
+  if (config.dataset.empty()) {
+    if (!config.tokenized_path.empty()) {
+      if (!fs::exists(fs::path(config.tokenized_path) / "meta.json"))
+        return fail("tokenized_path", fmt::format("{}: no meta.json (name the datasets to tokenize with dataset)",
+                                                  config.tokenized_path));
+      return config.tokenized_path;
+    }
+    if (config.dataset_dir.empty()) return data::default_corpus_shards();
+    const fs::path dir(config.dataset_dir);
+    if (!fs::exists(dir / "meta.json") && fs::exists(dir / "dataset_info.json")) {
+      return fail("dataset_dir", fmt::format("{} holds dataset_info.json, not token shards: name the datasets with "
+                                             "dataset (e.g. dataset: a,b)",
+                                             config.dataset_dir));
+    }
+    return config.dataset_dir;
+  }
+  const std::string folder = config.dataset_dir.empty() ? "data" : config.dataset_dir;
+  if (fs::exists(fs::path(folder) / "meta.json")) {
+    return fail("dataset", fmt::format("dataset_dir {} is a shard folder (meta.json); dataset names datasets of a "
+                                       "folder with dataset_info.json: give one of the two",
+                                       folder));
+  }
+  std::vector<data::NamedDataset> datasets;
+  try {
+    datasets = data::resolve_datasets(config.dataset, folder);
+  } catch (const std::runtime_error& e) {
+    return fail("dataset", e.what());
+  }
+  const std::string spec = model_tokenizer_spec(config);
+  const auto tokenizer = data::load_tokenizer(spec);
+  data::NamedDatasetOptions o;
+  o.tokenized_path = config.tokenized_path;
+  o.max_samples = config.max_samples;
+  o.overwrite_cache = config.overwrite_cache;
+  std::unique_ptr<ProgressBar> bar;
+  if (main_process) {
+    o.on_info = [](const std::string& line) { logger()->info("{}", line); };
+    o.on_progress = [&bar](const data::TokenizeProgress& p) {
+      if (!bar) bar = std::make_unique<ProgressBar>(std::max<int64_t>(p.bytes_total >> 10, 1), 0, stderr);
+      bar->update(p.bytes_done >> 10);
+    };
+  }
+  try {
+    const auto prepared = data::prepare_named_datasets(*tokenizer, datasets, o);
+    if (bar) bar->finish();
+    return prepared.shard_dir;
+  } catch (const std::runtime_error& e) {
+    if (bar) bar->finish();
+    return fail("dataset", fmt::format("tokenizer {}: {}", spec, e.what()));
+  }
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,23 @@
+// Which token shards a run trains on (docs/training.md, "Data"):
+//   `dataset` given      LLaMA-Factory's datasets by name: dataset_dir ("" = "data") holds
+//                        dataset_info.json; they are tokenized on first use into a cache (or
+//                        tokenized_path) with the model's tokenizer (data/named_datasets.h);
+//   `tokenized_path`     (without `dataset`) a shard folder tokenized earlier;
+//   `dataset_dir`        a shard folder of kiln-tokenize (it holds meta.json), as before;
+//   none                 the embedded corpus.
+#pragma once
+
+#include <string>
+
+#include "kiln/train/pretrain_config.h"
+
+namespace kiln::train {
+
+// The shard folder, tokenizing first when needed; `main_process` draws the progress bar and logs.
+// Errors are config::ConfigError naming the config's source and the key.
+std::string training_shard_dir(const PretrainConfig& config, bool main_process);
+
+// The tokenizer of the model: model_name_or_path's tokenizer.json when it has one, else "byte".
+std::string model_tokenizer_spec(const PretrainConfig& config);
+
+}  // namespace kiln::train

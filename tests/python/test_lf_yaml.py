@@ -1,0 +1,157 @@
+"""Coming from LLaMA-Factory (issue 15, points 1-2): its pretraining YAML runs unchanged with
+kiln-pretrain --config (only the model line names a small kiln preset), datasets are found by name
+through a local dataset_info.json (a .json array file and a .jsonl file with another text column),
+tokenized once into a cache and reused.
+
+References: LLaMA-Factory's pretraining preprocessing (each document's text + EOS, no BOS, the
+datasets concatenated in order); the same files tokenized by hand with kiln-tokenize, and the byte
+tokenizer's definition (ids = UTF-8 bytes, EOS 257), computed here in Python.
+"""
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+ISSUE_YAML = """model_name_or_path: path/to/hf-dir
+trust_remote_code: true
+stage: pt
+do_train: true
+finetuning_type: full
+dataset: c4_demo
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+output_dir: saves/llama3-1b/full/pretrain
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+val_size: 0.1
+per_device_eval_batch_size: 1
+eval_strategy: steps
+eval_steps: 500
+report_to: tensorboard
+"""
+EOS = 257  # the byte tokenizer's
+# Later runs only need to reach the data: one short fp32 step, no evaluation.
+QUICK = ("--max_steps", "1", "--gradient_accumulation_steps", "1", "--cutoff_len", "256", "--bf16", "false",
+         "--val_size", "0")
+
+
+def make_project(root: Path):
+    rng = random.Random(15)
+    words = "the a cat dog sat ran on under big small red house tree river quickly slowly é 字".split()
+
+    def doc():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+
+    data = root / "data"
+    data.mkdir(parents=True)
+    arr = [{"text": doc(), "id": i} for i in range(120)]
+    (data / "c4_part.json").write_text(json.dumps(arr, ensure_ascii=False))
+    lines = [{"content": doc(), "meta": {"n": i}} for i in range(80)]
+    (data / "more.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines))
+    (data / "dataset_info.json").write_text(json.dumps({
+        "c4_demo": {"file_name": "c4_part.json", "columns": {"prompt": "text"}},
+        "more_demo": {"file_name": "more.jsonl", "columns": {"prompt": "content"}},
+        "c4_hub": {"hf_hub_url": "allenai/c4"},
+    }))
+    yaml = ISSUE_YAML.replace("model_name_or_path: path/to/hf-dir", "model: tiny")
+    yaml = yaml.replace("dataset: c4_demo", "dataset: c4_demo,more_demo")
+    (root / "pretrain.yaml").write_text(yaml)
+    return [x["text"] for x in arr] + [x["content"] for x in lines]
+
+
+def pretrain(kiln_bin, root, *args, timeout=120):
+    env = dict(os.environ, KILN_HOME=str(root / "home"))
+    return subprocess.run([str(kiln_bin("kiln-pretrain")), "--config", "pretrain.yaml", "--device", "cpu", *args],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_tokens(shard_dir: Path):
+    meta = json.loads((shard_dir / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    return np.concatenate([np.fromfile(shard_dir / s["file"], dtype=dtype)
+                           for s in meta["splits"]["train"]["shards"]]).astype(np.int64)
+
+
+def cache_dirs(root: Path):
+    return sorted((root / "home" / "data" / "datasets").glob("c4_demo+more_demo-*"))
+
+
+def test_the_issue_yaml_runs_unchanged_and_the_tokens_are_the_files(kiln_bin, tmp_path):
+    docs = make_project(tmp_path)
+    # The YAML as written; the command line only bounds the run (bf16 on a CPU is slow).
+    res = pretrain(kiln_bin, tmp_path, "--max_steps", "1", "--gradient_accumulation_steps", "1")
+    assert res.returncode == 0, res.stderr
+    err = res.stderr.splitlines()
+    # One info line for each key that cannot change a kiln run.
+    for key in ("trust_remote_code", "preprocessing_num_workers", "plot_loss", "report_to"):
+        assert sum(line.startswith(f"pretrain.yaml: {key}:") for line in err) == 1, (key, res.stderr)
+    assert "not implemented yet" in next(line for line in err if line.startswith("pretrain.yaml: plot_loss:"))
+    assert sum("c4_demo+more_demo: tokenized 200 documents" in line for line in err) == 1, res.stderr
+    assert "held out by val_size" in res.stdout  # the banner
+    assert "finished at step 1" in res.stdout + res.stderr
+    (cache,) = cache_dirs(tmp_path)
+
+    # The same tokens as the definition (UTF-8 bytes + EOS per document, in order) ...
+    expected = [t for d in docs for t in [*d.encode("utf-8"), EOS]]
+    got = train_tokens(cache)
+    assert got.tolist() == expected
+    # ... and as each file tokenized by hand with kiln-tokenize, concatenated.
+    by_hand = []
+    for name, key in (("c4_part.json", "text"), ("more.jsonl", "content")):
+        out = tmp_path / f"by-hand-{key}"
+        tok = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
+                              str(tmp_path / "data" / name), "--output", str(out), "--text-key", key],
+                             capture_output=True, text=True, timeout=60)
+        assert tok.returncode == 0, tok.stderr
+        by_hand.append(train_tokens(out))
+    assert np.array_equal(np.concatenate(by_hand), got)
+
+    # A second run reuses the cache (no tokenization: the shards are not rewritten) ...
+    stamp = (cache / "meta.json").stat().st_mtime_ns
+    res = pretrain(kiln_bin, tmp_path, *QUICK, "--overwrite_cache", "false")
+    assert res.returncode == 0, res.stderr
+    assert "reusing the tokenized shards" in res.stderr and " tokenized 200 documents" not in res.stderr
+    assert (cache / "meta.json").stat().st_mtime_ns == stamp
+    # ... unless overwrite_cache: true (the YAML's own setting).
+    res = pretrain(kiln_bin, tmp_path, *QUICK)
+    assert res.returncode == 0, res.stderr
+    assert "tokenized 200 documents" in res.stderr
+    assert cache_dirs(tmp_path) == [cache]
+    assert train_tokens(cache).tolist() == expected
+    # max_samples applies per dataset (the first N of each: 100 of 120, 80 of 80).
+    res = pretrain(kiln_bin, tmp_path, *QUICK, "--max_samples", "100")
+    assert res.returncode == 0, res.stderr
+    assert "tokenized 180 documents" in res.stderr
+
+
+def test_refused_keys_and_hub_datasets_are_one_clear_line(kiln_bin, tmp_path):
+    make_project(tmp_path)
+    cases = [
+        (("--stage", "sft"), ["'stage'", "'sft'", "stage: pt"]),
+        (("--finetuning_type", "lora"), ["'finetuning_type'", "'lora'", "finetuning_type: full"]),
+        (("--dataset", "c4_hub"), ["'dataset'", "c4_hub", "hf_hub_url", "allenai/c4", "download"]),
+        (("--dataset", "c4_demo,nope"), ["'nope'", "not defined", "dataset_info.json"]),
+        (("--trust_remote_cod", "true"), ["'trust_remote_cod'", "unknown key"]),
+    ]
+    for args, needles in cases:
+        res = pretrain(kiln_bin, tmp_path, *QUICK, *args, timeout=60)
+        assert res.returncode != 0, args
+        errors = [line for line in res.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1, (args, res.stderr)
+        for needle in needles:
+            assert needle in errors[0], (args, needle, errors[0])

@@ -1,0 +1,229 @@
+// Coming from LLaMA-Factory: its keys are acted on, accepted with one info line, or refused
+// naming what kiln supports (train/lf_keys.h); its dataset_info.json resolves datasets by name and
+// they are tokenized into a cache keyed by content (data/named_datasets.h). References:
+// LLaMA-Factory's hparams and data/parser.py (key names, hub entries, file_name as a file or a
+// folder, columns.prompt), its pretraining preprocessing (text + EOS, no BOS, max_samples per
+// dataset), HF's train_test_split (val_size: a random subset of the packed examples).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kiln/data/byte_tokenizer.h"
+#include "kiln/data/loader.h"
+#include "kiln/data/named_datasets.h"
+#include "kiln/data/shards.h"
+#include "kiln/train/lf_keys.h"
+#include "kiln/train/pretrain_config.h"
+#include "support.h"
+
+using Catch::Matchers::Contains;
+using kiln::test::error_of;
+using kiln::train::classify_lf_key;
+using kiln::train::LfKeyClass;
+namespace fs = std::filesystem;
+
+TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused naming what kiln does", "[config]") {
+  CHECK(classify_lf_key("stage", "pt")->cls == LfKeyClass::kActed);
+  CHECK(classify_lf_key("finetuning_type", "full")->cls == LfKeyClass::kActed);
+  CHECK(classify_lf_key("optim", "adamw_torch")->cls == LfKeyClass::kActed);
+  for (const char* stage : {"sft", "rm", "ppo", "dpo", "kto"}) {
+    const auto v = classify_lf_key("stage", stage);
+    CHECK(v->cls == LfKeyClass::kRefused);
+    CHECK_THAT(v->message, Contains(stage) && Contains("stage: pt"));
+  }
+  for (const char* type : {"lora", "freeze"}) {
+    CHECK_THAT(classify_lf_key("finetuning_type", type)->message, Contains(type) && Contains("finetuning_type: full"));
+  }
+  CHECK(classify_lf_key("lora_rank", "8")->cls == LfKeyClass::kRefused);
+  CHECK(classify_lf_key("streaming", "true")->cls == LfKeyClass::kRefused);
+  CHECK(classify_lf_key("do_train", "false")->cls == LfKeyClass::kRefused);
+  CHECK(classify_lf_key("eval_strategy", "epoch")->cls == LfKeyClass::kRefused);
+  // No effect: one reason each; the defaults of the value-dependent ones are silent.
+  for (const char* key : {"trust_remote_code", "preprocessing_num_workers", "dataloader_num_workers", "template"}) {
+    const auto v = classify_lf_key(key, "16");
+    CHECK(v->cls == LfKeyClass::kNoEffect);
+    CHECK_FALSE(v->message.empty());
+  }
+  CHECK(classify_lf_key("report_to", "none")->message.empty());
+  CHECK_THAT(classify_lf_key("report_to", "tensorboard")->message, Contains("not implemented yet"));
+  CHECK(classify_lf_key("plot_loss", "false")->message.empty());
+  CHECK_THAT(classify_lf_key("plot_loss", "true")->message, Contains("not implemented yet"));
+  CHECK_FALSE(classify_lf_key("learning_rat", "1"));
+  // No key is both a PretrainConfig field and a table entry.
+  const auto& fields = kiln::train::pretrain_config_keys();
+  for (const auto& k : kiln::train::lf_keys()) {
+    CAPTURE(k);
+    CHECK(std::find(fields.begin(), fields.end(), k) == fields.end());
+  }
+}
+
+TEST_CASE("the LLaMA-Factory pretraining YAML of issue 15 loads; a misspelled key is still an error", "[config]") {
+  const std::string yaml = R"(model: tiny
+trust_remote_code: true
+stage: pt
+do_train: true
+finetuning_type: full
+dataset: c4_demo
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+output_dir: saves/llama3-1b/full/pretrain
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+val_size: 0.1
+per_device_eval_batch_size: 1
+eval_strategy: steps
+eval_steps: 500
+report_to: tensorboard
+)";
+  const auto c = kiln::train::pretrain_config_from_yaml_text(yaml, "lf.yaml");
+  CHECK(c.dataset == "c4_demo");
+  CHECK(c.max_samples == 1000);
+  CHECK(c.overwrite_cache);
+  CHECK(c.eval_steps == 500);
+  CHECK(c.ddp_timeout == 180000000);
+  CHECK_THAT(
+      error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "trust_remote_cod: true\n", "lf.yaml"); }),
+      Contains("lf.yaml") && Contains("'trust_remote_cod'") && Contains("unknown key"));
+  CHECK_THAT(error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "lora_rank: 8\n", "lf.yaml"); }),
+             Contains("'lora_rank'") && Contains("finetuning_type: full"));
+  // HF: eval_strategy steps without eval_steps evaluates every logging_steps.
+  const auto d = kiln::train::pretrain_config_from_yaml_text(
+      "model: tiny\nlogging_steps: 7\neval_strategy: steps\ndisable_gradient_checkpointing: true\n", "x");
+  CHECK(d.eval_steps == 7);
+  CHECK_FALSE(d.gradient_checkpointing);
+}
+
+namespace {
+fs::path write(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("dataset_info.json: files, folders, columns.prompt; hub entries and mistakes are clear errors", "[data]") {
+  const fs::path dir = kiln::test::scratch_dir("dataset_info");
+  write(dir / "a.json", R"([{"text": "one"}])");
+  write(dir / "b.jsonl", "{\"body\": \"two\"}\n");
+  write(dir / "folder" / "y.txt", "y\n");
+  write(dir / "folder" / "x.txt", "x\n");
+  write(dir / "mixed" / "x.txt", "x\n");
+  write(dir / "mixed" / "y.jsonl", "{}\n");
+  write(dir / "c.parquet", "PAR1");
+  const std::string info = R"({
+    "a": {"file_name": "a.json"},
+    "b": {"file_name": "b.jsonl", "columns": {"prompt": "body"}},
+    "f": {"file_name": "folder"},
+    "mixed": {"file_name": "mixed"},
+    "pq": {"file_name": "c.parquet"},
+    "missing": {"file_name": "nope.jsonl"},
+    "hf": {"hf_hub_url": "allenai/c4"},
+    "ms": {"ms_hub_url": "x/y", "file_name": "a.json"},
+    "om": {"om_hub_url": "x/y"},
+    "script": {"script_url": "s"},
+    "sft": {"file_name": "a.json", "formatting": "sharegpt"}
+  })";
+  const auto ds = kiln::data::parse_dataset_info(info, " a, b ,f", dir.string(), "info.json");
+  REQUIRE(ds.size() == 3);
+  CHECK(ds[0].name == "a");
+  CHECK(ds[0].text_column == "text");
+  CHECK(ds[1].text_column == "body");
+  REQUIRE(ds[2].files.size() == 2);
+  CHECK(fs::path(ds[2].files[0]).filename() == "x.txt");  // sorted
+  auto err = [&](const std::string& names) {
+    return error_of([&] { kiln::data::parse_dataset_info(info, names, dir.string(), "info.json"); });
+  };
+  for (const char* hub : {"hf", "ms", "om", "script"}) {
+    CHECK_THAT(err(hub), Contains("info.json") && Contains(std::string("'") + hub + "'") && Contains("no network") &&
+                             Contains("download"));
+  }
+  CHECK_THAT(err("zzz"), Contains("'zzz'") && Contains("not defined"));
+  CHECK_THAT(err("missing"), Contains("nope.jsonl") && Contains("not found"));
+  CHECK_THAT(err("mixed"), Contains("one type"));
+  CHECK_THAT(err("pq"), Contains("c.parquet") && Contains(".jsonl"));
+  CHECK_THAT(err("sft"), Contains("sharegpt"));
+  CHECK_THAT(error_of([&] { kiln::data::parse_dataset_info("[1]", "a", dir.string(), "info.json"); }),
+             Contains("info.json"));
+}
+
+TEST_CASE("named datasets: documents + EOS in order, max_samples per dataset, a cache keyed by content", "[data]") {
+  const fs::path dir = kiln::test::scratch_dir("named_datasets");
+  write(dir / "arr.json", R"([{"text": "alpha"}, {"text": "beta", "x": 1}, {"text": "gamma"}])");
+  write(dir / "lines.json", "{\"text\": \"jl1\"}\n\n{\"text\": \"jl2\"}\n");  // JSON Lines in a .json
+  write(dir / "b.jsonl", "{\"c\": \"delta\"}\n{\"c\": \"eps\"}\n");
+  write(dir / "dataset_info.json",
+        R"({"arr": {"file_name": "arr.json"}, "jl": {"file_name": "lines.json"},
+            "b": {"file_name": "b.jsonl", "columns": {"prompt": "c"}}})");
+  const kiln::data::ByteTokenizer tok;
+  const auto datasets = kiln::data::resolve_datasets("arr,jl,b", dir.string());
+  kiln::data::NamedDatasetOptions o;
+  o.cache_dir = (dir / "cache").string();
+  auto tokens_of = [&](const std::string& shard_dir) {
+    const auto shards = kiln::data::TokenShards::open(shard_dir);
+    const auto split = shards->split("train");
+    std::vector<int64_t> ids(split->num_tokens());
+    split->copy_tokens(0, split->num_tokens(), ids.data());
+    return ids;
+  };
+  auto expected = [&](const std::vector<std::string>& docs) {
+    std::vector<int64_t> ids;
+    for (const auto& d : docs) {
+      for (unsigned char ch : d) ids.push_back(ch);
+      ids.push_back(tok.eos_id());
+    }
+    return ids;
+  };
+  const auto first = kiln::data::prepare_named_datasets(tok, datasets, o);
+  CHECK(first.tokenized);
+  CHECK(tokens_of(first.shard_dir) == expected({"alpha", "beta", "gamma", "jl1", "jl2", "delta", "eps"}));
+  const auto again = kiln::data::prepare_named_datasets(tok, datasets, o);
+  CHECK_FALSE(again.tokenized);
+  CHECK(again.shard_dir == first.shard_dir);
+  o.overwrite_cache = true;
+  CHECK(kiln::data::prepare_named_datasets(tok, datasets, o).tokenized);
+  o.overwrite_cache = false;
+  o.max_samples = 2;
+  const auto capped = kiln::data::prepare_named_datasets(tok, datasets, o);
+  CHECK(capped.shard_dir != first.shard_dir);
+  CHECK(tokens_of(capped.shard_dir) == expected({"alpha", "beta", "jl1", "jl2", "delta", "eps"}));
+  // Changed content: a new key.
+  o.max_samples = 0;
+  write(dir / "b.jsonl", "{\"c\": \"delta\"}\n{\"c\": \"EPS\"}\n");
+  const auto changed = kiln::data::prepare_named_datasets(tok, datasets, o);
+  CHECK(changed.tokenized);
+  CHECK(changed.key != first.key);
+  // tokenized_path: reused as long as it holds these datasets.
+  o.tokenized_path = (dir / "tok").string();
+  CHECK(kiln::data::prepare_named_datasets(tok, datasets, o).tokenized);
+  CHECK_FALSE(kiln::data::prepare_named_datasets(tok, datasets, o).tokenized);
+  CHECK(fs::exists(dir / "tok" / "meta.json"));
+}
+
+TEST_CASE("val_size's split: a random subset of the blocks by seed, not the last ones", "[data]") {
+  const auto [train, val] = kiln::data::random_split(100, 10, 42);
+  CHECK(train.size() == 90);
+  CHECK(val.size() == 10);
+  CHECK(std::is_sorted(val.begin(), val.end()));
+  std::set<int64_t> all(train.begin(), train.end());
+  all.insert(val.begin(), val.end());
+  CHECK(all.size() == 100);
+  CHECK(val != std::vector<int64_t>{90, 91, 92, 93, 94, 95, 96, 97, 98, 99});
+  CHECK(kiln::data::random_split(100, 10, 42).second == val);
+  CHECK(kiln::data::random_split(100, 10, 43).second != val);
+}
