@@ -20,7 +20,7 @@ say() { printf '[setup] %s\n' "$*"; }
 debian_packages=(
   g++ cmake ninja-build ccache clang-format pkg-config
   libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
-  libpcre2-dev libbenchmark-dev libgloo-dev
+  libpcre2-dev libbenchmark-dev libgloo-dev zlib1g-dev
   chromium  # headless screenshot check of kiln-profile's HTML report (tests only)
 )
 missing=()

@@ -155,3 +155,19 @@ def test_refused_keys_and_hub_datasets_are_one_clear_line(kiln_bin, tmp_path):
         assert len(errors) == 1, (args, res.stderr)
         for needle in needles:
             assert needle in errors[0], (args, needle, errors[0])
+
+
+def test_jsonl_gz_reads_as_the_plain_file(kiln_bin, tmp_path):
+    import gzip
+    lines = "".join(json.dumps({"text": f"doc {i} é"}) + "\n" for i in range(50))
+    (tmp_path / "a.jsonl").write_text(lines)
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.write(lines)
+    outs = []
+    for name in ("a.jsonl", "a.jsonl.gz"):
+        out = tmp_path / f"out-{name}"
+        res = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input", str(tmp_path / name),
+                              "--output", str(out)], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        outs.append(train_tokens(out))
+    assert np.array_equal(outs[0], outs[1])

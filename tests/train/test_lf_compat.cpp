@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include <zlib.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -208,6 +209,19 @@ TEST_CASE("named datasets: documents + EOS in order, max_samples per dataset, a 
   const auto changed = kiln::data::prepare_named_datasets(tok, datasets, o);
   CHECK(changed.tokenized);
   CHECK(changed.key != first.key);
+  // .jsonl.gz (zlib): the same documents as the plain file.
+  {
+    fs::create_directories(dir / "gz");
+    gzFile gz = gzopen((dir / "gz" / "b.jsonl.gz").string().c_str(), "wb");
+    REQUIRE(gz);
+    const std::string text = "{\"c\": \"delta\"}\n{\"c\": \"EPS\"}\n";
+    gzwrite(gz, text.data(), static_cast<unsigned>(text.size()));
+    gzclose(gz);
+    write(dir / "gz" / "dataset_info.json", R"({"b": {"file_name": "b.jsonl.gz", "columns": {"prompt": "c"}}})");
+    const auto gz_set =
+        kiln::data::prepare_named_datasets(tok, kiln::data::resolve_datasets("b", (dir / "gz").string()), o);
+    CHECK(tokens_of(gz_set.shard_dir) == expected({"delta", "EPS"}));
+  }
   // tokenized_path: reused as long as it holds these datasets.
   o.tokenized_path = (dir / "tok").string();
   CHECK(kiln::data::prepare_named_datasets(tok, datasets, o).tokenized);

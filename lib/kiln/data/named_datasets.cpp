@@ -37,8 +37,15 @@ std::vector<std::string> split_names(const std::string& names) {
   return out;
 }
 
-bool supported_extension(const std::string& ext) {
-  return ext == ".json" || ext == ".jsonl" || ext == ".txt";
+// ".json", ".jsonl", ".jsonl.gz", ".txt", ... (the last two extensions for gzip).
+std::string file_type(const std::string& path) {
+  const fs::path p(path);
+  if (p.extension() == ".gz") return p.stem().extension().string() + ".gz";
+  return p.extension().string();
+}
+
+bool supported_type(const std::string& type) {
+  return type == ".json" || type == ".jsonl" || type == ".jsonl.gz" || type == ".txt";
 }
 
 constexpr int kCacheFormat = 1;  // bump when the shards made from the same inputs would change
@@ -104,11 +111,11 @@ std::vector<NamedDataset> parse_dataset_info(const std::string& json_text, const
     } else {
       fail(fmt::format("file '{}' not found", path.string()));
     }
-    const std::string ext = fs::path(d.files[0]).extension().string();
+    const std::string ext = file_type(d.files[0]);
     for (const auto& f : d.files) {
-      const std::string x = fs::path(f).extension().string();
-      if (!supported_extension(x)) {
-        fail(fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl and .txt files", f));
+      const std::string x = file_type(f);
+      if (!supported_type(x)) {
+        fail(fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz and .txt files", f));
       }
       if (x != ext) fail(fmt::format("'{}': the files of one dataset must have one type ({})", f, ext));
     }
@@ -140,7 +147,7 @@ std::string named_datasets_key(const Tokenizer& tokenizer, const std::vector<Nam
       // The file's content (and type: .txt is read by lines) and size, not its path.
       std::ifstream in(f, std::ios::binary);
       if (!in) throw std::runtime_error(fmt::format("'{}': cannot open", f));
-      uint64_t fh = xxh64(fs::path(f).extension().string());
+      uint64_t fh = xxh64(file_type(f));
       while (in) {
         in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
         fh = xxh64(buffer.data(), static_cast<size_t>(in.gcount()), fh);

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 namespace kiln::data {
@@ -22,8 +24,52 @@ namespace fs = std::filesystem;
 
 namespace {
 
+bool is_gz(const fs::path& p) {
+  return p.extension() == ".gz" && p.stem().extension() == ".jsonl";
+}
+
 bool is_input_extension(const fs::path& p) {
-  return p.extension() == ".txt" || p.extension() == ".jsonl" || p.extension() == ".json";
+  return p.extension() == ".txt" || p.extension() == ".jsonl" || p.extension() == ".json" || is_gz(p);
+}
+
+// A gzip file as a stream (zlib's gzread; a plain file is read as is, as gzread does).
+class GzStreambuf : public std::streambuf {
+ public:
+  explicit GzStreambuf(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")), buffer_(1 << 16) {}
+  ~GzStreambuf() override {
+    if (file_) gzclose(file_);
+  }
+  bool ok() const { return file_ != nullptr; }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    const int n = gzread(file_, buffer_.data(), static_cast<unsigned>(buffer_.size()));
+    if (n < 0) {
+      int code = 0;
+      const char* what = gzerror(file_, &code);
+      throw std::runtime_error(fmt::format("'{}': cannot decompress ({})", path_, what ? what : "gzip error"));
+    }
+    if (n == 0) return traits_type::eof();
+    setg(buffer_.data(), buffer_.data(), buffer_.data() + n);
+    return traits_type::to_int_type(*gptr());
+  }
+
+ private:
+  std::string path_;
+  gzFile file_;
+  std::vector<char> buffer_;
+};
+
+// Bytes of text a file holds: its size, or for gzip the size its trailer records (mod 2^32).
+int64_t text_bytes(const std::string& path) {
+  const auto size = static_cast<int64_t>(fs::file_size(path));
+  if (!is_gz(path) || size < 18) return size;
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(size - 4);
+  unsigned char b[4] = {};
+  in.read(reinterpret_cast<char*>(b), 4);
+  return static_cast<int64_t>(b[0] | b[1] << 8 | b[2] << 16 | static_cast<uint32_t>(b[3]) << 24);
 }
 
 // One input file, with the JSON field and the document group (dataset) it belongs to.
@@ -42,20 +88,19 @@ class DocumentReader {
     docs.clear();
     size_t bytes = 0;
     while (bytes < chunk_bytes) {
-      if (!in_.is_open() && array_.empty()) {
+      if (!buf_ && array_.empty()) {
         if (next_file_ >= files_.size()) break;
         const InputFile& f = files_[next_file_++];
         path_ = f.path;
         key_ = f.text_key;
         group_ = f.group;
         if (group_full()) {  // max documents of this group reached: skip its other files
-          bytes_done += static_cast<int64_t>(fs::file_size(path_));
+          bytes_done += text_bytes(path_);
           continue;
         }
-        in_.open(path_, std::ios::binary);
-        if (!in_) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
+        open();
         const auto ext = fs::path(path_).extension();
-        jsonl_ = ext == ".jsonl" || ext == ".json";
+        jsonl_ = ext == ".jsonl" || ext == ".json" || is_gz(path_);
         line_ = 0;
         if (ext == ".json" && starts_with_bracket()) read_array();
       }
@@ -77,11 +122,11 @@ class DocumentReader {
         bytes += ss.str().size();
         bytes_done += static_cast<int64_t>(ss.str().size());
         add(docs, ss.str());
-        in_.close();
+        close();
         continue;
       }
       if (group_full() || !std::getline(in_, text_)) {
-        in_.close();
+        close();
         continue;
       }
       ++line_;
@@ -150,7 +195,7 @@ class DocumentReader {
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error(fmt::format("{}: invalid JSON ({})", path_, e.what()));
     }
-    in_.close();
+    close();
     std::vector<std::string> docs;
     for (size_t i = 0; i < j.size(); ++i) {
       const int64_t before = group_docs_[group_];
@@ -165,7 +210,27 @@ class DocumentReader {
   std::vector<InputFile> files_;
   const TokenizeOptions& options_;
   size_t next_file_ = 0;
-  std::ifstream in_;
+  void open() {
+    if (is_gz(path_)) {
+      auto gz = std::make_unique<GzStreambuf>(path_);
+      if (!gz->ok()) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
+      buf_ = std::move(gz);
+    } else {
+      auto file = std::make_unique<std::filebuf>();
+      if (!file->open(path_, std::ios::in | std::ios::binary))
+        throw std::runtime_error(fmt::format("'{}': cannot open", path_));
+      buf_ = std::move(file);
+    }
+    in_.rdbuf(buf_.get());
+    in_.clear();
+  }
+  void close() {
+    in_.rdbuf(nullptr);
+    buf_.reset();
+  }
+
+  std::unique_ptr<std::streambuf> buf_;  // std::filebuf, or GzStreambuf for .jsonl.gz
+  std::istream in_{nullptr};
   std::string path_, text_, key_;
   int group_ = 0;
   std::map<int, int64_t> group_docs_;
@@ -220,11 +285,12 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       }
       std::sort(found.begin(), found.end());
       if (found.empty())
-        throw std::runtime_error(fmt::format("input '{}': folder holds no .txt, .jsonl or .json files", input));
+        throw std::runtime_error(
+            fmt::format("input '{}': folder holds no .txt, .jsonl, .jsonl.gz or .json files", input));
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p)) {
       if (!is_input_extension(p))
-        throw std::runtime_error(fmt::format("input '{}': not a .txt, .jsonl or .json file", input));
+        throw std::runtime_error(fmt::format("input '{}': not a .txt, .jsonl, .jsonl.gz or .json file", input));
       files.push_back(input);
     } else {
       throw std::runtime_error(fmt::format("input '{}': no such file or folder", input));
@@ -251,7 +317,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
   if (options.output_dir.empty()) throw std::invalid_argument("no output folder");
   const auto files = input_files(options);
   int64_t bytes_total = 0;
-  for (const auto& f : files) bytes_total += static_cast<int64_t>(fs::file_size(f.path));
+  for (const auto& f : files) bytes_total += text_bytes(f.path);
   const fs::path out_dir(options.output_dir);
   clear_output(out_dir, options.overwrite);
   const bool created = !fs::exists(out_dir);
