@@ -107,6 +107,9 @@ report_to: tensorboard
   const auto d = kiln::train::pretrain_config_from_yaml_text(
       "model: tiny\nlogging_steps: 7\neval_strategy: steps\ndisable_gradient_checkpointing: true\n", "x");
   CHECK(d.eval_steps == 7);
+  const std::string path = (kiln::test::scratch_dir("lf_eval") / "e.yaml").string();
+  std::ofstream(path) << "model: tiny\neval_steps: 50\n";
+  CHECK(kiln::train::load_pretrain_config(path, {{"eval_strategy", "steps"}}).eval_steps == 50);
   CHECK_FALSE(d.gradient_checkpointing);
 }
 

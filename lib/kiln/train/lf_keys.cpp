@@ -238,8 +238,10 @@ void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
     const std::string v = lower(*value);
     const std::string key = e.key;
     if (key == "disable_gradient_checkpointing" && v == "true") c.gradient_checkpointing = false;
-    // HF: eval_strategy steps without eval_steps evaluates every logging_steps.
-    if ((key == "eval_strategy" || key == "evaluation_strategy") && v == "steps" && !r.has("eval_steps")) {
+    // HF: eval_strategy steps without eval_steps evaluates every logging_steps (eval_steps given
+    // in the file or on the command line, in either order, wins).
+    if ((key == "eval_strategy" || key == "evaluation_strategy") && v == "steps" && !r.has("eval_steps") &&
+        c.eval_steps == 0) {
       c.eval_steps = c.logging_steps;
     }
   }
