@@ -368,15 +368,15 @@ void Trainer::setup_optimizer() {
   if (!config_.resume_from_checkpoint.empty()) {
     std::string dir = config_.resume_from_checkpoint;
     if (dir == "true" || dir == "True") {
+      // A kill during a re-save can leave the newest checkpoint renamed aside (.checkpoint-N.old
+      // on file systems without an atomic exchange): recover first, then choose.
+      if (is_main()) clean_incomplete_on_main();
+      if (comm_) comm_->barrier();
       dir = latest_checkpoint(config_.output_dir);
       if (dir.empty()) {
         throw config::ConfigError(
             config::config_message(config_.source, "resume_from_checkpoint",
                                    fmt::format("'true' but {} holds no checkpoint-N folder", config_.output_dir)));
-      // A kill during a re-save can leave the newest checkpoint renamed aside (.checkpoint-N.old
-      // on file systems without an atomic exchange): recover first, then choose.
-      if (is_main()) clean_incomplete_on_main();
-      if (comm_) comm_->barrier();
       }
     }
     resume(dir);
@@ -406,19 +406,19 @@ std::string Trainer::banner() const {
     out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
                        world_size(), comm_->env().launcher, comm_->backend(), rank(), zero_stage_,
                        config_.ddp_bucket_cap_mb);
-  }
-  if (source_) {
-    out += "\n  Data = batches supplied by the host program";
-  } else {
-    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
-                       with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
   } else if (plan_only_ && env_launcher_ != "none") {
     out += fmt::format(
         "\n  Distributed = {} processes ({}; planned, not joined; this is rank {}), ZeRO stage {}, "
         "buckets of {} MB",
         env_world_, env_launcher_, env_rank_, zero_stage_, config_.ddp_bucket_cap_mb);
-                       config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
+  }
   const bool per_rank = comm_ || (plan_only_ && env_launcher_ != "none");
+  if (source_) {
+    out += "\n  Data = batches supplied by the host program";
+  } else {
+    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
+                       with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
+                       config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
                        val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
                                               config_.val_size > 0 ? " held out by val_size" : "")
                                 : "no val split");
@@ -500,18 +500,18 @@ void Trainer::clean_incomplete_on_main() {
     logger()->info("kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})",
                    out.string(), cleaned.size(), cleaned.size() == 1 ? "" : "s", fmt::join(cleaned, "; "));
   }
-  const SetAside aside =
-      set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
-  if (!aside.checkpoints.empty()) {
-    std::vector<std::string> names;
-    for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
-    logger()->info(
 }
 
 void Trainer::prepare_output_dir_on_main() {
   const fs::path out(config_.output_dir);
   fs::create_directories(out);
   clean_incomplete_on_main();
+  const SetAside aside =
+      set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
+  if (!aside.checkpoints.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
+    logger()->info(
         "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}", out.string(),
         aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "), state_->global_step,
         aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");
