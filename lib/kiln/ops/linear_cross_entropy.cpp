@@ -150,7 +150,13 @@ LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at:
 
 }  // namespace
 
-int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden) {
+int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu) {
+  if (cpu) {
+    constexpr int64_t kCpuChunkLogits = int64_t{1} << 23;
+    int64_t chunk = 64;
+    while (chunk * 2 * std::max<int64_t>(vocab, 1) <= kCpuChunkLogits) chunk *= 2;
+    return std::max<int64_t>(1, std::min(rows, chunk));
+  }
   const int64_t factor = std::max<int64_t>(1, (vocab + hidden - 1) / std::max<int64_t>(hidden, 1));
   const int64_t want = (rows + factor - 1) / factor;
   int64_t chunk = 1;
@@ -194,7 +200,7 @@ LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at
   const at::Tensor h = hidden.reshape({-1, dim}).to(compute).contiguous();  // [N, H]
   const at::Tensor w = weight.to(compute).contiguous();                     // [V, H]
   const int64_t rows = h.size(0);
-  const int64_t chunk = o.chunk_tokens > 0 ? o.chunk_tokens : auto_chunk_tokens(rows, vocab, dim);
+  const int64_t chunk = o.chunk_tokens > 0 ? o.chunk_tokens : auto_chunk_tokens(rows, vocab, dim, h.is_cpu());
   const bool needs_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
   if (!needs_grad || rows == 0) {
     const at::AutoGradMode no_grad(false);

@@ -45,8 +45,15 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
                                                         const at::Tensor& labels,
                                                         const LinearCrossEntropyOptions& options = {});
 
-// Liger-Kernel's rule: about as many logits per chunk as hidden has elements, i.e.
+// The default rows per chunk, per device.
+// CUDA: Liger-Kernel's rule, about as many logits per chunk as hidden has elements, i.e.
 // next_pow2(ceil(rows / ceil(V / H))), at least 64 rows (small matmuls are slow), at most rows.
-int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden);
+// CPU: the largest power of two with rows x V <= 2^23 logits (32 MiB in fp32), at least 64 rows,
+// at most rows. Each chunk adds its [V, H] product into the fp32 weight gradient (reading and
+// writing all of it) and runs a dozen ops, each a parallel region; with 64-row chunks
+// (Liger's rule for V 32000, H 512, 1024 rows) that cost the CPU 1.7x ATen's full-logits time on
+// 2 threads, with 256 rows it is ATen's time (docs/performance.md). Memory stays far below the
+// full logits (rows x V x 10+ bytes) either way; profile/memory.cpp follows the same rule.
+int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu = false);
 
 }  // namespace kiln::ops

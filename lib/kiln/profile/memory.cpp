@@ -74,7 +74,8 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     // final norm's part as above, grad_hidden (cb per element), the fp32 weight-gradient
     // accumulator (plus its compute-dtype copy under autocast), and one chunk's logits with
     // their fp32 softmax/gradient.
-    const double chunk = static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size));
+    const double chunk =
+        static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size, !o.cuda));
     head = tokens * (8.0 + 2.0 * cb) * h + (autocast ? 4.0 + cb : 4.0) * vocab * h +
            chunk * vocab * (autocast ? cb + 8.0 : 8.0);
   }
