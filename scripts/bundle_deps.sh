@@ -31,4 +31,36 @@ for pkg in "${dev_packages[@]}" "${runtime_packages[@]}"; do
   done
 done
 ln -sf pkgconf "$dest/usr/bin/pkg-config"
+
+# The Python side of scripts/bench_vs_hf.py, for a GPU machine whose python3 has torch but not
+# transformers: the reference venv's transformers (its Llama and auto modules only) and what it
+# imports besides torch and numpy, into .deps/python; device_check.sh appends the folder to
+# PYTHONPATH only when its own python3 cannot import transformers. Compiled ones (tokenizers,
+# safetensors: abi3; regex: this venv's Python version) may not load elsewhere: the benchmark step
+# then reports that it was skipped.
+source "$root/scripts/env.sh"
+if [[ -x "$KILN_PYTHON" ]]; then
+  site="$("$KILN_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  pydest="$dest/python"
+  mkdir -p "$pydest"
+  for pkg in transformers huggingface_hub tokenizers safetensors filelock packaging regex tqdm yaml jinja2 \
+    markupsafe anyio h11 httpcore2 httpx2 idna truststore; do
+    [[ -e "$site/$pkg" ]] || continue
+    if [[ "$pkg" == transformers ]]; then
+      tar -C "$site" --exclude=__pycache__ --exclude='transformers/models/*' -cf - transformers | tar -C "$pydest" -xf -
+      tar -C "$site" --exclude=__pycache__ -cf - transformers/models/__init__.py transformers/models/llama \
+        transformers/models/auto | tar -C "$pydest" -xf -
+    else
+      tar -C "$site" --exclude=__pycache__ -cf - "$pkg" | tar -C "$pydest" -xf -
+    fi
+  done
+  # Their metadata: transformers and huggingface_hub check the versions of what they import.
+  for dist in transformers huggingface_hub tokenizers safetensors filelock packaging regex tqdm pyyaml jinja2 \
+    markupsafe anyio h11 httpcore2 httpx2 idna truststore; do
+    for info in "$site/$dist"-*.dist-info; do
+      [[ -d "$info" ]] && cp -a "$info" "$pydest/"
+    done
+  done
+  echo "bundle_deps: $(du -sh "$pydest" | cut -f1) of Python packages in $pydest"
+fi
 echo "bundle_deps: $(du -sh "$dest" | cut -f1) in $dest"

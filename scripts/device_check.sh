@@ -4,13 +4,17 @@
 #   1. configure against .deps/usr (made here by scripts/bundle_deps.sh and carried along) and
 #      torch's own CMake package, build kiln for this GPU's architecture with -Xptxas -v;
 #   2. run the [cuda] tests, then the CPU op tests (quick);
-#   3. run kiln-bench (the fused ops, kiln vs ATen);
+#   3. run kiln-bench (the fused ops, kiln vs ATen), then scripts/bench_vs_hf.py: kiln's training
+#      step against transformers' on this GPU, bf16, llama-100m at cutoff_len 1024 (batch 8) and
+#      8192 (batch 1) and llama-3.2-1b at 2048 (batch 4), alternated over up to 3 rounds (no new
+#      round after 100 s), after a parity check of parameter count and loss (and, below 300M
+#      parameters, every gradient); transformers comes from .deps/python when python3 lacks it;
 #   4. run kiln-bench --ops attention (kiln's flash attention vs SDPA flash and cuDNN, T 512..8192,
 #      head dims 64/128, 3 timed iterations);
 #   5. data parallel on NCCL with world size 1 under torchrun (kiln-pretrain, 40 bf16 steps of the
 #      quick start, stage 0 and 2) and kiln-bench --ops comm (NCCL bus bandwidth, 1 MiB..1 GiB).
-# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 11 files:
-# env.log, build.log, ptxas.txt, tests.log (both test runs), bench.{md,json},
+# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 13 files:
+# env.log, build.log, ptxas.txt, tests.log (both test runs), bench.{md,json}, bench_vs_hf.{md,json},
 # bench_attention.{md,json}, dist.log, bench_comm.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
 # time limit, cut to what is left of a 570 s budget for the whole script (KILN_DEVICE_BUDGET_S),
 # and a failed or skipped step does not stop the later ones. With the device tool:
@@ -94,6 +98,22 @@ if [[ -x "$build/bin/kiln-bench" ]]; then
   step 90 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
 fi
 
+# 3b. kiln vs transformers on the goal's shapes (bench_vs_hf.json is rewritten after every round)
+py="${KILN_DEVICE_PYTHON:-python3}"
+if ! "$py" -c 'import transformers, safetensors' >/dev/null 2>&1 && [[ -d "$root/.deps/python" ]]; then
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$root/.deps/python"
+fi
+if [[ -x "$build/bin/kiln-profile" ]] && "$py" -c 'import transformers, safetensors' >>"$log" 2>&1; then
+  step 200 "$py" "$root/scripts/bench_vs_hf.py" --device cuda --rounds 3 --steps 5 --warmup 2 --budget-s 100 \
+    --threads "$(nproc)" --build-dir "$build" --output "$out/bench_vs_hf_out" >"$out/bench_vs_hf.md" 2>&1 || status=1
+  cp "$out/bench_vs_hf_out/bench_vs_hf.json" "$out/bench_vs_hf.json" 2>/dev/null
+  [[ -s "$out/bench_vs_hf.md" ]] || cp "$out/bench_vs_hf_out/bench_vs_hf.md" "$out/bench_vs_hf.md" 2>/dev/null
+  rm -rf "$out/bench_vs_hf_out"
+else
+  echo "device_check: bench_vs_hf skipped (no kiln-profile, or transformers not importable: see env.log)" |
+    tee -a "$log" "$out/bench_vs_hf.md"
+fi
+
 # 4. attention benchmark (rows stream to the .md, the JSON is rewritten after each (T, D))
 if [[ -x "$build/bin/kiln-bench" ]]; then
   step 150 "$build/bin/kiln-bench" --ops attention --iters 3 --json "$out/bench_attention.json" \
@@ -115,6 +135,7 @@ grep -E "^(== |All tests passed|test cases:|assertions:|device_check:)" "$out/te
 grep -E "^(== |  Distributed|kiln-pretrain:|\{'loss')" "$out/dist.log" 2>/dev/null
 tail -n 9 "$out/bench_comm.md" 2>/dev/null
 cat "$out/bench.md" 2>/dev/null
+grep -E "^(\||# kiln vs|bench_vs_hf:)" "$out/bench_vs_hf.md" 2>/dev/null
 if grep -q "^## kiln" "$out/bench_attention.md" 2>/dev/null; then
   grep -h "^WARNING: T=" "$out/bench_attention.md"
   sed -n '/^## kiln/,$p' "$out/bench_attention.md"
