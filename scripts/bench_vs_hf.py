@@ -69,7 +69,9 @@ PRESETS = ("tiny", "llama-100m", "llama-3.2-1b")
 COMMON = dict(max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02,
               bos_token_id=1, eos_token_id=2, hidden_act="silu")
 
-# The CPU table: model:cutoff_len:batch:dtype.
+# The quick CPU default (a few minutes on 2 cores): the smallest model and a 32000-vocabulary one.
+QUICK_CPU = "tiny:128:8:fp32,h256-l4:256:4:fp32"
+# The CPU table (--full): model:cutoff_len:batch:dtype.
 DEFAULT_CPU = ("h256-l4:256:4:fp32,h512-l8:512:2:fp32,h512-l8:512:2:bf16,tiny:128:8:fp32,"
                "h256-l4:4096:1:fp32,h64-l2:16:1:fp32")
 # The goal's shapes on a GPU (scripts/device_check.sh).
@@ -415,9 +417,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", help="model:cutoff_len:batch:dtype,... (models: presets "
-                    f"{', '.join(PRESETS)}, shapes {', '.join(SHAPES)}, or an HF folder); default: the issue's "
-                    "CPU table, or the goal's GPU shapes with --device cuda")
+                    f"{', '.join(PRESETS)}, shapes {', '.join(SHAPES)}, or an HF folder); default: tiny and "
+                    "h256-l4 on CPU (--full: the issue's CPU table), the goal's GPU shapes with --device cuda")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--full", action="store_true", help="on CPU: the issue's whole table instead of the quick default")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     ap.add_argument("--warmup", type=int, default=1)
@@ -433,7 +436,8 @@ def main() -> int:
     ap.add_argument("--output", default="bench_vs_hf", help="folder for bench_vs_hf.{md,json}")
     ap.add_argument("--budget-s", type=float, default=0, help="stop starting new rounds after this many seconds")
     args = ap.parse_args()
-    configs = parse_configs(args.configs or (DEFAULT_CUDA if args.device == "cuda" else DEFAULT_CPU))
+    default = DEFAULT_CUDA if args.device == "cuda" else DEFAULT_CPU if args.full else QUICK_CPU
+    configs = parse_configs(args.configs or default)
 
     import torch
     import transformers
