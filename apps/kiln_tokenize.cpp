@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   options.add_options()
     ("tokenizer", "'byte' or a tokenizer.json (or its folder)", cxxopts::value<std::string>()->default_value("byte"))
     ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>()->default_value(""))
-    ("input", "input .txt/.jsonl files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
+    ("input", "input .txt/.jsonl/.jsonl.gz/.json files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
     ("output", "output folder of the shard set", cxxopts::value<std::string>())
     ("text-key", "JSONL field holding the text", cxxopts::value<std::string>()->default_value("text"))
     ("txt-unit", "a .txt file is one document ('file') or each non-empty line is ('line')", cxxopts::value<std::string>()->default_value("file"))
