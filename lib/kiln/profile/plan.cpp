@@ -3,19 +3,17 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <filesystem>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kiln/config/yaml.h"
-#include "kiln/io/safetensors.h"
 #include "kiln/profile/flops.h"
+#include "kiln/profile/report.h"
 
 namespace kiln::profile {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::vector<DeviceSpec>& device_specs() {
@@ -340,28 +338,12 @@ std::string plan_html(const PlanReport& r) {
 
 std::vector<std::string> write_plan_reports(const PlanReport& report, const std::string& dir,
                                             const std::vector<std::string>& formats) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the output directory: {}", dir, ec.message()));
-  std::vector<std::string> written;
-  for (const auto& f : formats) {
-    const fs::path path = fs::path(dir) / ("plan." + f);
-    std::string text;
-    if (f == "md") {
-      text = plan_markdown(report);
-    } else if (f == "csv") {
-      text = plan_csv(report);
-    } else if (f == "json") {
-      text = plan_json(report);
-    } else if (f == "html") {
-      text = plan_html(report);
-    } else {
-      throw std::invalid_argument(fmt::format("--format: '{}' is not md, csv, json or html", f));
-    }
-    io::write_file_atomic(path.string(), text);
-    written.push_back(path.string());
-  }
-  return written;
+  return write_report_files(dir, "plan", formats, [&](const std::string& f) {
+    return f == "md"     ? plan_markdown(report)
+           : f == "csv"  ? plan_csv(report)
+           : f == "json" ? plan_json(report)
+                         : plan_html(report);
+  });
 }
 
 }  // namespace kiln::profile

@@ -448,27 +448,33 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
   return out;
 }
 
-std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
-                                       const std::vector<std::string>& formats) {
+std::vector<std::string> write_report_files(const std::string& dir, const std::string& stem,
+                                            const std::vector<std::string>& formats,
+                                            const std::function<std::string(const std::string&)>& render) {
+  for (const auto& f : formats) {
+    if (f != "md" && f != "csv" && f != "json" && f != "html")
+      throw std::invalid_argument(fmt::format("--format: '{}' is not md, csv, json or html", f));
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("{}: cannot create the output directory: {}", dir, ec.message()));
   std::vector<std::string> written;
   for (const auto& f : formats) {
-    const fs::path path = fs::path(dir) / ("profile." + f);
-    if (f == "md")
-      write_atomic(path, to_markdown(report));
-    else if (f == "csv")
-      write_atomic(path, to_csv(report));
-    else if (f == "json")
-      write_atomic(path, to_json(report));
-    else if (f == "html")
-      write_atomic(path, to_html(report));
-    else
-      throw std::invalid_argument(fmt::format("--format: '{}' is not md, csv, json or html", f));
+    const fs::path path = fs::path(dir) / (stem + "." + f);
+    write_atomic(path, render(f));
     written.push_back(path.string());
   }
   return written;
+}
+
+std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
+                                       const std::vector<std::string>& formats) {
+  return write_report_files(dir, "profile", formats, [&](const std::string& f) {
+    return f == "md"     ? to_markdown(report)
+           : f == "csv"  ? to_csv(report)
+           : f == "json" ? to_json(report)
+                         : to_html(report);
+  });
 }
 
 }  // namespace kiln::profile

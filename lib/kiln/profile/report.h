@@ -8,6 +8,7 @@
 // measured (hardware counters on a CPU) is "n/a", never a guess.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,13 @@ std::string to_html(const SweepReport& report);
 
 // Writes profile.{md,csv,json,html} (those in `formats`) into `dir` (created), each through a
 // temporary file and a rename. Returns the paths written.
+// Writes dir/<stem>.<format> atomically for each of `formats` (md, csv, json, html), the text
+// from render(format); returns the paths. An unknown format is an error naming it. Shared by the
+// profile report and the plan.
+std::vector<std::string> write_report_files(const std::string& dir, const std::string& stem,
+                                            const std::vector<std::string>& formats,
+                                            const std::function<std::string(const std::string&)>& render);
+
 std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
                                        const std::vector<std::string>& formats);
 
