@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
     ("output", "directory for profile.{md,csv,json,html}", cxxopts::value<std::string>())
+    ("trace", "after each point's timed steps, profile as many more (LibTorch's Kineto profiler, not timed) and write DIR/trace_T<cutoff>_B<batch>_A<accum>.json (Chrome trace: Perfetto; bench_vs_hf.py --op-profile sums it per op)", cxxopts::value<std::string>())
     ("task", "the table's task column", cxxopts::value<std::string>())
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
     ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
     if (args.count("memory-cap-bytes")) config.memory_cap_bytes = args["memory-cap-bytes"].as<int64_t>();
     if (args.count("format")) config.formats = split(args["format"].as<std::string>());
     if (args.count("output")) config.output_dir = args["output"].as<std::string>();
+    if (args.count("trace")) config.trace_dir = args["trace"].as<std::string>();
     if (args.count("task")) config.task = args["task"].as<std::string>();
     if (args.count("zero-stage")) config.zero_stage = args["zero-stage"].as<int64_t>();
     if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();

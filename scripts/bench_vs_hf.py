@@ -195,6 +195,15 @@ def hf_worker(spec: dict) -> dict:
         if cuda:
             peak = max(peak, torch.cuda.max_memory_allocated(device))
     per_step = seconds / spec["steps"]
+    trace_path = spec.get("trace")
+    if trace_path:  # as kiln-profile --trace: as many more steps under the profiler, not timed
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(spec["steps"]):
+                step()
+            sync()
+        prof.export_chrome_trace(trace_path)
     out = {"seconds_per_step": per_step, "tokens_per_second": spec["batch"] * spec["cutoff_len"] / per_step,
            "num_parameters": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads()}
     if cuda:
@@ -310,7 +319,7 @@ class Bench:
                 "batch": spec["batch"], "cutoff_len": spec["cutoff_len"],
                 "ok": loss_rel <= tol["loss"] and (not grads or worst <= tol["grad"])}
 
-    def kiln_step(self, c: dict, model_dir: Path) -> dict:
+    def kiln_step(self, c: dict, model_dir: Path, trace_dir: Path | None = None) -> dict:
         out = self.work / "kiln-profile"
         shutil.rmtree(out, ignore_errors=True)
         cmd = [self.bin("kiln-profile"), "--model", model_dir, "--cutoff-len", c["cutoff_len"], "--batch-size",
@@ -319,6 +328,8 @@ class Bench:
                "--peak-tflops", 1]
         if self.args.kernels:
             cmd += ["--kernels", self.args.kernels]
+        if trace_dir:
+            cmd += ["--trace", trace_dir]
         self.run(cmd)
         doc = json.loads((out / "profile.json").read_text())
         row = doc["rows"][0]
@@ -330,11 +341,103 @@ class Bench:
                 "counted_peak_bytes": None if cuda else row["peak_allocated_bytes"],
                 "num_parameters": doc["num_parameters"]}
 
-    def hf_step(self, c: dict, model_dir: Path) -> dict:
+    def hf_step(self, c: dict, model_dir: Path, trace: Path | None = None) -> dict:
         spec = dict(model_dir=str(model_dir), threads=self.args.threads, seed=self.args.seed, dtype=c["dtype"],
                     batch=c["batch"], cutoff_len=c["cutoff_len"], steps=self.args.steps, warmup=self.args.warmup,
-                    device=self.args.device)
+                    device=self.args.device, trace=str(trace) if trace else None)
         return self.python_worker("--hf-worker", spec)
+
+
+# --- per-op profile (--op-profile) ------------------------------------------------------------
+# Both sides' traces are Chrome traces written by the same Kineto profiler (kiln-profile --trace,
+# torch.profiler's export_chrome_trace) and are summed by the same code below, so the two columns
+# are measured alike: the self time of each op (its duration minus that of the ops nested in it on
+# the same thread), per step. Autograd's backward nodes appear as their ATen ops (nested in
+# "autograd::engine::evaluate_function: ..." records, whose own self time is the engine's).
+
+
+def op_self_times(trace_file: Path, steps: int) -> dict:
+    """{op name: {"ms": self milliseconds per step, "calls": calls per step}} plus "_total"."""
+    events = json.loads(Path(trace_file).read_text())["traceEvents"]
+    by_thread: dict = {}
+    kernels: dict = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = e.get("cat", "")
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            k = kernels.setdefault("[gpu] " + e["name"][:80], [0.0, 0])
+            k[0] += e["dur"]
+            k[1] += 1
+        elif cat in ("cpu_op", "user_annotation", "python_function") and not e["name"].startswith("ProfilerStep"):
+            if cat == "python_function":
+                continue  # HF side with stacks on: Python frames are not ops
+            by_thread.setdefault(e["tid"], []).append((e["ts"], e["dur"], e["name"]))
+    ops: dict = {}
+    total = 0.0
+    for evs in by_thread.values():
+        evs.sort(key=lambda x: (x[0], -x[1]))
+        stack: list = []  # [end, name, time of the ops nested in it, duration]
+
+        def close(until: float) -> None:
+            while stack and stack[-1][0] <= until:
+                _, name, nested, dur = stack.pop()
+                o = ops.setdefault(name, [0.0, 0])
+                o[0] += dur - nested
+                o[1] += 1
+
+        for ts, dur, name in evs:
+            close(ts)
+            if stack:
+                stack[-1][2] += dur
+            else:
+                total += dur
+            stack.append([ts + dur, name, 0.0, dur])
+        close(float("inf"))
+    out = {name: {"ms": v[0] / 1e3 / steps, "calls": v[1] / steps} for name, v in {**ops, **kernels}.items()}
+    out["_total"] = {"ms": total / 1e3 / steps, "calls": 0}
+    return out
+
+
+def op_profile_markdown(c: dict, kiln: dict, hf: dict, top: int = 25) -> str:
+    names = [n for n in set(kiln) | set(hf) if n != "_total"]
+    names.sort(key=lambda n: -max(kiln.get(n, {}).get("ms", 0), hf.get(n, {}).get("ms", 0)))
+    lines = [f"### {c['name']}: self time per step, top {top} ops by the larger side",
+             "",
+             f"Time in ops (top-level ops' durations summed): kiln {kiln['_total']['ms']:.1f} ms, "
+             f"transformers {hf['_total']['ms']:.1f} ms per step.",
+             "",
+             "| op | kiln ms | kiln calls | HF ms | HF calls | kiln - HF ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for n in names[:top]:
+        k, h = kiln.get(n, {"ms": 0.0, "calls": 0}), hf.get(n, {"ms": 0.0, "calls": 0})
+        lines.append(f"| `{n}` | {k['ms']:.2f} | {k['calls']:g} | {h['ms']:.2f} | {h['calls']:g} | "
+                     f"{k['ms'] - h['ms']:+.2f} |")
+    rest_k = sum(v["ms"] for n, v in kiln.items() if n != "_total" and n not in names[:top])
+    rest_h = sum(v["ms"] for n, v in hf.items() if n != "_total" and n not in names[:top])
+    lines.append(f"| (the other ops) | {rest_k:.2f} | | {rest_h:.2f} | | {rest_k - rest_h:+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_op_profile(bench: "Bench", configs: list[dict], out_dir: Path) -> int:
+    """One kiln and one transformers run per configuration with traces; the per-op table."""
+    parts = ["# kiln vs transformers per op (Kineto traces of both, summed alike)", ""]
+    for c in configs:
+        d = bench.model_dir(c["model"])
+        tdir = out_dir / ("trace-" + c["name"].replace(":", "_").replace("/", "_"))
+        shutil.rmtree(tdir, ignore_errors=True)
+        tdir.mkdir(parents=True)
+        k = bench.kiln_step(c, d, trace_dir=tdir / "kiln")
+        h = bench.hf_step(c, d, trace=tdir / "hf.json")
+        kiln_trace = next((tdir / "kiln").glob("trace_*.json"))
+        kt, ht = op_self_times(kiln_trace, bench.args.steps), op_self_times(tdir / "hf.json", bench.args.steps)
+        parts.append(op_profile_markdown(c, kt, ht))
+        parts.append(f"Timed steps of the same runs: kiln {k['tokens_per_second']:.0f} tokens/s, "
+                     f"transformers {h['tokens_per_second']:.0f} tokens/s.\n")
+    text = "\n".join(parts)
+    (out_dir / "op_profile.md").write_text(text)
+    print(text, end="")
+    return 0
 
 
 def count_parameters(c: dict) -> int:
@@ -435,6 +538,9 @@ def main() -> int:
     ap.add_argument("--build-dir", default=os.environ.get("KILN_BUILD_DIR", str(ROOT / "build")))
     ap.add_argument("--output", default="bench_vs_hf", help="folder for bench_vs_hf.{md,json}")
     ap.add_argument("--budget-s", type=float, default=0, help="stop starting new rounds after this many seconds")
+    ap.add_argument("--op-profile", action="store_true",
+                    help="instead of the rounds: one traced run of each side per configuration and a per-op table "
+                    "of self time per step (op_profile.md; traces under --output)")
     args = ap.parse_args()
     default = DEFAULT_CUDA if args.device == "cuda" else DEFAULT_CPU if args.full else QUICK_CPU
     configs = parse_configs(args.configs or default)
@@ -444,6 +550,11 @@ def main() -> int:
     bench = Bench(args)
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.op_profile:
+        try:
+            return run_op_profile(bench, configs, out_dir)
+        finally:
+            shutil.rmtree(bench.work, ignore_errors=True)
     doc = {"device": args.device, "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
            "warmup": args.warmup, "kernels": args.kernels or "default", "torch_version": torch.__version__,
            "transformers_version": transformers.__version__,

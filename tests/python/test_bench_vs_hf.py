@@ -116,3 +116,48 @@ def test_summary_helpers_and_config_parsing():
         return s["num_hidden_layers"] * layer + h + s["vocab_size"] * h * (1 if s["tie_word_embeddings"] else 2)
     assert round(count(m.SHAPES["h256-l4"]) / 1e5) == 114  # 11.4M
     assert round(count(m.SHAPES["h512-l8"]) / 1e6) == 56
+
+
+def test_op_self_times_subtracts_nested_ops_per_thread(tmp_path):
+    """The per-op aggregation of --op-profile on a hand-made Chrome trace: a parent's self time is
+    its duration minus its children's, threads are separate, GPU kernels are summed by name."""
+    m = load_script()
+    ev = [  # ts, dur in microseconds
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": 10, "dur": 60},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "tid": 1, "ts": 20, "dur": 15},  # inside mm
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "tid": 1, "ts": 80, "dur": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 2, "ts": 5, "dur": 40},  # other thread
+        {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "tid": 9, "ts": 0, "dur": 7},
+        {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "tid": 9, "ts": 50, "dur": 3},
+        {"ph": "i", "cat": "cpu_op", "name": "marker", "tid": 1, "ts": 3},
+    ]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"traceEvents": ev}))
+    t = m.op_self_times(f, steps=2)  # per step: halves
+    assert t["aten::linear"] == {"ms": (100 - 60 - 10) / 2e3, "calls": 0.5}
+    assert t["aten::mm"] == {"ms": (60 - 15 + 40) / 2e3, "calls": 1.0}
+    assert t["aten::copy_"]["ms"] == 15 / 2e3 and t["aten::add"]["ms"] == 10 / 2e3
+    assert t["[gpu] gemm_kernel"] == {"ms": 10 / 2e3, "calls": 1.0}
+    assert t["_total"]["ms"] == (100 + 40) / 2e3  # top-level ops only
+    assert "marker" not in t
+
+
+def test_op_profile_traces_both_sides(kiln_bin, tmp_path):
+    """--op-profile end to end at the smallest shape: kiln-profile --trace and torch.profiler write
+    traces, both sides' matmuls and fused AdamW steps are found, the table is written."""
+    build = kiln_bin("kiln-profile").parents[1]
+    cmd = [sys.executable, SCRIPT, "--op-profile", "--configs", "h64-l2:16:1:fp32", "--steps", "2", "--warmup", "1",
+           "--threads", "1", "--build-dir", build, "--output", tmp_path]
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    m = load_script()
+    d = tmp_path / "trace-h64-l2_16_1_fp32"
+    kiln = m.op_self_times(next((d / "kiln").glob("trace_T16_B1_A1.json")), 2)
+    hf = m.op_self_times(d / "hf.json", 2)
+    for side in (kiln, hf):
+        assert side["aten::mm"]["calls"] >= 2 * 7  # 7 weight matmuls per layer forward, 2 layers
+        assert side["aten::_fused_adamw_"]["calls"] >= 1  # the optimizer ran under the profiler
+    text = (tmp_path / "op_profile.md").read_text()
+    assert text == r.stdout and "| `aten::mm` |" in text

@@ -7,15 +7,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <new>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
 #include "kiln/config/yaml.h"
@@ -200,6 +203,28 @@ struct PointContext {
   std::shared_ptr<dist::Comm> comm;  // data parallel, or null
 };
 
+// `steps` more steps of the point under the Kineto profiler (CPU ops; CUDA kernels too on a GPU),
+// saved as a Chrome trace. Written to a temp name and renamed, as every kiln output.
+template <typename Step>
+void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step) {
+  namespace prof = torch::profiler::impl;
+  namespace fs = std::filesystem;
+  std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+  if (ctx.device.is_cuda()) activities.insert(prof::ActivityType::CUDA);
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+  for (int64_t i = 0; i < ctx.config.steps; ++i) step();
+  synchronize(ctx.device);
+  auto result = torch::autograd::profiler::disableProfiler();
+  fs::create_directories(ctx.config.trace_dir);
+  const fs::path path =
+      fs::path(ctx.config.trace_dir) / fmt::format("trace_T{}_B{}_A{}.json", p.cutoff_len, p.batch_size, p.grad_accum);
+  const fs::path tmp = path.string() + ".tmp";
+  result->save(tmp.string());
+  fs::rename(tmp, path);
+}
+
 void measure_point(const PointContext& ctx, ProfileRow& row) {
   const SweepPoint& p = row.point;
   at::manual_seed(ctx.config.seed);
@@ -336,6 +361,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   row.peak_reserved_bytes = peak_reserved_bytes(ctx.device);
   if (const auto rss = read_rss(); rss && rss_baseline)
     row.rss_peak_over_baseline_bytes = static_cast<double>(rss->peak_bytes - *rss_baseline);
+  if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
 }
 
 }  // namespace

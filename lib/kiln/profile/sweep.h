@@ -44,6 +44,11 @@ struct SweepConfig {
   std::string task = "pretrain";             // the table's first column
   std::vector<std::string> formats{"md", "csv", "json", "html"};
   std::string output_dir = "profile";
+  // Non-empty: after the timed steps of each point, `steps` more steps run under LibTorch's
+  // (Kineto) profiler and their trace is written as trace_T<cutoff>_B<batch>_A<accum>.json here
+  // (Chrome trace format, as torch.profiler's export_chrome_trace: Perfetto or chrome://tracing
+  // opens it; scripts/bench_vs_hf.py --op-profile sums it per op). Not part of the timing.
+  std::string trace_dir;
   uint64_t seed = 42;
   // Under torchrun/srun every rank runs the step data-parallel (kiln/dist/data_parallel.h).
   int64_t zero_stage = 0;
