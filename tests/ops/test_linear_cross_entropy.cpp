@@ -2,6 +2,7 @@
 // through the plain ATen composition at::linear + at::cross_entropy_loss (fp32, tight), against
 // finite differences in fp64, and the fused model loss against the model's full-logits loss.
 // [cuda]: the kiln kernel path against the fp32 reference with design.md's low-precision rule.
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 #include <catch2/catch.hpp>
@@ -95,6 +96,44 @@ TEST_CASE("chunked linear cross-entropy passes an fp64 finite-difference check",
     CAPTURE(z);
     CHECK(err < 1e-7);
   }
+}
+
+TEST_CASE("under CPU bf16 autocast the head runs in fp32 or bf16 as chosen, both against the reference",
+          "[ops][linear_ce]") {
+  // Both paths on every machine (the automatic choice depends on the CPU's AMX): fp32 must be the
+  // fp32 reference to fp32 rounding; bf16 within bf16's, and visibly not fp32.
+  at::manual_seed(5);
+  const at::Tensor hidden = at::randn({2, 24, 32}), weight = at::randn({300, 32}) * 0.1;
+  const at::Tensor labels = random_labels({2, 24}, 300);
+  const Ref want = reference(hidden, weight, labels, 1e-3, LossReduction::kMean, 1.0);
+  double loss_fp32 = 0;
+  for (int fp32 : {1, 0}) {
+    kiln::ops::testing::force_cpu_head_fp32(fp32);
+    CHECK(kiln::ops::linear_cross_entropy_matmul_dtype(at::kBFloat16, true) == (fp32 ? at::kFloat : at::kBFloat16));
+    CHECK(kiln::ops::linear_cross_entropy_matmul_dtype(at::kBFloat16, false) == at::kBFloat16);  // CUDA keeps it
+    const at::Tensor h = hidden.clone().requires_grad_(true), w = weight.clone().requires_grad_(true);
+    at::Tensor loss;
+    {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      loss = kiln::ops::linear_cross_entropy(h, w, labels, {.z_loss = 1e-3, .chunk_tokens = 16}).loss;
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+    loss.backward();
+    CAPTURE(fp32);
+    CHECK(w.grad().scalar_type() == at::kFloat);
+    const double tol = fp32 ? 1e-5 : 2e-2;
+    CHECK(max_abs_diff(loss, want.loss) < tol * want.loss.abs().item<double>());
+    CHECK(max_abs_diff(h.grad(), want.grad_hidden) < tol * want.grad_hidden.abs().max().item<double>());
+    CHECK(max_abs_diff(w.grad(), want.grad_weight) < tol * want.grad_weight.abs().max().item<double>());
+    if (fp32) {
+      loss_fp32 = loss.item<double>();
+    } else {
+      CHECK(std::abs(loss.item<double>() - loss_fp32) > 1e-6);  // the bf16 path did run in bf16
+    }
+  }
+  kiln::ops::testing::force_cpu_head_fp32(-1);
 }
 
 TEST_CASE("the aten backend of linear cross-entropy is the full-logits reference", "[ops][linear_ce]") {

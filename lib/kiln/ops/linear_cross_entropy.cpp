@@ -4,11 +4,17 @@
 #include "kiln/ops/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "kiln/ops/dispatch.h"
 
@@ -33,19 +39,26 @@ struct ChunkResult {
 ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                        bool write_grad, at::ScalarType acc) {
   const at::ScalarType compute = logits.scalar_type();
-  at::Tensor x = logits.to(acc);  // the chunk's only fp32 copy (none when the compute dtype is fp32)
-  logits = at::Tensor();
+  const bool cuda = logits.is_cuda();
   const at::Tensor valid = labels.ne(ignore_index);
+  const at::Tensor valid_acc = valid.to(acc);
   const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);  // [n, 1]
-  const at::Tensor lse = at::logsumexp(x, -1);                                            // [n]
-  const at::Tensor target = x.gather(1, safe).squeeze(1);
+  // One fused log-softmax (max, sum of exponentials, write: ATen's vectorised kernel) instead of
+  // logsumexp + gather + subtract + exp: fewer passes over the [n, V] chunk (docs/performance.md).
+  at::Tensor logp = at::log_softmax(logits, 1, acc);                           // [n, V] in fp32
+  const at::Tensor nll = logp.gather(1, safe).squeeze(1).neg();                // -log p(target)
+  const at::Tensor lse = logits.gather(1, safe).squeeze(1).to(acc).add_(nll);  // x[target] + nll
+  logits = at::Tensor();
   ChunkResult r;
   r.lse = lse;
-  r.loss = ((lse - target) + lse.square() * z_loss) * valid.to(acc);
+  r.loss = (nll + lse.square() * z_loss) * valid_acc;
   if (!write_grad) return r;
-  // softmax * (1 + 2 z lse) - one_hot, in place over the fp32 copy; zero rows for ignored targets.
-  x.sub_(lse.unsqueeze(1)).exp_().mul_(((lse * (2 * z_loss) + 1) * valid.to(acc)).unsqueeze(1));
-  x.scatter_add_(1, safe, -valid.to(acc).unsqueeze(1));
+  // softmax * (1 + 2 z lse) - one_hot, in place over the fp32 log-probabilities; zero rows for
+  // ignored targets (on the CPU the row scale is skipped when it is all ones; asking would make
+  // CUDA wait).
+  at::Tensor x = logp.exp_();
+  if (z_loss != 0 || cuda || !valid.all().item<bool>()) x.mul_(((lse * (2 * z_loss) + 1) * valid_acc).unsqueeze(1));
+  x.scatter_add_(1, safe, valid_acc.neg().unsqueeze(1));
   r.grad = x.to(compute);
   return r;
 }
@@ -150,6 +163,37 @@ LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at:
 
 }  // namespace
 
+namespace {
+// x86 CPUID leaf 7: EDX bit 22 = AMX-BF16 (the tile unit oneDNN's fast bf16 matmuls use).
+bool cpu_has_amx_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && ((d >> 22) & 1u) != 0;
+#else
+  return true;  // elsewhere: no measurement behind a change, keep the compute dtype
+#endif
+}
+}  // namespace
+
+namespace {
+std::atomic<int> forced_cpu_head_fp32{-1};
+}  // namespace
+
+void testing::force_cpu_head_fp32(int mode) {
+  forced_cpu_head_fp32 = mode;
+}
+
+at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu) {
+  if (!cpu || (compute != at::kBFloat16 && compute != at::kHalf)) return compute;
+  static const int automatic = [] {
+    const char* v = std::getenv("KILN_CPU_HEAD_FP32");
+    if (v != nullptr && *v != '\0') return std::string(v) == "0" ? 0 : 1;
+    return cpu_has_amx_bf16() ? 0 : 1;
+  }();
+  const int forced = forced_cpu_head_fp32.load();
+  return (forced >= 0 ? forced : automatic) != 0 ? at::kFloat : compute;
+}
+
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu) {
   if (cpu) {
     constexpr int64_t kCpuChunkLogits = int64_t{1} << 23;
@@ -197,6 +241,7 @@ LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at
   if (at::autocast::is_autocast_enabled(dev) && at::isFloatingType(compute) && compute != at::kDouble) {
     compute = at::autocast::get_autocast_dtype(dev);
   }
+  compute = linear_cross_entropy_matmul_dtype(compute, hidden.is_cpu());
   const at::Tensor h = hidden.reshape({-1, dim}).to(compute).contiguous();  // [N, H]
   const at::Tensor w = weight.to(compute).contiguous();                     // [V, H]
   const int64_t rows = h.size(0);

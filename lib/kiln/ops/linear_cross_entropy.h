@@ -8,8 +8,9 @@
 // part is one kiln kernel (kernels/cross_entropy.cu) instead of a chain of ATen ops.
 //
 // Arithmetic: logits in the compute dtype (the autocast dtype when autocast is on, else the
-// input dtype, as at::linear would), loss and softmax in fp32 (fp64 for fp64 inputs), grad(weight)
-// accumulated in fp32 across chunks.
+// input dtype, as at::linear would; fp32 on CPUs without AMX, see
+// linear_cross_entropy_matmul_dtype), loss and softmax in fp32 (fp64 for fp64 inputs),
+// grad(weight) accumulated in fp32 across chunks.
 #pragma once
 
 #include <cstdint>
@@ -55,5 +56,21 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
 // 2 threads, with 256 rows it is ATen's time (docs/performance.md). Memory stays far below the
 // full logits (rows x V x 10+ bytes) either way; profile/memory.cpp follows the same rule.
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu = false);
+
+// The dtype the head's matmuls run in, given the dtype at::linear would use (`compute`: the
+// autocast dtype or the input's). On a CPU without AMX tiles, bf16/fp16 matmuls are slower than
+// fp32 ones (oneDNN emulates them with AVX-512-BF16 dot products or plain AVX2: measured on an
+// AVX-512-BF16 machine, 256 x 32000 x 512: bf16 175 ms, fp32 112 ms per product, and the bf16
+// weight-gradient product also needs an fp32 conversion before it is accumulated), so there the
+// head runs in fp32: faster and more precise, from the fp32 master weight (no low-precision copy
+// of it). CUDA and AMX CPUs keep `compute`. KILN_CPU_HEAD_FP32=0/1 overrides the CPU rule (tests
+// and benchmarks use it to run both paths on any machine); profile/memory.cpp follows this.
+at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu);
+
+namespace testing {
+// The CPU rule of linear_cross_entropy_matmul_dtype: -1 = automatic (AMX / KILN_CPU_HEAD_FP32),
+// 0 = keep the compute dtype, 1 = fp32. For tests that run both paths on any machine.
+void force_cpu_head_fp32(int mode);
+}  // namespace testing
 
 }  // namespace kiln::ops

@@ -37,6 +37,8 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(o.kernels, op) == ops::Backend::kKiln; };
   const bool fused_norm = kiln_op(ops::Op::kRmsNorm), fused_swiglu = kiln_op(ops::Op::kSwiGlu);
   const bool fused_head = kiln_op(ops::Op::kLinearCrossEntropy);
+  const bool head_low_precision =
+      autocast && ops::linear_cross_entropy_matmul_dtype(cb == 2 ? at::kBFloat16 : at::kFloat, !o.cuda) != at::kFloat;
 
   // Saved for backward per token (see the header and docs/performance.md).
   double per_layer =
@@ -74,16 +76,22 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     // final norm's part as above, grad_hidden (cb per element), the fp32 weight-gradient
     // accumulator (plus its compute-dtype copy under autocast), and one chunk's logits with
     // their fp32 softmax/gradient.
+    // On a CPU without AMX the head runs in fp32 (ops::linear_cross_entropy_matmul_dtype): fp32
+    // copies of the hidden states and of their gradient, no low-precision weight or gradient.
     const double chunk =
         static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size, !o.cuda));
-    head = tokens * (8.0 + 2.0 * cb) * h + (autocast ? 4.0 + cb : 4.0) * vocab * h +
-           chunk * vocab * (autocast ? cb + 8.0 : 8.0);
+    const double hb = head_low_precision ? cb : 4.0;
+    head = tokens * (8.0 + 2.0 * hb) * h + (head_low_precision ? 4.0 + cb : 4.0) * vocab * h +
+           chunk * vocab * (head_low_precision ? cb + 8.0 : 8.0);
   }
   // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward
   // keeps using it. Matmul weights: all but the input embedding (unless tied to the head) and norms.
   const double embed = vocab * h;
   const double norms = h * (2.0 * layers + 1.0);
-  const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed);
+  // (The fused head's low-precision weight copy is its own, counted in `head` above; an fp32 head
+  // makes none.)
+  const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed) -
+                                (fused_head && autocast && !head_low_precision ? vocab * h : 0.0);
   const double weight_copies = autocast ? cb * matmul_weights : 0.0;
   // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
   // (autocast, or the fused head's ready-made gradient) or two (fp32 matmul backward) extra fp32
