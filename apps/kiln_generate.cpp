@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     const std::vector<int32_t> out(ids.begin(), ids.end());
-    std::cout << args["prompt"].as<std::string>() << tokenizer->decode(out, /*skip_special_tokens=*/true) << "\n";
+    std::cout << args["prompt"].as<std::string>() << kiln::data::decode_continuation(*tokenizer, encoded.ids, out)
+              << "\n";
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-generate: error: {}\n", e.what());

@@ -1,16 +1,19 @@
 // kiln-tokenize: text corpus -> token shards (lib/kiln/data/tokenize.h), plus two extra modes:
 //   --default-corpus  build (or find) the embedded corpus's shards and print their folder;
 //   --bench           time single- and multi-threaded encoding of the inputs (no output written),
-//                     printed as one JSON line that scripts/bench_tokenizer.py sets beside HF's.
+//                     printed as one JSON line that scripts/bench_tokenizer.py sets beside HF's;
+//   --decode FILE     print the text of each line's JSON list of ids (one JSON string per line).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli.h"
 #include "kiln/common/format.h"
@@ -71,7 +74,7 @@ int main(int argc, char** argv) {
   cxxopts::Options options("kiln-tokenize", "Tokenize .txt/.jsonl files into kiln token shards");
   // clang-format off
   options.add_options()
-    ("tokenizer", "'byte' or a tokenizer.json (or its folder)", cxxopts::value<std::string>()->default_value("byte"))
+    ("tokenizer", "'byte' or a tokenizer.json (or its folder): byte-level BPE (GPT-2, Llama-3 style) or SentencePiece-BPE (Llama-2, Mistral, TinyLlama layouts)", cxxopts::value<std::string>()->default_value("byte"))
     ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>()->default_value(""))
     ("input", "input .txt/.jsonl/.jsonl.gz/.json files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
     ("output", "output folder of the shard set", cxxopts::value<std::string>())
@@ -87,6 +90,8 @@ int main(int argc, char** argv) {
     ("default-corpus", "build the embedded default corpus's shards (into --output, default the cache) and print the folder")
     ("bench", "time encoding of --input single- and multi-threaded; prints a JSON line")
     ("repeat", "--bench: passes over the input", cxxopts::value<int>()->default_value("1"))
+    ("decode", "print the text of each line of FILE, a JSON list of ids, as one JSON string per line (invalid UTF-8 as U+FFFD)", cxxopts::value<std::string>())
+    ("skip-special-tokens", "--decode: leave special tokens out, as HF's decode(skip_special_tokens=True)")
     ("h,help", "print this help");
   // clang-format on
   try {
@@ -98,6 +103,29 @@ int main(int argc, char** argv) {
     if (args.count("default-corpus")) {
       const std::string cache = args.count("output") ? args["output"].as<std::string>() : "";
       fmt::print("{}\n", kiln::data::default_corpus_shards(cache));
+      return 0;
+    }
+    if (args.count("decode")) {
+      const auto tokenizer =
+          kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), args["eos"].as<std::string>());
+      const auto path = args["decode"].as<std::string>();
+      std::ifstream in(path);
+      if (!in) throw std::invalid_argument(fmt::format("--decode: cannot open '{}'", path));
+      std::string line;
+      std::vector<int32_t> ids;
+      for (int64_t n = 1; std::getline(in, line); ++n) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const auto list = nlohmann::json::parse(line, nullptr, false);
+        if (!list.is_array()) throw std::invalid_argument(fmt::format("{}:{}: not a JSON list of ids", path, n));
+        ids.clear();
+        for (const auto& v : list) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+            throw std::invalid_argument(fmt::format("{}:{}: {} is not a token id", path, n, v.dump()));
+          ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+        }
+        const std::string text = tokenizer->decode(ids, args.count("skip-special-tokens") > 0);
+        std::cout << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      }
       return 0;
     }
     if (!args.count("input")) throw std::invalid_argument("--input: required (files or folders)");

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Tokenizer throughput, kiln vs HF `tokenizers`, side by side on the same text in one run.
 
-Trains a byte-level BPE tokenizer.json (Llama-3 style, 8k vocab) on the embedded corpus unless
---tokenizer is given, then times single-thread encoding (a loop of encode() in HF, one thread in
-kiln) and multi-thread encoding (encode_batch in HF with RAYON_NUM_THREADS threads, kiln's
---threads) of the same documents, and prints tokens/s and the kiln/HF ratio. Not a test: numbers
-depend on the machine. Usage: scripts/bench_tokenizer.py [--tokenizer PATH] [--threads N] [--repeat R]
+Trains a tokenizer.json (8k vocab) on the embedded corpus unless --tokenizer is given: byte-level
+BPE in Llama-3 style (--style llama3, the default), or SentencePiece-BPE in Llama-2's layout
+(--style llama2: normalizer Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, so a whole document
+is one BPE word, byte fallback to <0x00>..<0xFF>; trained with a Metaspace split so that, as in
+Llama-2's vocabulary, no token spans two words). Then times single-thread encoding (a loop of
+encode() in HF, one thread in kiln) and multi-thread encoding (encode_batch in HF with
+RAYON_NUM_THREADS threads, kiln's --threads) of the same documents, and prints tokens/s and the
+kiln/HF ratio. Not a test: numbers depend on the machine.
+Usage: scripts/bench_tokenizer.py [--tokenizer PATH | --style llama3|llama2] [--threads N] [--repeat R]
 """
 import argparse
 import json
@@ -23,13 +27,14 @@ LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", help="tokenizer.json (default: train one on the embedded corpus)")
+    ap.add_argument("--style", choices=["llama3", "llama2"], default="llama3", help="the tokenizer to train")
     ap.add_argument("--input", nargs="+", default=[str(p) for p in sorted((ROOT / "data/corpus").glob("*.jsonl"))])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--build", default=os.environ.get("KILN_BUILD_DIR", str(ROOT / "build")))
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     docs = []
     for path in args.input:
@@ -38,7 +43,24 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.tokenizer
-        if not path:
+        if not path and args.style == "llama2":
+            tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+            tok.train_from_iterator(docs, trainers.BpeTrainer(
+                vocab_size=8192 - 256, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+            spec = json.loads(tok.to_str())  # Llama-2's ids: <unk> <s> </s>, <0x00>..<0xFF>, the rest
+            order = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
+            order = order[:3] + [f"<0x{b:02X}>" for b in range(256)] + order[3:]
+            spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+            tok = Tokenizer.from_str(json.dumps(spec))
+            tok.pre_tokenizer = None
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                             decoders.Strip(" ", 1, 0)])
+            tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+            path = str(Path(tmp) / "tokenizer.json")
+            tok.save(path)
+        elif not path:
             tok = Tokenizer(models.BPE(ignore_merges=True))
             tok.pre_tokenizer = pre_tokenizers.Sequence(
                 [pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"), pre_tokenizers.ByteLevel(use_regex=False)]
@@ -68,7 +90,9 @@ def main() -> None:
         sys.exit(f"token counts differ: kiln {kiln['tokens']} vs HF {tokens}")
 
     mb = sum(len(d.encode()) for d in docs) / 1e6
-    print(f"{len(docs)} documents, {mb:.1f} MB, {tokens} tokens, {args.threads} threads, tokenizer {path if args.tokenizer else '(trained, 8k Llama-3 style)'}")
+    trained = "(trained, 8k " + ("Llama-3 style)" if args.style == "llama3" else "Llama-2 SentencePiece-BPE layout)")
+    print(f"{len(docs)} documents, {mb:.1f} MB, {tokens} tokens, {args.threads} threads, tokenizer "
+          f"{path if args.tokenizer else trained}")
     print(f"{'':14}{'kiln tok/s':>14}{'HF tok/s':>14}{'kiln/HF':>10}")
     for name, k, h in (("single-thread", kiln["single_thread_tokens_per_s"], hf_single),
                        ("multi-thread", kiln["multi_thread_tokens_per_s"], hf_multi)):

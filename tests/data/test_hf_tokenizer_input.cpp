@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -65,6 +66,56 @@ json base_tokenizer() {
   };
 }
 
+// A small SentencePiece-BPE tokenizer.json in Llama-2's layout: <unk> <s> </s>, the 256 byte
+// tokens <0x00>..<0xFF> (ids 3..258), then "▁" (259) and a few letters and merges; the normalizer
+// Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, byte fallback, fused unk, a BOS template and
+// the decoder Replace / ByteFallback / Fuse / Strip. The expected ids and texts of the tests
+// below are HF tokenizers 0.23.3's for this very file.
+json sp_tokenizer() {
+  json vocab = json::object();
+  int id = 0;
+  for (const char* t : {"<unk>", "<s>", "</s>"}) vocab[t] = id++;
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+  for (const char* t : {"\u2581", "a", "b", "c", "h", "i", "\u2581a", "ab", "\u2581ab", "hi", "\u2581hi"})
+    vocab[t] = id++;
+  json added = json::array();
+  for (int k = 0; k < 3; ++k) {
+    added.push_back({{"id", k},
+                     {"content", std::vector<std::string>{"<unk>", "<s>", "</s>"}[k]},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  return {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", {"\u2581 a", "a b", "\u2581a b", "h i", "\u2581 hi"}}}},
+  };
+}
+
 std::string write(const fs::path& dir, const std::string& name, const std::string& text) {
   const fs::path p = dir / name;
   std::ofstream(p, std::ios::binary) << text;
@@ -85,6 +136,194 @@ TEST_CASE("the base tokenizer.json of these tests loads and encodes", "[data]") 
   CHECK(t.bos_id() == 30);
   CHECK(t.eos_id() == 29);
   CHECK(t.encode("ab ab", true) == std::vector<int32_t>{30, 27, 26, 27});  // the Split keeps " " apart
+}
+
+TEST_CASE("a SentencePiece-BPE tokenizer.json encodes and decodes as HF tokenizers", "[data]") {
+  using V = std::vector<int32_t>;
+  const fs::path dir = kiln::test::scratch_dir("hf_input_sp");
+  const HfTokenizer t(write(dir, "tokenizer.json", sp_tokenizer().dump()));
+  CHECK(t.vocab_size() == 270);
+  CHECK(t.bos_id() == 1);
+  CHECK(t.eos_id() == 2);
+  CHECK(t.encode("ab hi", true) == V{1, 267, 269});
+  CHECK(t.encode("\xe4\xb8\xad", true) == V{1, 259, 231, 187, 176});  // 中: "▁", then its bytes
+  CHECK(t.encode("hi<s>ab") == V{269, 1, 267});                       // "▁" prepended after a special token too
+  CHECK(t.encode("").empty());
+  CHECK(t.decode(V{1, 267, 269}) == "<s> ab hi");
+  CHECK(t.decode(V{1, 267, 269}, true) == "ab hi");
+  CHECK(t.decode(V{231, 187}) == "\xef\xbf\xbd\xef\xbf\xbd");  // an incomplete run: one U+FFFD per byte token
+  CHECK(t.decode(V{269}) == "hi");                             // Strip drops the leading space
+  // kiln-generate prints the continuation as it reads after the prompt: " hi", not "hi".
+  CHECK(kiln::data::decode_continuation(t, V{1, 267}, V{269}) == " hi");
+
+  json j = sp_tokenizer();
+  j["model"]["byte_fallback"] = false;
+  fs::create_directories(dir / "unk");
+  CHECK(HfTokenizer(write(dir / "unk", "tokenizer.json", j.dump())).encode("\xe4\xb8\xad\xe6\x96\x87 c") ==
+        V{259, 0, 259, 262});  // 中文 -> one fused <unk>
+  j["model"]["fuse_unk"] = false;
+  CHECK(HfTokenizer(write(dir / "unk", "tokenizer.json", j.dump())).encode("\xe4\xb8\xad\xe6\x96\x87 c") ==
+        V{259, 0, 0, 259, 262});
+  // An unk token the vocabulary lacks: HF fails when it is needed, and so does kiln.
+  j["model"]["unk_token"] = "<nope>";
+  const HfTokenizer missing(write(dir / "unk", "tokenizer.json", j.dump()));
+  CHECK(missing.encode("ab") == V{267});
+  CHECK_THAT(kiln::test::error_of([&] { missing.encode("\xe4\xb8\xad"); }),
+             Catch::Contains("model.unk_token '<nope>'") && Catch::Contains("not in the vocabulary"));
+
+  // A token "b▁" (a merge across a word end): kiln must not cut words before "▁" (its shortcut
+  // for vocabularies without such tokens), or "ab ab" would be ▁ab ▁ab.
+  j = sp_tokenizer();
+  j["model"]["vocab"]["b\u2581"] = 270;
+  j["model"]["merges"].insert(j["model"]["merges"].begin(), "b \u2581");
+  fs::create_directories(dir / "across");
+  CHECK(HfTokenizer(write(dir / "across", "tokenizer.json", j.dump())).encode("ab ab") == V{265, 270, 266});
+
+  // The Metaspace layout (prepend_scheme "first": no "▁" after a special token) and its decoder.
+  j = sp_tokenizer();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}};
+  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}};
+  fs::create_directories(dir / "metaspace");
+  const HfTokenizer meta(write(dir / "metaspace", "tokenizer.json", j.dump()));
+  CHECK(meta.encode("ab hi<s>ab") == V{267, 269, 1, 266});
+  CHECK(meta.decode(V{267, 269, 1, 266}) == "ab hi<s>ab");
+
+  // A Split before Metaspace("first"): only the piece at offset 0 gets the "▁". No decoder: HF
+  // joins the tokens with spaces.
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "\\d"}}}, {"behavior", "Isolated"}, {"invert", false}},
+        j["pre_tokenizer"]}}};
+  j["decoder"] = nullptr;
+  fs::create_directories(dir / "split");
+  const HfTokenizer split(write(dir / "split", "tokenizer.json", j.dump()));
+  CHECK(split.encode("ab1hi 2ab") == V{267, 52, 268, 259, 53, 266});
+  CHECK(split.encode("1ab") == V{259, 52, 266});
+  CHECK(split.encode("<s>ab1ab") == V{1, 266, 52, 266});
+  CHECK(split.decode(V{267, 269, 1, 231}) == "\u2581ab \u2581hi <s> <0xE4>");
+}
+
+TEST_CASE("SentencePiece-BPE parts kiln cannot reproduce are refused, naming the component", "[data]") {
+  const fs::path dir = kiln::test::scratch_dir("hf_input_sp_refused");
+  const std::string path = (dir / "tokenizer.json").string();
+  struct Case {
+    std::string what;
+    bool byte_level_base;
+    std::function<void(json&)> edit;
+    std::vector<std::string> expect;
+  };
+  const json regex = {{"Regex", "\\s"}};
+  const std::vector<Case> cases = {
+      {"NFKC normalizer",
+       false,
+       [](json& j) {
+         j["normalizer"] = {{"type", "NFKC"}};
+       },
+       {"normalizer.type", "'NFKC'", "not supported"}},
+      {"Lowercase inside the Sequence",
+       false,
+       [](json& j) {
+         j["normalizer"]["normalizers"][1] = {{"type", "Lowercase"}};
+       },
+       {"normalizer.normalizers[1].type", "'Lowercase'", "not supported"}},
+      {"Replace with a Regex",
+       false,
+       [&](json& j) { j["normalizer"]["normalizers"][1]["pattern"] = regex; },
+       {"normalizer.normalizers[1].pattern", "Regex"}},
+      {"pre-tokenizer Whitespace",
+       false,
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       {"pre_tokenizer.type", "'Whitespace'", "not supported"}},
+      {"unknown prepend_scheme",
+       false,
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "sometimes"}};
+       },
+       {"pre_tokenizer.prepend_scheme", "'sometimes'"}},
+      {"two-character replacement",
+       false,
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+       },
+       {"pre_tokenizer.replacement", "one character"}},
+      {"decoder WordPiece",
+       false,
+       [](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       {"decoder.type", "'WordPiece'", "not supported"}},
+      {"ByteLevel decoder without a ByteLevel pre-tokenizer",
+       false,
+       [](json& j) {
+         j["decoder"]["decoders"][1] = {{"type", "ByteLevel"}};
+       },
+       {"decoder.decoders[1].type", "'ByteLevel'", "not supported"}},
+      {"decoder Replace with a Regex",
+       false,
+       [&](json& j) { j["decoder"]["decoders"][0]["pattern"] = regex; },
+       {"decoder.decoders[0].pattern", "Regex"}},
+      {"Strip of two characters",
+       false,
+       [](json& j) { j["decoder"]["decoders"][3]["content"] = "  "; },
+       {"decoder.decoders[3].content", "one character"}},
+      {"Metaspace decoder add_prefix_space=false with prepend_scheme first",
+       false,
+       [](json& j) {
+         j["decoder"] = {{"type", "Metaspace"},
+                         {"replacement", "\u2581"},
+                         {"add_prefix_space", false},
+                         {"prepend_scheme", "first"}};
+       },
+       {"decoder.add_prefix_space"}},
+      {"continuing_subword_prefix",
+       false,
+       [](json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
+       {"model.continuing_subword_prefix", "not supported"}},
+      {"end_of_word_suffix",
+       false,
+       [](json& j) { j["model"]["end_of_word_suffix"] = "</w>"; },
+       {"model.end_of_word_suffix", "not supported"}},
+      {"BPE dropout", false, [](json& j) { j["model"]["dropout"] = 0.1; }, {"model.dropout", "not supported"}},
+      {"Unigram", false, [](json& j) { j["model"]["type"] = "Unigram"; }, {"model.type", "'Unigram'"}},
+      {"a normalized added token with a normalizer",
+       false,
+       [](json& j) { j["added_tokens"][1]["normalized"] = true; },
+       {"added_tokens[1] '<s>'", "normalized=true", "not supported"}},
+      {"byte fallback with ByteLevel",
+       true,
+       [](json& j) { j["model"]["byte_fallback"] = true; },
+       {"model.byte_fallback", "ByteLevel"}},
+      {"a normalizer with ByteLevel",
+       true,
+       [](json& j) {
+         j["normalizer"] = {{"type", "Prepend"}, {"prepend", "\u2581"}};
+       },
+       {"normalizer", "ByteLevel", "not supported"}},
+      {"Metaspace with ByteLevel",
+       true,
+       [](json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+       },
+       {"pre_tokenizer.pretokenizers.type", "Metaspace", "ByteLevel"}},
+      {"a SentencePiece decoder with ByteLevel",
+       true,
+       [](json& j) {
+         j["decoder"] = {{"type", "Fuse"}};
+       },
+       {"decoder.type", "'Fuse'", "ByteLevel pre-tokenizer"}},
+  };
+  for (const Case& c : cases) {
+    json j = c.byte_level_base ? base_tokenizer() : sp_tokenizer();
+    c.edit(j);
+    const std::string e = load_error(dir, j);
+    CAPTURE(c.what, e);
+    CHECK_THAT(e, Catch::Contains(path));
+    for (const std::string& part : c.expect) CHECK_THAT(e, Catch::Contains(part));
+  }
 }
 
 TEST_CASE("tokenizer ids are validated: range, duplicates, gaps, added-token order", "[data]") {
@@ -158,7 +397,7 @@ TEST_CASE("tokenizer ids are validated: range, duplicates, gaps, added-token ord
 TEST_CASE("fuzzed tokenizer.json files load or fail with one message naming the file", "[data]") {
   const fs::path dir = kiln::test::scratch_dir("hf_input_fuzz");
   const std::string path = (dir / "tokenizer.json").string();
-  const std::string valid = base_tokenizer().dump(1);
+  const std::string valid = GENERATE(as<std::string>{}, base_tokenizer().dump(1), sp_tokenizer().dump(1));
   const std::vector<std::string> hostile = {"-1",
                                             "18446744073709551616",
                                             "1000000000000",

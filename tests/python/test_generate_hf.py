@@ -13,7 +13,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import (  # noqa: E402
+    Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers)
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -78,6 +79,42 @@ def test_greedy_continuation_equals_transformers(tmp_path, run_kiln, with_bos_te
                     "--no-add-bos")["prompt"] == plain
     assert kiln_ids(run_kiln, "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "0",
                     "--add-bos")["prompt"] == [bos] + plain
+
+
+def test_sentencepiece_tokenizer_continuation_and_text_equal_transformers(tmp_path, run_kiln):
+    # A Llama-2-layout tokenizer (Prepend/Replace normalizer, byte fallback, BOS template, the
+    # Replace/ByteFallback/Fuse/Strip decoder). kiln-generate prints the prompt, then the new
+    # tokens' text as transformers' text-generation pipeline cuts it: decode(prompt + new) less
+    # decode(prompt). decode(new) alone would lose the space Strip takes off a sequence's start.
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60,
+                                  show_progress=False)
+    texts = [json.loads(line)["text"] for line in (ROOT / "data/corpus/stories.jsonl").open()][:500]
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    model_dir = tmp_path / "model"
+    model = make_model(model_dir, tok.get_vocab_size(), 1, 2)
+    tok.save(str(model_dir / "tokenizer.json"))
+
+    hf_prompt = tok.encode(PROMPT).ids
+    assert hf_prompt[0] == 1
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([hf_prompt]), max_new_tokens=24, do_sample=False, eos_token_id=2,
+                            pad_token_id=2)[0, len(hf_prompt):].tolist()
+    got = kiln_ids(run_kiln, "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "24")
+    assert got["prompt"] == hf_prompt
+    assert got["generated"] == hf
+    res = run_kiln("kiln-generate", "--model", model_dir, "--prompt", PROMPT, "--max-new-tokens", "24", "--greedy",
+                   "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    full = tok.decode(hf_prompt + hf, skip_special_tokens=True)
+    head = tok.decode(hf_prompt, skip_special_tokens=True)
+    assert full.startswith(head)
+    assert res.stdout == PROMPT + full[len(head):] + "\n"
+    assert tok.decode(hf) != full[len(head):]  # this continuation starts with "▁": the cut matters
 
 
 def test_kiln_trained_checkpoint_is_prompted_as_its_shards(run_kiln, kiln_bin, tmp_path):

@@ -4,14 +4,21 @@ GPT-2 style (ByteLevel pre-tokenizer with its regex) and Llama-3 style (Split wi
 ByteLevel without regex, ignore_merges, a BOS template), then both encode the same corpus: English,
 code, digits, whitespace runs, contractions, CJK, emoji, combining marks, special tokens inside
 text, random Unicode soup, and invalid UTF-8 (fed to HF as bytes.decode("utf-8", "replace"), the
-behaviour kiln documents). The shards must hold HF's ids for every document, followed by EOS."""
+behaviour kiln documents). The shards must hold HF's ids for every document, followed by EOS.
+
+SentencePiece-BPE tokenizers (Llama-2, Mistral, TinyLlama) are trained here too, in four layouts
+(the Llama-2 normalizer Prepend+Replace, Metaspace with prepend_scheme first/always/never, byte
+fallback to <0xNN> tokens, unk with and without fuse_unk), on the same kinds of text plus text
+aimed at their edges (special tokens next to text, leading/double spaces, a literal "▁" or
+"<0x41>"); the ids must be HF's, and kiln's decode (kiln-tokenize --decode) must be HF's decode
+of HF's ids and of random id sequences, with and without skip_special_tokens."""
 import json
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3_PATTERN = (
@@ -180,6 +187,177 @@ def test_unsupported_tokenizers_are_refused(tmp_path, run_kiln):
         assert "tokenizer.json" in res.stderr and field in res.stderr, res.stderr
         assert "not supported" in res.stderr
     assert tok.get_vocab_size() > 256
+
+
+SP_SPECIALS = ["<unk>", "<s>", "</s>"]
+# Text at the edges of the SentencePiece layouts: special tokens next to text (HF splits them out
+# before the normalizer, which then prepends "▁" to the text after them; Metaspace "first" only to
+# the text at offset 0), leading, double and trailing spaces, the replacement character itself,
+# text that looks like byte tokens, and characters left out of the trained alphabet.
+SP_TEXTS = [
+    "hello<s>world",
+    "<s>starts with BOS",
+    "ends with EOS</s>",
+    "</s> space after EOS and <unk> and <s></s> adjacent",
+    " leading space",
+    "  two leading spaces, double  space, trailing  ",
+    "▁ the replacement character itself ▁▁ and ▁x",
+    "<0x41> looks like a byte token, <0xZZ> does not",
+    "\t tab first\nthen lines\r\n",
+    "rare: \U0001d518\U0001d52b\U0001d526 ꙮ \U0001f980 \u2e3b \u0f3a",
+    "<s>",
+    " ",
+    "",
+]
+# (normalizer, pre-tokenizer, decoder, model options, BOS template)
+SP_LAYOUTS = {
+    # Llama-2 / TinyLlama tokenizer.json as converted by transformers (legacy layout); trained
+    # without a pre-tokenizer, so tokens span words ("o▁w").
+    "llama2": "prepend_replace",
+    # The same layout with a vocabulary like Llama-2's, trained word by word (no "X▁" tokens):
+    # kiln then cuts documents before each "▁" run (an exact shortcut), which this checks.
+    "llama2_words": "prepend_replace",
+    # Mistral v0.3 / newer Llama-2 conversions: Metaspace(first, split=False), no normalizer.
+    "metaspace_first": "first",
+    # SentencePieceBPETokenizer without its NFKC: Metaspace(always, split=True), unk, no byte fallback.
+    "metaspace_always": "always",
+    # Metaspace(never), fused unks, ignore_merges.
+    "metaspace_never": "never",
+}
+
+
+def llama_decoder():
+    return decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+
+
+def train_sp(layout: str, path: Path) -> Tokenizer:
+    """A SentencePiece-BPE tokenizer; byte-fallback layouts get Llama-2's <0x00>..<0xFF> at ids 3..258."""
+    fallback = layout in ("llama2", "llama2_words", "metaspace_first")
+    tok = Tokenizer(models.BPE(byte_fallback=fallback, unk_token="<unk>", fuse_unk=layout != "metaspace_always",
+                               ignore_merges=layout == "metaspace_never"))
+    if layout == "llama2":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = llama_decoder()
+    elif layout == "llama2_words":  # trained split at "▁"; the Llama-2 layout is set after training
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    else:
+        scheme = SP_LAYOUTS[layout]
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme,
+                                                     split=layout != "metaspace_first")
+        tok.decoder = (llama_decoder() if layout == "metaspace_first"
+                       else decoders.Metaspace(replacement="▁", prepend_scheme=scheme))
+    # limit_alphabet leaves rare characters out, so byte fallback and unk are exercised.
+    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, special_tokens=SP_SPECIALS, limit_alphabet=150,
+                                  show_progress=False)
+    training = [json.loads(line)["text"] for line in (ROOT / "data/corpus/kiln_sources.jsonl").open()]
+    training += corpus_texts() * 3
+    tok.train_from_iterator(training, trainer)
+    if fallback:
+        spec = json.loads(tok.to_str())
+        vocab = spec["model"]["vocab"]
+        order = sorted(vocab, key=vocab.get)
+        assert order[:3] == SP_SPECIALS
+        order = order[:3] + [f"<0x{b:02X}>" for b in range(256)] + order[3:]
+        spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+        for added in spec["added_tokens"]:
+            added["id"] = spec["model"]["vocab"][added["content"]]
+        tok = Tokenizer.from_str(json.dumps(spec))
+    if layout == "llama2_words":
+        tok.pre_tokenizer = None
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = llama_decoder()
+        assert not any("▁" in t.lstrip("▁") for t in tok.get_vocab())
+    if layout in ("llama2", "llama2_words", "metaspace_first"):
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(path))
+    return tok
+
+
+def sp_texts():
+    return corpus_texts() + SP_TEXTS
+
+
+@pytest.mark.parametrize("layout", list(SP_LAYOUTS))
+def test_sentencepiece_bpe_ids_and_decode_equal_hf(layout, tmp_path, run_kiln):
+    tok = train_sp(layout, tmp_path / "tokenizer.json")
+    assert tok.token_to_id("</s>") == 2
+    texts = sp_texts()
+    with open(tmp_path / "docs.jsonl", "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    inputs = [tmp_path / "docs.jsonl"]
+    for i, raw in enumerate(INVALID):
+        (tmp_path / f"bad{i}.txt").write_bytes(raw)
+        inputs.append(tmp_path / f"bad{i}.txt")
+    expected_texts = texts + [raw.decode("utf-8", errors="replace") for raw in INVALID]
+    # The layouts do reach byte fallback / unk on this text.
+    all_ids = [i for t in expected_texts for i in tok.encode(t).ids]
+    if layout in ("llama2", "llama2_words", "metaspace_first"):
+        assert sum(3 <= i < 259 for i in all_ids) > 50
+    else:
+        assert all_ids.count(0) > 10
+
+    for add_special in (False, True):
+        out = tmp_path / f"out{int(add_special)}"
+        args = ["--tokenizer", tmp_path / "tokenizer.json", "--output", out, "--threads", "2"]
+        args += [a for p in inputs for a in ("--input", p)]
+        if add_special:
+            args.append("--add-special-tokens")
+        res = run_kiln("kiln-tokenize", *args)
+        assert res.returncode == 0, res.stderr
+        meta, docs = read_shards(out)
+        assert meta["tokenizer"]["eos_id"] == 2
+        assert len(docs) == len(expected_texts)
+        for text, got in zip(expected_texts, docs):
+            want = tok.encode(text, add_special_tokens=add_special).ids + [2]
+            assert got == want, f"{layout}: {text!r}"
+
+    # decode: HF's ids of every text (with BOS where the template adds one), and random id
+    # sequences (byte tokens in and out of valid UTF-8 runs, specials, unk, "▁" tokens anywhere).
+    rng = random.Random(7)
+    vocab = tok.get_vocab_size()
+    id_lists = [tok.encode(t).ids for t in expected_texts]
+    id_lists += [[rng.randrange(vocab) for _ in range(rng.randint(0, 40))] for _ in range(200)]
+    id_lists += [[rng.choice([0, 1, 2, 3, 10, 0xE4 + 3, 0xB8 + 3, 0xAD + 3, tok.token_to_id("▁") or 4])
+                  for _ in range(rng.randint(1, 12))] for _ in range(200)]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(ids) + "\n" for ids in id_lists))
+    for skip in (False, True):
+        extra = ["--skip-special-tokens"] if skip else []
+        res = run_kiln("kiln-tokenize", "--tokenizer", tmp_path / "tokenizer.json", "--decode", tmp_path / "ids.jsonl",
+                       *extra)
+        assert res.returncode == 0, res.stderr
+        got = [json.loads(line) for line in res.stdout.splitlines()]
+        assert len(got) == len(id_lists)
+        for ids, text in zip(id_lists, got):
+            assert text == tok.decode(ids, skip_special_tokens=skip), f"{layout} skip={skip}: {ids}"
+    # The byte-fallback layouts round-trip text without specials or "▁" (so decode is not vacuous;
+    # with Metaspace "first", HF drops a leading space).
+    if layout in ("llama2", "llama2_words", "metaspace_first"):
+        for text, ids in zip(expected_texts, id_lists):
+            if not any(s in text for s in SP_SPECIALS + ["▁"]) and not text.startswith(" "):
+                assert tok.decode(ids, skip_special_tokens=True) == text, repr(text)
+
+
+def test_unsupported_sentencepiece_parts_are_refused(tmp_path, run_kiln):
+    train_sp("llama2", tmp_path / "tokenizer.json")
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    (tmp_path / "in.txt").write_text("hello")
+    cases = {
+        "normalizer": ({"type": "NFKC"}, "'NFKC'"),
+        "pre_tokenizer": ({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "sometimes"}, "sometimes"),
+        "decoder": ({"type": "WordPiece", "prefix": "##", "cleanup": True}, "'WordPiece'"),
+        "model": (dict(spec["model"], continuing_subword_prefix="##"), "continuing_subword_prefix"),
+    }
+    for field, (value, named) in cases.items():
+        bad = dict(spec, **{field: value})
+        d = tmp_path / field
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(bad))
+        res = run_kiln("kiln-tokenize", "--tokenizer", d, "--input", tmp_path / "in.txt", "--output", d / "out")
+        assert res.returncode == 2, res.stdout
+        assert "tokenizer.json" in res.stderr and field in res.stderr and named in res.stderr, res.stderr
 
 
 def test_committed_unicode_tables_are_what_the_pinned_database_generates():

@@ -53,6 +53,59 @@ std::atomic<uint64_t> g_next_instance{1};
 
 enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
 
+// Metaspace's prepend_scheme: when the replacement character goes in front of a piece.
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+// Length of the UTF-8 sequence starting with `lead` (1 for a stray continuation byte).
+inline size_t utf8_len(uint8_t lead) {
+  return lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+}
+
+// Code point of the UTF-8 sequence at text[i..i+n) (valid UTF-8 assumed).
+inline uint32_t utf8_cp(std::string_view text, size_t i, size_t n) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(text[i + k])); };
+  switch (n) {
+    case 1:
+      return b(0);
+    case 2:
+      return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3:
+      return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    default:
+      return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+  }
+}
+
+// Every non-overlapping occurrence of `pattern` (leftmost first) replaced by `content`; an empty
+// pattern matches nothing (tokenizers' String pattern).
+std::string replace_all(std::string_view text, std::string_view pattern, std::string_view content) {
+  std::string out;
+  if (pattern.empty()) return std::string(text);
+  out.reserve(text.size());
+  size_t pos = 0;
+  for (size_t hit; (hit = text.find(pattern, pos)) != std::string_view::npos; pos = hit + pattern.size()) {
+    out.append(text, pos, hit - pos);
+    out.append(content);
+  }
+  out.append(text, pos);
+  return out;
+}
+
+// A normalizer step: Prepend(content) when `prepend`, else Replace(String pattern -> content).
+struct NormStep {
+  bool prepend = false;
+  std::string pattern, content;
+};
+
+// A decoder step of the SentencePiece family.
+struct DecStep {
+  enum Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string pattern, content;  // Replace; Strip's content / Metaspace's replacement in `content`
+  uint32_t ch = 0;               // Strip's / Metaspace's character
+  int64_t start = 0, stop = 0;   // Strip
+  PrependScheme scheme = PrependScheme::kAlways;
+};
+
 struct Regex {
   pcre2_code* code = nullptr;
   Regex() = default;
@@ -69,6 +122,11 @@ struct PreStep {
   std::shared_ptr<Regex> exact;
   Behavior behavior = Behavior::kIsolated;
   bool add_prefix_space = false;
+  // Metaspace: ' ' -> replacement, the replacement prepended by `scheme`, then (when `regex` is
+  // set) split before each replacement (MergedWithNext).
+  bool metaspace = false;
+  std::string replacement;
+  PrependScheme scheme = PrependScheme::kAlways;
 };
 
 struct AddedToken {
@@ -84,7 +142,7 @@ struct ThreadScratch {
   pcre2_match_context* context = nullptr;
   pcre2_jit_stack* stack = nullptr;
   std::unordered_map<std::string, std::vector<int32_t>> cache;
-  std::string utf8;
+  std::string utf8, normalized;
   std::deque<std::string> arena;
   ~ThreadScratch() { release(); }
   void release() {
@@ -98,6 +156,7 @@ struct ThreadScratch {
   }
 };
 constexpr size_t kCacheEntries = 1 << 16, kCacheMaxWord = 64;
+constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
 
 }  // namespace
 
@@ -111,6 +170,24 @@ struct HfTokenizer::Impl {
   std::unordered_map<std::string, int32_t> content_to_id;  // tokenizer.json strings (vocab + added)
   int32_t byte_id[256];
   int32_t unk_id = -1;
+  // false: no ByteLevel pre-tokenizer, so BPE starts from characters as tokenizers' BPE does
+  // (SentencePiece-BPE: Llama-2, Mistral, TinyLlama), with byte fallback and unk for the rest.
+  bool byte_level = true;
+  std::vector<NormStep> normalizers;
+  bool byte_fallback = false, fuse_unk = false;
+  std::string unk_missing;        // characters mode: an unk_token the vocabulary lacks
+  int32_t fallback_id[256];       // "<0xNN>" tokens, -1 where absent
+  std::vector<int32_t> char_bmp;  // single-character tokens by code point (< 0x10000), -1 absent
+  std::unordered_map<uint32_t, int32_t> char_astral;
+  // Characters mode: no token holds "▁" right after another character, "▁" is a token, and no
+  // ignore_merges. Then no merge can join a symbol ending in another character to one starting
+  // with "▁" (the joined token would hold "X▁"), and unk/byte-fallback symbols are per character
+  // with any pending unk flushed at the known "▁", so BPE of a word equals BPE of its parts cut
+  // before each "▁" run, ids for ids. Llama-2's vocabulary is of this kind (its "▁▁" tokens are
+  // runs); a tokenizer trained across words ("o▁w") is not, and keeps whole words.
+  bool split_at_space_mark = false;
+  bool has_decoder = false;  // characters mode; without one HF joins the tokens with " "
+  std::vector<DecStep> decoders;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
   bool ignore_merges = false;
   std::vector<PreStep> steps;
@@ -128,7 +205,8 @@ struct HfTokenizer::Impl {
     auto regex = std::make_shared<Regex>();
     int error = 0;
     PCRE2_SIZE offset = 0;
-    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    // PCRE2_LITERAL refuses PCRE2_UCP (and needs no Unicode classes).
+    const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     regex->code =
         pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
     if (!regex->code) {
@@ -169,6 +247,119 @@ struct HfTokenizer::Impl {
     return step;
   }
 
+  // Metaspace's prepend_scheme (default "always"); a legacy add_prefix_space=false must come with
+  // "never", as tokenizers requires.
+  PrependScheme prepend_scheme(const json& p, const std::string& field) const {
+    PrependScheme scheme = PrependScheme::kAlways;
+    if (p.contains("prepend_scheme") && !p["prepend_scheme"].is_null()) {
+      const auto v = p["prepend_scheme"].get<std::string>();
+      if (v == "first")
+        scheme = PrependScheme::kFirst;
+      else if (v == "never")
+        scheme = PrependScheme::kNever;
+      else if (v != "always")
+        fail(field + ".prepend_scheme", fmt::format("'{}' is not one of always, first, never", v));
+    }
+    if (p.contains("add_prefix_space") && !p["add_prefix_space"].is_null() && !p["add_prefix_space"].get<bool>() &&
+        scheme != PrependScheme::kNever)
+      fail(field + ".add_prefix_space", "false does not match prepend_scheme (tokenizers refuses this too)");
+    return scheme;
+  }
+
+  // Characters mode: tokenizers' decoder chain over the tokens' strings, then concatenated.
+  std::string decode_chain(std::vector<std::string> tokens) const {
+    if (!has_decoder) {  // tokenizers without a decoder: the tokens joined by spaces
+      std::string out;
+      for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+      return out;
+    }
+    std::vector<std::string> next;
+    for (const DecStep& d : decoders) {
+      next.clear();
+      switch (d.kind) {
+        case DecStep::kReplace:
+          for (const auto& t : tokens) next.push_back(replace_all(t, d.pattern, d.content));
+          break;
+        case DecStep::kFuse: {
+          std::string all;
+          for (const auto& t : tokens) all += t;
+          next.push_back(std::move(all));
+          break;
+        }
+        case DecStep::kByteFallback: {
+          // Runs of "<0xNN>" tokens become their bytes when those are valid UTF-8, else one U+FFFD
+          // per token (the whole run), as tokenizers' ByteFallback. NN is read like Rust's
+          // u8::from_str_radix: two hex digits, or a '+' and one.
+          std::string run;
+          size_t run_tokens = 0;
+          const auto flush = [&] {
+            if (run_tokens == 0) return;
+            if (valid_utf8_prefix(run) == run.size()) {
+              next.push_back(run);
+            } else {
+              for (size_t k = 0; k < run_tokens; ++k) next.emplace_back("\xEF\xBF\xBD");
+            }
+            run.clear();
+            run_tokens = 0;
+          };
+          const auto hex = [](char c) -> int {
+            if (c >= '0' && c <= '9') return c - '0';
+            if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+            if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+            return -1;
+          };
+          for (auto& t : tokens) {
+            int value = -1;
+            if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
+              const int hi = hex(t[3]), lo = hex(t[4]);
+              if (hi >= 0 && lo >= 0)
+                value = hi * 16 + lo;
+              else if (t[3] == '+' && lo >= 0)
+                value = lo;
+            }
+            if (value >= 0) {
+              run.push_back(static_cast<char>(value));
+              ++run_tokens;
+            } else {
+              flush();
+              next.push_back(std::move(t));
+            }
+          }
+          flush();
+          break;
+        }
+        case DecStep::kStrip:
+          // Up to `start` leading and `stop` trailing characters equal to the content removed.
+          for (const auto& t : tokens) {
+            std::vector<size_t> at;  // byte offset of each character, then the end
+            for (size_t i = 0; i < t.size(); i += utf8_len(static_cast<uint8_t>(t[i]))) at.push_back(i);
+            const size_t n = at.size();
+            at.push_back(t.size());
+            const auto is_ch = [&](size_t k) {
+              return utf8_cp(t, at[k], std::min(at[k + 1], t.size()) - at[k]) == d.ch;
+            };
+            size_t first = 0, last = n;
+            while (first < n && static_cast<int64_t>(first) < d.start && is_ch(first)) ++first;
+            while (last > first && static_cast<int64_t>(n - last) < d.stop && is_ch(last - 1)) --last;
+            next.push_back(t.substr(at[first], at[last] - at[first]));
+          }
+          break;
+        case DecStep::kMetaspace:
+          // The replacement becomes ' ', except in the first token, where it is dropped unless
+          // the scheme is "never".
+          for (size_t i = 0; i < tokens.size(); ++i) {
+            const bool drop = i == 0 && d.scheme != PrependScheme::kNever;
+            next.push_back(replace_all(tokens[i], d.content, drop ? "" : " "));
+          }
+          break;
+      }
+      tokens.swap(next);
+    }
+    std::string out;
+    for (const auto& t : tokens) out += t;
+    return out;
+  }
+
   ThreadScratch& scratch() const {
     thread_local ThreadScratch s;
     if (s.owner != instance) {
@@ -183,18 +374,32 @@ struct HfTokenizer::Impl {
   }
 
   // Splits `piece` by the step's regex into `out` (empty pieces dropped, as tokenizers does).
-  void split(const PreStep& step, bool exact, std::string_view piece, ThreadScratch& s,
+  // at_start: the piece begins at offset 0 of the original text (Metaspace's "first" scheme).
+  void split(const PreStep& step, bool exact, std::string_view piece, bool at_start, ThreadScratch& s,
              std::vector<std::string_view>& out) const {
-    const Regex& regex = exact && step.exact ? *step.exact : *step.regex;
     if (step.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
       s.arena.emplace_back(" ");
       s.arena.back().append(piece);
       piece = s.arena.back();
     }
+    if (step.metaspace && !piece.empty()) {  // tokenizers' NormalizedString::prepend skips empty text
+      std::string& t = s.arena.emplace_back();
+      t.reserve(piece.size() + 8);
+      for (const char c : piece) {
+        if (c == ' ')
+          t += step.replacement;
+        else
+          t.push_back(c);
+      }
+      const bool want = step.scheme == PrependScheme::kAlways || (step.scheme == PrependScheme::kFirst && at_start);
+      if (want && t.compare(0, step.replacement.size(), step.replacement) != 0) t.insert(0, step.replacement);
+      piece = t;
+    }
     if (!step.regex) {
       if (!piece.empty()) out.push_back(piece);
       return;
     }
+    const Regex& regex = exact && step.exact ? *step.exact : *step.regex;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
     size_t start = 0, last = 0;
     std::string_view pending;  // MergedWithNext: the match waiting for the gap after it
@@ -267,10 +472,16 @@ struct HfTokenizer::Impl {
     };
     std::vector<Sym> syms;
     syms.reserve(word.size());
-    for (const char c : word) {
-      const int32_t id = byte_id[static_cast<uint8_t>(c)];
-      if (id < 0) continue;  // not in the vocabulary and no unk token: tokenizers drops it too
+    const auto push = [&](int32_t id) {
       syms.push_back({id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1});
+    };
+    if (byte_level) {
+      for (const char c : word) {
+        const int32_t id = byte_id[static_cast<uint8_t>(c)];
+        if (id >= 0) push(id);  // else: not in the vocabulary and no unk token: tokenizers drops it too
+      }
+    } else {
+      initial_symbols(word, push);
     }
     if (syms.empty()) return;
     syms.back().next = -1;
@@ -310,31 +521,111 @@ struct HfTokenizer::Impl {
     for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
   }
 
-  void encode_segment(std::string_view text, ThreadScratch& s, std::vector<int32_t>& out) const {
+  // Characters mode: the symbols tokenizers' BPE starts a word with. A character in the
+  // vocabulary is its token; else, with byte fallback, its UTF-8 bytes as <0xNN> tokens when all
+  // exist; else the unk token (consecutive ones fused into one with fuse_unk), else nothing. As
+  // in tokenizers, a pending unk is emitted only at the next known character or the word's end.
+  template <class Push>
+  void initial_symbols(std::string_view word, const Push& push) const {
+    int32_t pending = -1;
+    for (size_t i = 0; i < word.size();) {
+      const size_t n = std::min(utf8_len(static_cast<uint8_t>(word[i])), word.size() - i);
+      const uint32_t cp = utf8_cp(word, i, n);
+      int32_t id = -1;
+      if (cp < char_bmp.size()) {
+        id = char_bmp[cp];
+      } else if (!char_astral.empty()) {
+        const auto it = char_astral.find(cp);
+        if (it != char_astral.end()) id = it->second;
+      }
+      if (id >= 0) {
+        if (pending >= 0) push(pending);
+        pending = -1;
+        push(id);
+      } else {
+        bool all = byte_fallback;
+        for (size_t k = 0; all && k < n; ++k) all = fallback_id[static_cast<uint8_t>(word[i + k])] >= 0;
+        if (all) {
+          for (size_t k = 0; k < n; ++k) push(fallback_id[static_cast<uint8_t>(word[i + k])]);
+        } else if (unk_id >= 0) {
+          if (pending >= 0 && !fuse_unk) push(pending);
+          pending = unk_id;
+        } else if (!unk_missing.empty()) {
+          throw std::runtime_error(fmt::format(
+              "tokenizer '{}': model.unk_token '{}' is needed for '{}' but is not in the vocabulary (HF tokenizers "
+              "fails here too)",
+              path, unk_missing, word.substr(i, n)));
+        }
+      }
+      i += n;
+    }
+    if (pending >= 0) push(pending);
+  }
+
+  // The normalizer chain on one segment (added tokens are split out before it, as in
+  // tokenizers). lead0: whether the result's first character comes from the original offset 0
+  // (true on entry iff the segment starts the text); a Replace that deletes the leading
+  // characters moves it, as tokenizers' alignments do. (Not told apart: a Replace deleting only
+  // what a Prepend added, which would keep offset 0 in tokenizers; no known tokenizer does that.)
+  void normalize(std::string_view text, std::string& out, bool& lead0) const {
+    out.assign(text);
+    for (const NormStep& n : normalizers) {
+      if (n.prepend) {
+        if (!out.empty()) out.insert(0, n.content);
+      } else if (!n.pattern.empty()) {
+        if (n.content.empty() && out.compare(0, n.pattern.size(), n.pattern) == 0) lead0 = false;
+        out = replace_all(out, n.pattern, n.content);
+      }
+    }
+  }
+
+  void encode_segment(std::string_view text, bool at_start, ThreadScratch& s, std::vector<int32_t>& out) const {
+    if (!normalizers.empty()) {
+      normalize(text, s.normalized, at_start);
+      text = s.normalized;
+    }
+    if (text.empty()) return;
     std::vector<std::string_view> pieces{text}, next;
     const bool exact = contains_code_point_in(text, unicode_differ);
     for (const PreStep& step : steps) {
       next.clear();
-      for (const auto p : pieces) split(step, exact, p, s, next);
+      for (const auto p : pieces) split(step, exact, p, at_start && p.data() == text.data(), s, next);
       pieces.swap(next);
     }
     for (const auto p : pieces) {
-      if (p.size() > kCacheMaxWord) {
-        bpe(p, out);
+      if (!split_at_space_mark) {
+        encode_word(p, s, out);
         continue;
       }
-      std::string key(p);
-      const auto it = s.cache.find(key);
-      if (it != s.cache.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        continue;
+      // Exact shortcut (see split_at_space_mark): cut before each run of "▁" that follows
+      // another character, so that long words (whole documents in Llama-2's layout) become
+      // short cacheable ones.
+      size_t begin = 0;
+      for (size_t i = p.find(kSpaceMark, 1); i != std::string_view::npos; i = p.find(kSpaceMark, i + 1)) {
+        if (i >= kSpaceMark.size() && p.compare(i - kSpaceMark.size(), kSpaceMark.size(), kSpaceMark) == 0) continue;
+        encode_word(p.substr(begin, i - begin), s, out);
+        begin = i;
       }
-      const size_t before = out.size();
-      bpe(p, out);
-      if (s.cache.size() >= kCacheEntries) s.cache.clear();
-      s.cache.emplace(std::move(key), std::vector<int32_t>(out.begin() + before, out.end()));
+      encode_word(p.substr(begin), s, out);
     }
     s.arena.clear();
+  }
+
+  void encode_word(std::string_view p, ThreadScratch& s, std::vector<int32_t>& out) const {
+    if (p.size() > kCacheMaxWord) {
+      bpe(p, out);
+      return;
+    }
+    std::string key(p);
+    const auto it = s.cache.find(key);
+    if (it != s.cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+    const size_t before = out.size();
+    bpe(p, out);
+    if (s.cache.size() >= kCacheEntries) s.cache.clear();
+    s.cache.emplace(std::move(key), std::vector<int32_t>(out.begin() + before, out.end()));
   }
 
   // Leftmost-longest match of an added token at or after `from`; returns its index or -1.
@@ -368,18 +659,59 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
   }
   try {
     const auto is_null = [&](const char* key) { return !j.contains(key) || j[key].is_null(); };
+    // The mode: byte-level when the pre-tokenizer holds a ByteLevel step, else characters.
+    const auto holds_byte_level = [&](const json& p, auto& self) -> bool {
+      if (!p.is_object()) return false;
+      if (p.value("type", "") == "ByteLevel") return true;
+      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array()) {
+        for (const auto& q : p["pretokenizers"])
+          if (self(q, self)) return true;
+      }
+      return false;
+    };
+    m.byte_level = !is_null("pre_tokenizer") && holds_byte_level(j["pre_tokenizer"], holds_byte_level);
+    // A one-character string (Metaspace's replacement, Strip's content).
+    const auto one_char = [&](const json& v, const std::string& field) -> std::string {
+      const auto str = v.get<std::string>();
+      if (str.empty() || valid_utf8_prefix(str) != str.size() || utf8_len(static_cast<uint8_t>(str[0])) != str.size())
+        m.fail(field, fmt::format("'{}' must be one character", str));
+      return str;
+    };
+
+    // Normalizer: Prepend, Replace (String pattern) and Sequence of them (SentencePiece-BPE).
+    const auto add_norm = [&](const json& p, const std::string& field, auto& self) -> void {
+      const auto type = p.at("type").get<std::string>();
+      if (type == "Sequence") {
+        size_t k = 0;
+        for (const auto& q : p.at("normalizers")) self(q, fmt::format("{}.normalizers[{}]", field, k++), self);
+      } else if (type == "Prepend") {
+        m.normalizers.push_back({true, "", p.at("prepend").get<std::string>()});
+      } else if (type == "Replace") {
+        const json& pattern = p.at("pattern");
+        if (!pattern.contains("String")) m.fail(field + ".pattern", "only a String pattern is supported (not a Regex)");
+        m.normalizers.push_back({false, pattern["String"].get<std::string>(), p.at("content").get<std::string>()});
+      } else {
+        m.fail(field + ".type",
+               fmt::format("normalizer '{}' is not supported (Prepend, Replace, Sequence of them)", type));
+      }
+    };
     if (!is_null("normalizer")) {
-      m.fail("normalizer", fmt::format("type '{}' is not supported (only null)", j["normalizer"].value("type", "?")));
+      add_norm(j["normalizer"], "normalizer", add_norm);
+      if (m.byte_level && !m.normalizers.empty())
+        m.fail("normalizer", "a normalizer with a ByteLevel pre-tokenizer is not supported");
     }
     const json& model = j.at("model");
     if (model.value("type", "BPE") != "BPE")
       m.fail("model.type", fmt::format("'{}' is not supported (only BPE)", model.value("type", "")));
     if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
       m.fail("model.dropout", "BPE dropout is not supported");
-    if (model.value("byte_fallback", false)) m.fail("model.byte_fallback", "byte fallback is not supported");
+    m.byte_fallback = model.value("byte_fallback", false);
+    if (m.byte_level && m.byte_fallback)
+      m.fail("model.byte_fallback", "byte fallback with a ByteLevel pre-tokenizer is not supported");
+    m.fuse_unk = model.value("fuse_unk", false);
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty())
-        m.fail(std::string("model.") + key, "not supported (byte-level BPE has none)");
+        m.fail(std::string("model.") + key, "not supported (byte-level and SentencePiece BPE have none)");
     }
     m.ignore_merges = model.value("ignore_merges", false);
 
@@ -431,8 +763,11 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
           v, field + fmt::format(" (the {} tokens' ids must be 0..{}, without gaps)", n_vocab, n_vocab - 1), n_vocab);
       if (owner[id]) m.fail(field, fmt::format("id {} is also the id of '{}'", id, owner[id]->substr(0, 80)));
       owner[id] = &k;
-      if (!to_bytes(k, raw))
+      if (!m.byte_level) {
+        raw = k;  // characters mode: tokens are their text
+      } else if (!to_bytes(k, raw)) {
         m.fail("model.vocab", fmt::format("token '{}' is not byte-level (not a GPT-2 byte alphabet string)", k));
+      }
       m.id_bytes[id] = raw;
       m.bytes_to_id[raw] = id;
       m.content_to_id[k] = id;
@@ -441,12 +776,42 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
       const auto it = m.bytes_to_id.find(std::string(1, static_cast<char>(b)));
       m.byte_id[b] = it == m.bytes_to_id.end() ? -1 : it->second;
     }
+    if (!m.byte_level) {
+      m.char_bmp.assign(0x10000, -1);
+      for (const auto& [k, id] : m.bytes_to_id) {
+        if (k.empty() || utf8_len(static_cast<uint8_t>(k[0])) != k.size() || valid_utf8_prefix(k) != k.size()) continue;
+        const uint32_t cp = utf8_cp(k, 0, k.size());
+        if (cp < m.char_bmp.size())
+          m.char_bmp[cp] = id;
+        else
+          m.char_astral[cp] = id;
+      }
+      for (int b = 0; b < 256; ++b) {
+        const auto it = m.bytes_to_id.find(fmt::format("<0x{:02X}>", b));
+        m.fallback_id[b] = it == m.bytes_to_id.end() ? -1 : it->second;
+      }
+    }
+    if (!m.byte_level && !m.ignore_merges && m.bytes_to_id.count(std::string(kSpaceMark))) {
+      m.split_at_space_mark = true;
+      for (const auto& [k, id] : m.bytes_to_id) {
+        for (size_t i = k.find(kSpaceMark, 1); i != std::string::npos && m.split_at_space_mark;
+             i = k.find(kSpaceMark, i + 1)) {
+          if (i < kSpaceMark.size() || k.compare(i - kSpaceMark.size(), kSpaceMark.size(), kSpaceMark) != 0)
+            m.split_at_space_mark = false;
+        }
+        if (!m.split_at_space_mark) break;
+      }
+    }
     if (model.contains("unk_token") && !model["unk_token"].is_null()) {
       const auto unk = model["unk_token"].get<std::string>();
       if (m.content_to_id.count(unk)) m.unk_id = m.content_to_id[unk];
-      for (int b = 0; b < 256; ++b) {
-        if (m.byte_id[b] < 0)
-          m.fail("model.unk_token", "an unk token with an incomplete byte alphabet is not supported");
+      if (!m.byte_level) {
+        if (m.unk_id < 0) m.unk_missing = unk;
+      } else {
+        for (int b = 0; b < 256; ++b) {
+          if (m.byte_id[b] < 0)
+            m.fail("model.unk_token", "an unk token with an incomplete byte alphabet is not supported");
+        }
       }
     }
 
@@ -481,6 +846,19 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
       const auto type = p.at("type").get<std::string>();
       if (type == "Sequence") {
         for (const auto& q : p.at("pretokenizers")) self(q, field + ".pretokenizers", self);
+      } else if (type == "Metaspace") {
+        if (m.byte_level) m.fail(field + ".type", "Metaspace with a ByteLevel pre-tokenizer is not supported");
+        PreStep step;
+        const std::string replacement = one_char(p.at("replacement"), field + ".replacement");
+        const PrependScheme scheme = m.prepend_scheme(p, field);
+        if (p.value("split", true)) {
+          step = m.regex_step(replacement, true, field + ".replacement");
+          step.behavior = Behavior::kMergedWithNext;
+        }
+        step.metaspace = true;
+        step.replacement = replacement;
+        step.scheme = scheme;
+        m.steps.push_back(step);
       } else if (type == "ByteLevel") {
         PreStep step;
         if (p.value("use_regex", true)) step = m.regex_step(kGpt2Pattern, false, field);
@@ -505,12 +883,11 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
           m.fail(field + ".behavior", fmt::format("'{}' is not supported", behavior));
         m.steps.push_back(step);
       } else {
-        m.fail(field + ".type", fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Split, Sequence)", type));
+        m.fail(field + ".type",
+               fmt::format("pre-tokenizer '{}' is not supported (ByteLevel, Metaspace, Split, Sequence)", type));
       }
     };
-    if (is_null("pre_tokenizer"))
-      m.fail("pre_tokenizer", "null is not supported: byte-level BPE needs a ByteLevel pre-tokenizer");
-    add_step(j["pre_tokenizer"], "pre_tokenizer", add_step);
+    if (!is_null("pre_tokenizer")) add_step(j["pre_tokenizer"], "pre_tokenizer", add_step);
 
     // Added tokens.
     if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
@@ -527,6 +904,8 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
           if (t.value(flag, false))
             m.fail("added_tokens", fmt::format("token '{}' has {}=true, which is not supported", content, flag));
         }
+        if (!m.normalizers.empty() && t.value("normalized", !t.value("special", false)))
+          m.fail(named, "normalized=true with a normalizer is not supported (it is matched in the normalized text)");
         if (!t.contains("id")) m.fail(named, "no 'id'");
         const int32_t id = read_id(t["id"], named, int64_t{1} << 31);
         const auto in_vocab = m.content_to_id.find(content);
@@ -584,9 +963,53 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
       }
     };
     if (!is_null("post_processor")) add_post(j["post_processor"], "post_processor", add_post);
-    if (!is_null("decoder")) {
-      const auto type = j["decoder"].value("type", "");
-      if (type != "ByteLevel") m.fail("decoder.type", fmt::format("decoder '{}' is not supported (ByteLevel)", type));
+    if (m.byte_level) {
+      if (!is_null("decoder")) {
+        const auto type = j["decoder"].value("type", "");
+        if (type != "ByteLevel")
+          m.fail("decoder.type", fmt::format("decoder '{}' is not supported with a ByteLevel pre-tokenizer", type));
+      }
+    } else if (!is_null("decoder")) {
+      m.has_decoder = true;
+      const auto add_dec = [&](const json& p, const std::string& field, auto& self) -> void {
+        const auto type = p.at("type").get<std::string>();
+        DecStep d{};
+        if (type == "Sequence") {
+          size_t k = 0;
+          for (const auto& q : p.at("decoders")) self(q, fmt::format("{}.decoders[{}]", field, k++), self);
+          return;
+        } else if (type == "Replace") {
+          const json& pattern = p.at("pattern");
+          if (!pattern.contains("String"))
+            m.fail(field + ".pattern", "only a String pattern is supported (not a Regex)");
+          d.kind = DecStep::kReplace;
+          d.pattern = pattern["String"].get<std::string>();
+          d.content = p.at("content").get<std::string>();
+        } else if (type == "ByteFallback") {
+          d.kind = DecStep::kByteFallback;
+        } else if (type == "Fuse") {
+          d.kind = DecStep::kFuse;
+        } else if (type == "Strip") {
+          d.kind = DecStep::kStrip;
+          d.content = one_char(p.at("content"), field + ".content");
+          d.ch = utf8_cp(d.content, 0, d.content.size());
+          d.start = p.at("start").get<int64_t>();
+          d.stop = p.at("stop").get<int64_t>();
+          if (d.start < 0 || d.stop < 0) m.fail(field, "start and stop must not be negative");
+        } else if (type == "Metaspace") {
+          d.kind = DecStep::kMetaspace;
+          d.content = one_char(p.at("replacement"), field + ".replacement");
+          d.ch = utf8_cp(d.content, 0, d.content.size());
+          d.scheme = m.prepend_scheme(p, field);
+        } else {
+          m.fail(field + ".type",
+                 fmt::format("decoder '{}' is not supported (Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence; "
+                             "ByteLevel with a ByteLevel pre-tokenizer)",
+                             type));
+        }
+        m.decoders.push_back(d);
+      };
+      add_dec(j["decoder"], "decoder", add_dec);
     }
   } catch (const json::exception& e) {
     throw std::runtime_error(fmt::format("tokenizer '{}': unexpected structure: {}", path, e.what()));
@@ -647,7 +1070,7 @@ void HfTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out, 
   while (pos < valid.size()) {
     size_t at = valid.size();
     const int32_t k = m.added.empty() ? -1 : m.find_added(valid, pos, at);
-    if (at > pos) m.encode_segment(valid.substr(pos, at - pos), s, out);
+    if (at > pos) m.encode_segment(valid.substr(pos, at - pos), pos == 0, s, out);
     if (k < 0) break;
     out.push_back(m.added[k].id);
     pos = at + m.added[k].content.size();
@@ -658,13 +1081,17 @@ void HfTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out, 
 std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   const Impl& m = *impl_;
   std::string out;
+  std::vector<std::string> tokens;
   for (const int32_t id : ids) {
     if (id < 0 || id >= static_cast<int32_t>(m.id_bytes.size()))
       throw std::out_of_range(fmt::format("tokenizer '{}': decode: id {} outside the vocabulary", m.path, id));
     if (skip_special_tokens && m.id_special[id]) continue;
-    out += m.id_bytes[id];
+    if (m.byte_level)
+      out += m.id_bytes[id];
+    else
+      tokens.push_back(m.id_bytes[id]);
   }
-  return out;
+  return m.byte_level ? out : m.decode_chain(std::move(tokens));
 }
 
 int64_t HfTokenizer::vocab_size() const {

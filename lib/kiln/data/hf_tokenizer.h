@@ -1,9 +1,16 @@
-// Byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen-style), id for id equal
-// to the HF `tokenizers` library. Supported: model BPE (merges by rank, ignore_merges), no
-// normalizer, pre-tokenizers ByteLevel / Split(Regex|String) / Sequence of them, post-processors
-// ByteLevel / TemplateProcessing (BOS) / Sequence, added and special tokens, ByteLevel decoder.
-// Anything else is refused at load time with an error naming the file and the field, so a
-// tokenizer kiln cannot reproduce exactly never encodes silently differently.
+// BPE from a Hugging Face tokenizer.json, id for id equal to the HF `tokenizers` library, in two
+// families (docs/data.md, "Tokenizers"):
+// - byte-level (GPT-2, Llama-3 style): model BPE (merges by rank, ignore_merges), no normalizer,
+//   pre-tokenizers ByteLevel / Split(Regex|String) / Sequence of them, ByteLevel decoder;
+// - SentencePiece-BPE (Llama-2, Mistral, TinyLlama; no ByteLevel pre-tokenizer, so BPE starts
+//   from characters): normalizers Prepend / Replace(String) / Sequence, pre-tokenizer null or
+//   Metaspace (prepend_scheme always/first/never, split) or Split, BPE with byte_fallback
+//   (<0xNN> tokens), unk_token, fuse_unk, ignore_merges; decoders Replace(String) / ByteFallback /
+//   Fuse / Strip / Metaspace / Sequence, whose decode equals HF's decode;
+// both with post-processors ByteLevel / TemplateProcessing (BOS) / Sequence and added and
+// special tokens. Anything else is refused at load time with an error naming the file and the
+// field (e.g. "normalizer.type: normalizer 'NFKC' is not supported"), so a tokenizer kiln cannot
+// reproduce exactly never encodes silently differently.
 //
 // The split regexes run on PCRE2 with JIT (UTF + UCP, so \p{L}, \s etc. are Unicode-aware as in
 // Oniguruma, which HF uses), with Unicode 16.0 classes as HF's wherever the system PCRE2's tables

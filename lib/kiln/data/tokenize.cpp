@@ -410,6 +410,16 @@ TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& 
 
 }  // namespace
 
+std::string decode_continuation(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                std::span<const int32_t> generated) {
+  std::vector<int32_t> all(prompt.begin(), prompt.end());
+  all.insert(all.end(), generated.begin(), generated.end());
+  const std::string full = tokenizer.decode(all, /*skip_special_tokens=*/true);
+  const std::string head = tokenizer.decode(prompt, /*skip_special_tokens=*/true);
+  if (full.compare(0, head.size(), head) == 0) return full.substr(head.size());
+  return tokenizer.decode(generated, /*skip_special_tokens=*/true);
+}
+
 EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, BosRule rule,
                             const std::optional<DataRecord>& record) {
   EncodedPrompt out;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,15 @@ struct EncodedPrompt {
 };
 EncodedPrompt encode_prompt(const Tokenizer& tokenizer, std::string_view text, BosRule rule,
                             const std::optional<DataRecord>& record);
+
+// The text of `generated` as it reads after `prompt` (kiln-generate prints the prompt, then this):
+// decode(prompt + generated) less its decode(prompt) prefix, special tokens skipped, as
+// transformers' text-generation pipeline cuts the prompt. This matters for SentencePiece
+// decoders, whose Strip/Metaspace steps drop the leading space of a sequence: "▁world" alone
+// decodes to "world", after "Hello" to " world". Where the prompt's text is not a prefix (a
+// character cut between the two by byte-fallback tokens), decode(generated) alone.
+std::string decode_continuation(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                std::span<const int32_t> generated);
 
 // How kiln-eval starts each scored block of a shard set (docs/data.md, "BOS"), by the same rules:
 //   kAdd  the shards' BOS before every block (an error when they have none);

@@ -1,7 +1,8 @@
 // The tokenizer interface the data pipeline sees. Torch-free (plain vectors of int32 ids) so that
 // tokenization is fast, threadable and testable without LibTorch. Two implementations:
 // ByteTokenizer (256 bytes + BOS/EOS/PAD, for the embedded corpus and tests) and HfTokenizer
-// (byte-level BPE from a Hugging Face tokenizer.json, id-for-id equal to HF `tokenizers`).
+// (byte-level or SentencePiece BPE from a Hugging Face tokenizer.json, id-for-id equal to HF
+// `tokenizers`).
 #pragma once
 
 #include <cstdint>
@@ -25,8 +26,9 @@ class Tokenizer {
     encode_into(text, out, add_special_tokens);
     return out;
   }
-  // Bytes of the ids; special tokens are kept unless skip_special_tokens. Not necessarily valid
-  // UTF-8 (a BPE token can end inside a character).
+  // Bytes of the ids; special tokens are kept unless skip_special_tokens. Byte-level tokenizers:
+  // the tokens' bytes, not necessarily valid UTF-8 (a token can end inside a character).
+  // SentencePiece-BPE: HF's decode, through the tokenizer.json's decoder chain (valid UTF-8).
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const = 0;
   virtual int64_t vocab_size() const = 0;  // largest id + 1
   virtual int32_t bos_id() const = 0;      // -1 when the tokenizer has none
