@@ -67,6 +67,8 @@ std::vector<double> nice_ticks(double lo, double hi, int max_bins) {
 
 namespace {
 
+#ifdef KILN_WITH_CAIRO
+
 // The fewest decimals that write every tick exactly (matplotlib's ScalarFormatter, without its
 // offset and scientific notation).
 std::vector<std::string> tick_labels(const std::vector<double>& ticks) {
@@ -97,8 +99,6 @@ std::pair<double, double> view_limits(const std::vector<double>& v) {
   const double margin = 0.05 * (hi - lo);
   return {lo - margin, hi + margin};
 }
-
-#ifdef KILN_WITH_CAIRO
 
 constexpr double kWidth = 640, kHeight = 480;
 constexpr double kPt = 100.0 / 72.0;  // pixels per point at dpi 100
