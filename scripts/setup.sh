@@ -22,6 +22,7 @@ debian_packages=(
   libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
   libpcre2-dev libbenchmark-dev libgloo-dev zlib1g-dev
   chromium  # headless screenshot check of kiln-profile's HTML report (tests only)
+  libcairo2-dev fonts-dejavu-core  # plot_loss figures (optional in CMake); matplotlib's font
 )
 missing=()
 for p in "${debian_packages[@]}"; do
@@ -44,6 +45,7 @@ fi
 python_packages=(
   "torch==${KILN_TORCH_VERSION}" "numpy==2.4.6" "transformers==5.24.0" "tokenizers==0.23.3"
   "safetensors==0.8.0" "pytest==9.2.0" "unicodedata2==16.0.0"
+  "tensorboard==2.21.0" # reads kiln's event files (tests/python/test_run_outputs.py); brings pillow
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -79,6 +79,21 @@ else()
   target_link_libraries(kiln_pcre2 INTERFACE pcre2-8-static)
 endif()
 
+# Cairo draws plot_loss's figures (kiln/train/loss_plot.cpp); Debian libcairo2-dev, found by
+# pkg-config. Optional: without it kiln builds and plot_loss: true warns that there is no figure.
+if(PkgConfig_FOUND)
+  pkg_check_modules(KILN_CAIRO QUIET IMPORTED_TARGET cairo)
+endif()
+add_library(kiln_cairo INTERFACE)
+add_library(kiln::cairo ALIAS kiln_cairo)
+if(KILN_CAIRO_FOUND)
+  set(KILN_WITH_CAIRO ON)
+  target_link_libraries(kiln_cairo INTERFACE PkgConfig::KILN_CAIRO)
+else()
+  set(KILN_WITH_CAIRO OFF)
+  message(STATUS "kiln: cairo not found (Debian: libcairo2-dev): plot_loss will draw no figures")
+endif()
+
 if(KILN_BUILD_TESTS)
   find_package(Catch2 2.13 QUIET)
   if(NOT Catch2_FOUND)

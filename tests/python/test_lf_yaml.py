@@ -97,10 +97,16 @@ def test_the_issue_yaml_runs_unchanged_and_the_tokens_are_the_files(kiln_bin, tm
     res = pretrain(kiln_bin, tmp_path, "--max_steps", "1", "--gradient_accumulation_steps", "1")
     assert res.returncode == 0, res.stderr
     err = res.stderr.splitlines()
-    # One info line for each key that cannot change a kiln run.
-    for key in ("trust_remote_code", "preprocessing_num_workers", "plot_loss", "report_to"):
+    # One info line for each key that cannot change a kiln run; none for the ones it acts on.
+    for key in ("trust_remote_code", "preprocessing_num_workers"):
         assert sum(line.startswith(f"pretrain.yaml: {key}:") for line in err) == 1, (key, res.stderr)
-    assert "not implemented yet" in next(line for line in err if line.startswith("pretrain.yaml: plot_loss:"))
+    for key in ("plot_loss", "report_to"):
+        assert not any(line.startswith(f"pretrain.yaml: {key}:") for line in err), (key, res.stderr)
+    # plot_loss and report_to: tensorboard wrote LLaMA-Factory's figures and the event file
+    # (tests/python/test_run_outputs.py reads them).
+    out_dir = tmp_path / "saves" / "llama3-1b" / "full" / "pretrain"
+    assert (out_dir / "training_loss.png").is_file() and (out_dir / "training_eval_loss.png").is_file()
+    assert len(list((out_dir / "runs").glob("*/events.out.tfevents.*"))) == 1
     assert sum("c4_demo+more_demo: tokenized 200 documents" in line for line in err) == 1, res.stderr
     assert "held out by val_size" in res.stdout  # the banner
     assert "finished at step 1" in res.stdout + res.stderr

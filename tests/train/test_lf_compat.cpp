@@ -49,10 +49,24 @@ TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused nami
     CHECK(v->cls == LfKeyClass::kNoEffect);
     CHECK_FALSE(v->message.empty());
   }
+  // report_to as HF reads it: none, tensorboard, all, or a list; HF's other integrations are
+  // dropped with a warning, an unknown name is refused. plot_loss and logging_dir are config fields.
   CHECK(classify_lf_key("report_to", "none")->message.empty());
-  CHECK_THAT(classify_lf_key("report_to", "tensorboard")->message, Contains("not implemented yet"));
-  CHECK(classify_lf_key("plot_loss", "false")->message.empty());
-  CHECK_THAT(classify_lf_key("plot_loss", "true")->message, Contains("not implemented yet"));
+  CHECK(classify_lf_key("report_to", "none")->cls == LfKeyClass::kNoEffect);
+  CHECK(classify_lf_key("report_to", "tensorboard")->cls == LfKeyClass::kActed);
+  CHECK(classify_lf_key("report_to", "tensorboard")->message.empty());
+  CHECK_THAT(classify_lf_key("report_to", "all")->message, Contains("tensorboard"));
+  const auto wandb = classify_lf_key("report_to", "wandb");
+  CHECK(wandb->cls == LfKeyClass::kNoEffect);
+  CHECK_THAT(wandb->message, Contains("warning") && Contains("wandb") && Contains("ignored"));
+  const auto both = classify_lf_key("report_to", "wandb,tensorboard");
+  CHECK(both->cls == LfKeyClass::kActed);
+  CHECK_THAT(both->message, Contains("wandb") && Contains("TensorBoard event files are written"));
+  const auto typo = classify_lf_key("report_to", "tensorbord");
+  CHECK(typo->cls == LfKeyClass::kRefused);
+  CHECK_THAT(typo->message, Contains("'tensorbord'") && Contains("tensorboard"));
+  CHECK_FALSE(classify_lf_key("plot_loss", "true"));
+  CHECK_FALSE(classify_lf_key("logging_dir", "runs"));
   CHECK_FALSE(classify_lf_key("learning_rat", "1"));
   // No key is both a PretrainConfig field and a table entry.
   const auto& fields = kiln::train::pretrain_config_keys();
@@ -98,6 +112,23 @@ report_to: tensorboard
   CHECK(c.overwrite_cache);
   CHECK(c.eval_steps == 500);
   CHECK(c.ddp_timeout == 180000000);
+  CHECK(c.plot_loss);
+  CHECK(c.report_to_tensorboard());
+  for (const auto& [text, tensorboard] :
+       std::vector<std::pair<std::string, bool>>{{"report_to: [wandb, tensorboard]\n", true},
+                                                 {"report_to: none\n", false},
+                                                 {"report_to: wandb\n", false},
+                                                 {"report_to: all\n", true},
+                                                 {"report_to: \"tensorboard,mlflow\"\n", true}}) {
+    CAPTURE(text);
+    CHECK(kiln::train::pretrain_config_from_yaml_text("model: tiny\n" + text, "r.yaml").report_to_tensorboard() ==
+          tensorboard);
+  }
+  CHECK_THAT(error_of([&] { kiln::train::pretrain_config_from_yaml_text("model: tiny\nreport_to: [x]\n", "r.yaml"); }),
+             Contains("r.yaml") && Contains("report_to") && Contains("'x'"));
+  CHECK(kiln::train::load_pretrain_config(
+            "", {{"model", "tiny"}, {"report_to", "tensorboard"}, {"logging_dir", "tb"}, {"plot_loss", "true"}})
+            .logging_dir == "tb");
   CHECK_THAT(
       error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "trust_remote_cod: true\n", "lf.yaml"); }),
       Contains("lf.yaml") && Contains("'trust_remote_cod'") && Contains("unknown key"));

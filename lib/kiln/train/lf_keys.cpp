@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kiln/common/log.h"
 #include "kiln/config/yaml.h"
@@ -143,13 +144,7 @@ const std::vector<Entry>& table() {
       {"hf_hub_token", {}, "kiln downloads nothing", ""},
       {"ms_hub_token", {}, "kiln downloads nothing", ""},
       {"low_cpu_mem_usage", {}, "kiln loads safetensors memory-mapped", ""},
-      {"report_to", {"none"}, "", "", C::kNoEffect},   // other values: info line in read_lf_keys
-      {"plot_loss", {"false"}, "", "", C::kNoEffect},  // true: info line in read_lf_keys
-      {"logging_dir",
-       {},
-       "not implemented yet: no TensorBoard event files are written (the logs are in output_dir/metrics.jsonl and "
-       "trainer_state.json)",
-       ""},
+      {"report_to", {}, "", "", C::kActed},  // a list: see report_to_verdict
       {"run_name", {}, "kiln names runs by output_dir", ""},
       {"disable_tqdm", {}, "kiln's progress bar redraws only on a terminal", ""},
       {"ddp_find_unused_parameters", {}, "kiln's data parallelism has no unused parameters to find", ""},
@@ -170,6 +165,55 @@ std::string lower(std::string_view s) {
   std::string out(s);
   std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
   return out;
+}
+
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t[]'\"");
+  const auto e = s.find_last_not_of(" \t[]'\"");
+  return b == std::string_view::npos ? std::string() : std::string(s.substr(b, e - b + 1));
+}
+
+// HF's reporting integrations (transformers' INTEGRATION_TO_CALLBACK) other than tensorboard:
+// kiln has none of them (no network, no Python), and they only watch a run, so they are dropped
+// with a warning rather than refused.
+constexpr const char* kOtherIntegrations[] = {"azure_ml", "comet_ml",   "mlflow",  "neptune", "trackio",
+                                              "wandb",    "codecarbon", "clearml", "dagshub", "flyte",
+                                              "dvclive",  "swanlab",    "kubeflow"};
+
+// report_to as HF reads it: "none", "all", one name or a list (a YAML list arrives joined by ',').
+// Sets `tensorboard` and returns the verdict.
+LfKeyVerdict report_to_verdict(std::string_view value, bool& tensorboard) {
+  tensorboard = false;
+  std::vector<std::string> dropped;
+  bool all = false;
+  std::string rest(value);
+  for (size_t start = 0; start <= rest.size();) {
+    const size_t comma = std::min(rest.find(',', start), rest.size());
+    const std::string name = lower(trim(std::string_view(rest).substr(start, comma - start)));
+    start = comma + 1;
+    if (name.empty() || name == "none") continue;
+    if (name == "tensorboard") {
+      tensorboard = true;
+    } else if (name == "all") {
+      tensorboard = all = true;
+    } else if (std::find_if(std::begin(kOtherIntegrations), std::end(kOtherIntegrations),
+                            [&](const char* n) { return name == n; }) != std::end(kOtherIntegrations)) {
+      dropped.push_back(name);
+    } else {
+      return {LfKeyClass::kRefused,
+              fmt::format("'{}' is not a reporting integration: kiln writes tensorboard (or none); HF's others "
+                          "(wandb, mlflow, ...) are ignored with a warning",
+                          name)};
+    }
+  }
+  if (!dropped.empty()) {
+    return {tensorboard ? LfKeyClass::kActed : LfKeyClass::kNoEffect,
+            fmt::format("warning: kiln does not report to {} (no network, no Python): ignored{}; the logs are in "
+                        "output_dir/trainer_state.json and metrics.jsonl",
+                        fmt::join(dropped, ", "), tensorboard ? "; TensorBoard event files are written" : "")};
+  }
+  if (all) return {LfKeyClass::kActed, "kiln's one integration is tensorboard: TensorBoard event files are written"};
+  return {tensorboard ? LfKeyClass::kActed : LfKeyClass::kNoEffect, ""};
 }
 
 const Entry* find(std::string_view key) {
@@ -193,20 +237,13 @@ const std::vector<std::string>& lf_keys() {
 std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_view value) {
   const Entry* e = find(key);
   if (!e) return std::nullopt;
+  if (key == "report_to") {
+    bool tensorboard = false;
+    return report_to_verdict(value, tensorboard);
+  }
   const std::string v = lower(value);
   const bool allowed = e->allowed.empty() || std::find(e->allowed.begin(), e->allowed.end(), v) != e->allowed.end();
   if (!allowed) {
-    // Value-dependent info lines of keys that are silent at their default.
-    if (key == "report_to")
-      return LfKeyVerdict{
-          LfKeyClass::kNoEffect,
-          fmt::format("not implemented yet: kiln writes no {} logs (its logs are output_dir/metrics.jsonl "
-                      "and trainer_state.json)",
-                      value)};
-    if (key == "plot_loss" && v == "true")
-      return LfKeyVerdict{LfKeyClass::kNoEffect,
-                          "not implemented yet: no training_loss.png is written (the losses are in "
-                          "output_dir/metrics.jsonl)"};
     return LfKeyVerdict{LfKeyClass::kRefused, fmt::format("'{}' is not supported: {}", value, e->refusal)};
   }
   if (key == "disable_gradient_checkpointing") {
@@ -238,6 +275,11 @@ void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
     const std::string v = lower(*value);
     const std::string key = e.key;
     if (key == "disable_gradient_checkpointing" && v == "true") c.gradient_checkpointing = false;
+    if (key == "report_to") {
+      bool tensorboard = false;
+      report_to_verdict(*value, tensorboard);
+      c.report_to = tensorboard ? "tensorboard" : "none";
+    }
     // HF: eval_strategy steps without eval_steps evaluates every logging_steps (eval_steps given
     // in the file or on the command line, in either order, wins).
     if ((key == "eval_strategy" || key == "evaluation_strategy") && v == "steps" && !r.has("eval_steps") &&

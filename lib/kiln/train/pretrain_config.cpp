@@ -74,6 +74,8 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"output_dir", &C::output_dir},
       {"overwrite_output_dir", &C::overwrite_output_dir},
       {"resume_from_checkpoint", &C::resume_from_checkpoint},
+      {"plot_loss", &C::plot_loss},
+      {"logging_dir", &C::logging_dir},
       {"ddp_timeout", &C::ddp_timeout},
       {"ddp_bucket_cap_mb", &C::ddp_bucket_cap_mb},
       {"zero_stage", &C::zero_stage},
@@ -173,7 +175,14 @@ void PretrainConfig::validate() const {
   at_least("ddp_bucket_cap_mb", ddp_bucket_cap_mb, 1);
   if (zero_stage == 3) fail("zero_stage", "ZeRO stage 3 (sharded parameters) is not supported yet; use 0, 1 or 2");
   if (zero_stage < 0 || zero_stage > 3) fail("zero_stage", fmt::format("must be 0, 1 or 2, got {}", zero_stage));
+  if (report_to != "none" && report_to != "tensorboard") {
+    fail("report_to", fmt::format("must be none or tensorboard, got '{}'", report_to));
+  }
   resolved_zero_stage();
+}
+
+bool PretrainConfig::report_to_tensorboard() const {
+  return report_to == "tensorboard";
 }
 
 int PretrainConfig::checkpoint_every() const {

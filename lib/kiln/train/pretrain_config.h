@@ -89,6 +89,15 @@ struct KILN_API PretrainConfig {
   bool overwrite_output_dir = false;
   std::string resume_from_checkpoint;  // "", "true" (latest in output_dir) or a checkpoint path
 
+  // Outputs for LLaMA-Factory's and HF's tools (docs/training.md, "Outputs"). plot_loss: the loss
+  // figures output_dir/training_loss.png (and training_eval_loss.png) at the end, as
+  // LLaMA-Factory. report_to: "none" or "tensorboard" (HF's integrations kiln does not have are
+  // dropped with a warning when the YAML is read). logging_dir: TensorBoard's folder ("" = HF's
+  // default, $TENSORBOARD_LOGGING_DIR or output_dir/runs/<time>_<hostname>).
+  bool plot_loss = false;
+  std::string report_to = "none";
+  std::string logging_dir;
+
   // Data parallelism (docs/distributed.md), active when launched by torchrun or srun.
   int64_t ddp_timeout = 1800;      // seconds every collective may take (HF's key and default)
   int64_t ddp_bucket_cap_mb = 25;  // gradient bucket size (HF's key and default)
@@ -101,6 +110,8 @@ struct KILN_API PretrainConfig {
 
   // Throws config::ConfigError naming the source and key.
   void validate() const;
+  // report_to names tensorboard.
+  bool report_to_tensorboard() const;
   // zero_stage, or the stage of the `deepspeed` file when one is given (errors name the file and key).
   int resolved_zero_stage() const;
 };

@@ -44,8 +44,11 @@
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
+#include "kiln/train/loss_plot.h"
 #include "kiln/train/progress.h"
+#include "kiln/train/run_outputs.h"
 #include "kiln/train/step.h"
+#include "kiln/train/tensorboard.h"
 #include "kiln/train/training_data.h"
 
 namespace kiln::train {
@@ -110,9 +113,11 @@ struct Trainer::State {
   double window_comm_seconds = 0;               // the host waited on collectives
   std::chrono::steady_clock::time_point window_start;
   std::optional<EvalResult> last_eval;
-  std::string resumed_from;      // the checkpoint this run started from (never rotated away)
-  std::string auto_fit;          // what --auto-fit chose, for the banner
-  int64_t last_saved_step = -1;  // a stop request right after a save does not save again
+  std::string resumed_from;                  // the checkpoint this run started from (never rotated away)
+  std::string auto_fit;                      // what --auto-fit chose, for the banner
+  int64_t last_saved_step = -1;              // a stop request right after a save does not save again
+  double total_flos = 0;                     // model FLOPs of every step trained (HF's total_flos), kept across resumes
+  std::unique_ptr<EventWriter> tensorboard;  // report_to: tensorboard, rank 0
 };
 
 bool Trainer::stop_requested() const {
@@ -547,6 +552,29 @@ TrainResult Trainer::train() {
   model_->train();
   double last_lr = 0;
   std::optional<at::Tensor> last_norm;
+  // This call's share, for the summary entry (HF's speed metrics and train_loss).
+  const auto train_start = std::chrono::steady_clock::now();
+  const int64_t start_step = st.global_step;
+  double session_loss_sum = 0;  // sum over logged windows of loss x steps
+  int64_t session_loss_steps = 0;
+  std::optional<EvalResult> session_eval;
+  json last_eval_entry;
+  if (is_main() && config_.report_to_tensorboard()) {
+    const std::string dir = config_.logging_dir.empty() ? default_logging_dir(config_.output_dir) : config_.logging_dir;
+    st.tensorboard = std::make_unique<EventWriter>(dir);
+    logger()->info("kiln-pretrain: TensorBoard event file {}", st.tensorboard->path());
+  }
+  const auto epoch_at = [&](int64_t step) {
+    return static_cast<double>(step * config_.gradient_accumulation_steps) /
+           static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
+  };
+  // A log_history entry: into trainer_state.json's history and TensorBoard, and (a training window
+  // or an evaluation, not the closing summary) metrics.jsonl and on_log.
+  const auto record = [&](const json& entry, bool to_metrics = true) {
+    st.log_history.push_back(entry);
+    if (to_metrics) log_metrics(entry.dump());
+    if (st.tensorboard) st.tensorboard->add_scalars(entry.at("step").get<int64_t>(), tensorboard_scalars(entry));
+  };
 
   auto log_window = [&](int64_t step) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.window_start).count();
@@ -563,8 +591,7 @@ TrainResult Trainer::train() {
     json entry = {{"loss", loss},
                   {"grad_norm", last_norm ? last_norm->item<double>() : 0.0},
                   {"learning_rate", last_lr},
-                  {"epoch", static_cast<double>(step * config_.gradient_accumulation_steps) /
-                                static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1))},
+                  {"epoch", epoch_at(step)},
                   {"step", step},
                   {"tokens_per_second", tokens_per_s},
                   {"peak_memory_bytes", profile::peak_memory_bytes(device_)}};
@@ -577,8 +604,11 @@ TrainResult Trainer::train() {
     // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
     if (dp_ && device_.is_cpu()) entry["comm_wait_share"] = st.window_comm_seconds / seconds;
     if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
-    st.log_history.push_back(entry);
-    log_metrics(entry.dump());
+    record(entry);
+    if (std::isfinite(loss)) {
+      session_loss_sum += loss * static_cast<double>(st.window_steps);
+      session_loss_steps += st.window_steps;
+    }
     result.final_loss = loss;
     st.first_bad_step.fill_(-1.0);
     reset_window();
@@ -597,15 +627,27 @@ TrainResult Trainer::train() {
   // False when a stop request cut the evaluation short (nothing is recorded then).
   auto run_eval = [&](int64_t step) {
     if (!val_set_) return true;
+    const auto eval_start = std::chrono::steady_clock::now();
     const EvalResult ev = evaluate();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
     model_->train();
     if (ev.interrupted) return false;
     st.last_eval = ev;
+    session_eval = ev;
     if (callbacks_.on_evaluate) callbacks_.on_evaluate(step, ev);
-    json entry = {
-        {"eval_loss", ev.loss}, {"eval_perplexity", ev.perplexity}, {"eval_tokens", ev.tokens}, {"step", step}};
-    st.log_history.push_back(entry);
-    log_metrics(entry.dump());
+    // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
+    const double samples = static_cast<double>(val_set_->num_blocks());
+    const double batches = std::ceil(samples / static_cast<double>(config_.per_device_eval_batch_size * world_size()));
+    json entry = {{"eval_loss", ev.loss},
+                  {"eval_perplexity", ev.perplexity},
+                  {"eval_tokens", ev.tokens},
+                  {"eval_runtime", std::round(seconds * 1e4) / 1e4},
+                  {"eval_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
+                  {"eval_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
+                  {"epoch", epoch_at(step)},
+                  {"step", step}};
+    record(entry);
+    last_eval_entry = entry;
     if (is_main()) {
       bar.clear();
       logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity, step);
@@ -696,6 +738,7 @@ TrainResult Trainer::train() {
       break;
     }
     st.window_tokens += tokens;
+    st.total_flos += st.flops.train() * static_cast<double>(tokens);
     if (dp_) {
       at::Tensor sum = acc.loss_sum.reshape({1}).clone();  // the step's loss over every rank
       dp_->all_reduce(sum);
@@ -751,9 +794,60 @@ TrainResult Trainer::train() {
     }
   }
   bar.finish();
+
+  // HF's closing summary entry, then what Trainer.save_state / save_metrics and LLaMA-Factory's
+  // plot_loss write into output_dir (rank 0).
+  const double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+  const int64_t steps_trained = st.global_step - start_step;
+  const double samples = static_cast<double>(steps_trained * plan_.total_batch_size());
+  json summary = {{"train_runtime", std::round(runtime * 1e4) / 1e4},
+                  {"train_samples_per_second", runtime > 0 ? std::round(samples / runtime * 1e3) / 1e3 : 0.0},
+                  {"train_steps_per_second", runtime > 0 ? std::round(steps_trained / runtime * 1e3) / 1e3 : 0.0},
+                  {"total_flos", st.total_flos},
+                  {"train_loss", session_loss_steps > 0 ? session_loss_sum / static_cast<double>(session_loss_steps)
+                                                        : static_cast<double>(NAN)},
+                  {"epoch", epoch_at(st.global_step)},
+                  {"step", st.global_step}};
+  record(summary, /*to_metrics=*/false);
+  if (is_main()) {
+    summary.erase("step");
+    io::write_file_atomic((fs::path(config_.output_dir) / "trainer_state.json").string(),
+                          trainer_state_text(hf_trainer_state(st.global_step)));
+    save_metrics(config_.output_dir, "train", summary);
+    if (session_eval) {
+      // LLaMA-Factory's do_eval metrics: the evaluation's entry and its perplexity.
+      json metrics = last_eval_entry;
+      metrics.erase("step");
+      metrics["perplexity"] = session_eval->perplexity;
+      save_metrics(config_.output_dir, "eval", metrics);
+    }
+    if (config_.plot_loss) {
+      std::vector<std::string> keys = {"loss"};
+      if (val_set_) keys.push_back("eval_loss");
+      plot_loss(config_.output_dir, st.log_history, keys);
+    }
+  }
+  st.tensorboard.reset();
   result.global_step = st.global_step;
   result.final_eval = st.last_eval;
   return result;
+}
+
+HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
+  HfTrainerState s;
+  s.global_step = step;
+  s.epoch = static_cast<double>(step * config_.gradient_accumulation_steps) /
+            static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
+  s.max_steps = plan_.total_steps;
+  s.logging_steps = config_.logging_steps;
+  s.eval_steps = config_.eval_steps > 0 ? config_.eval_steps : config_.logging_steps;
+  s.save_steps = config_.save_steps;
+  s.train_batch_size = config_.per_device_train_batch_size;
+  const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
+  s.num_train_epochs = (plan_.total_steps + per_epoch - 1) / per_epoch;
+  s.total_flos = state_->total_flos;
+  s.log_history = state_->log_history;
+  return s;
 }
 
 namespace {
@@ -766,6 +860,8 @@ std::string optimizer_shard_file(int rank, int world) {
 std::string rng_state_file(int rank, int world) {
   return world > 1 ? fmt::format("rng_state_{}.safetensors", rank) : "rng_state.safetensors";
 }
+// What a resume must match that HF's trainer_state.json has no field for.
+constexpr const char* kKilnStateFile = "kiln_state.json";
 
 }  // namespace
 
@@ -801,16 +897,10 @@ std::string Trainer::save_checkpoint(int64_t step) {
       io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
                             data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
     }
-    json trainer_state = {{"global_step", step},
-                          {"max_steps", plan_.total_steps},
-                          {"num_train_epochs", plan_.num_epochs},
-                          {"logging_steps", config_.logging_steps},
-                          {"save_steps", config_.save_steps},
-                          {"train_batch_size", config_.per_device_train_batch_size},
-                          {"world_size", world_size()},
-                          {"zero_stage", dp_ ? zero_stage_ : 0},
-                          {"log_history", st.log_history}};
-    io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2));
+    // HF's trainer_state.json (TrainerState.load_from_json reads it); kiln's own facts beside it.
+    io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state_text(hf_trainer_state(step)));
+    const json kiln_state = {{"world_size", world_size()}, {"zero_stage", dp_ ? zero_stage_ : 0}};
+    io::write_file_atomic((tmp / kKilnStateFile).string(), kiln_state.dump(2) + "\n");
   }
   if (comm_) comm_->barrier();  // every rank's part is on disk
   if (is_main()) {
@@ -837,9 +927,18 @@ void Trainer::resume(const std::string& dir) {
     ts = json::parse(read_text(d / "trainer_state.json"));
     state_->global_step = ts.at("global_step").get<int64_t>();
     state_->log_history = ts.at("log_history");
+    state_->total_flos = ts.value("total_flos", 0.0);
   } catch (const json::exception& e) {
     throw std::runtime_error(
         fmt::format("{}: invalid trainer state: {}", (d / "trainer_state.json").string(), e.what()));
+  }
+  // kiln_state.json; checkpoints of kiln 0.2 kept these keys in trainer_state.json.
+  if (fs::exists(d / kKilnStateFile)) {
+    try {
+      ts = json::parse(read_text(d / kKilnStateFile));
+    } catch (const json::exception& e) {
+      throw std::runtime_error(fmt::format("{}: invalid JSON: {}", (d / kKilnStateFile).string(), e.what()));
+    }
   }
   // The data order and the optimizer shards depend on the world size: resume on the same one.
   const int64_t saved_world = ts.value("world_size", int64_t{1});

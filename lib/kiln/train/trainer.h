@@ -38,6 +38,7 @@ class DataParallel;
 namespace kiln::train {
 
 struct EvalOptions;
+struct HfTrainerState;
 
 struct EvalResult {
   double loss = 0;           // mean token loss over the whole split
@@ -130,7 +131,8 @@ class Trainer {
   void prepare_output_dir_on_main();
   void clean_incomplete_on_main();  // what a kill during a save or rotation left
   void resume(const std::string& checkpoint_dir);
-  void log_metrics(const std::string& json_line);  // appends a line to output_dir/metrics.jsonl
+  void log_metrics(const std::string& json_line);       // appends a line to output_dir/metrics.jsonl
+  HfTrainerState hf_trainer_state(int64_t step) const;  // trainer_state.json's content at `step`
 
   PretrainConfig config_;
   at::Device device_ = at::kCPU;
