@@ -171,6 +171,14 @@ def test_jsonl_gz_reads_as_the_plain_file(kiln_bin, tmp_path):
         assert res.returncode == 0, res.stderr
         outs.append(train_tokens(out))
     assert np.array_equal(outs[0], outs[1])
+    # A file cut short (as by an interrupted download) is an error naming it, not a shorter corpus
+    # (zlib hands out what it could decompress, then reports the cut).
+    raw = (tmp_path / "a.jsonl.gz").read_bytes()
+    (tmp_path / "cut.jsonl.gz").write_bytes(raw[:len(raw) - 12])  # the 8-byte trailer and 4 more
+    res = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
+                          str(tmp_path / "cut.jsonl.gz"), "--output", str(tmp_path / "cut")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "cut.jsonl.gz" in res.stderr and "truncated" in res.stderr, res.stderr
 
 
 # --- The corpora people pretrain on (issue 15, point 3): .json, .jsonl.zst and .parquet ---------

@@ -2,6 +2,7 @@
 // headers cost one compile; without KILN_WITH_PARQUET it compiles to the refusing stubs.
 #include "kiln/data/parquet_reader.h"
 
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
@@ -48,6 +49,15 @@ struct ParquetTextReader::Impl {
 
 namespace {
 
+constexpr int64_t kAutoBatchBytes = int64_t{8} << 20;
+
+// Uncompressed bytes of all row groups (every column: an upper bound of the text column's).
+int64_t total_byte_size(const parquet::FileMetaData& md) {
+  int64_t total = 0;
+  for (int g = 0; g < md.num_row_groups(); ++g) total += md.RowGroup(g)->total_byte_size();
+  return total;
+}
+
 template <typename ArrayType>
 void append_strings(const arrow::Array& column, std::vector<std::string>& out, int64_t& nulls) {
   const auto& a = static_cast<const ArrayType&>(column);
@@ -77,13 +87,18 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
     parquet::ReaderProperties props;
     props.enable_buffered_stream();
     props.set_buffer_size(int64_t{1} << 20);
+    parquet::arrow::FileReaderBuilder builder;
+    const auto opened = builder.Open(*file, props);
+    if (!opened.ok()) fail(fmt::format("not a readable Parquet file ({})", opened.message()));
+    if (batch_rows <= 0) {  // about kAutoBatchBytes of text per batch, by the metadata's sizes
+      const auto md = builder.raw_reader()->metadata();
+      const int64_t bytes = md->num_rows() > 0 ? std::max<int64_t>(1, total_byte_size(*md) / md->num_rows()) : 1;
+      batch_rows = std::clamp<int64_t>(kAutoBatchBytes / bytes, 1, 65536);
+    }
     parquet::ArrowReaderProperties arrow_props;
     arrow_props.set_batch_size(batch_rows);
     arrow_props.set_pre_buffer(false);
     arrow_props.set_use_threads(false);
-    parquet::arrow::FileReaderBuilder builder;
-    const auto opened = builder.Open(*file, props);
-    if (!opened.ok()) fail(fmt::format("not a readable Parquet file ({})", opened.message()));
     builder.properties(arrow_props);
     auto built = builder.Build();
     if (!built.ok()) fail(fmt::format("not a readable Parquet file ({})", built.status().message()));

@@ -18,13 +18,15 @@ std::string parquet_build_info();
 // Streams one string (or large_string) column of a Parquet file in row order. Memory is bounded
 // by one batch of decoded strings plus Arrow's read buffer, whatever the file and row-group
 // sizes (the column's pages are read through a buffered stream, row group after row group).
+// A batch is `batch_rows` rows; 0 picks about 8 MiB of text per batch from the metadata's
+// average row size (1 to 65,536 rows), so that long documents (books) make smaller batches.
 // A null value is an empty document: LLaMA-Factory's alpaca converter turns a missing or null
 // prompt into "" (so its pretraining example is the EOS alone) and HF's loaders keep the row.
 class ParquetTextReader {
  public:
   // Throws (naming the file) when it cannot be read, the column is missing (the message lists the
   // file's columns) or is not a string column.
-  ParquetTextReader(const std::string& path, const std::string& column, int64_t batch_rows = 4096);
+  ParquetTextReader(const std::string& path, const std::string& column, int64_t batch_rows = 0);
   ~ParquetTextReader();
   ParquetTextReader(const ParquetTextReader&) = delete;
   ParquetTextReader& operator=(const ParquetTextReader&) = delete;

@@ -60,7 +60,13 @@ class GzStreambuf : public std::streambuf {
       const char* what = gzerror(file_, &code);
       throw std::runtime_error(fmt::format("'{}': cannot decompress ({})", path_, what ? what : "gzip error"));
     }
-    if (n == 0) return traits_type::eof();
+    if (n == 0) {
+      int code = Z_OK;
+      gzerror(file_, &code);
+      // zlib returns what it could decompress and then flags a stream cut short with Z_BUF_ERROR.
+      if (code == Z_BUF_ERROR) throw std::runtime_error(fmt::format("'{}': truncated gzip data", path_));
+      return traits_type::eof();
+    }
     setg(buffer_.data(), buffer_.data(), buffer_.data() + n);
     return traits_type::to_int_type(*gptr());
   }
