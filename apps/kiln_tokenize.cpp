@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "kiln/common/format.h"
 #include "kiln/data/default_corpus.h"
+#include "kiln/data/parquet_reader.h"
 #include "kiln/data/tokenize.h"
 #include "kiln/data/tokenizer.h"
 
@@ -71,14 +72,21 @@ double bench(const kiln::data::Tokenizer& tok, const std::vector<std::string>& d
 }  // namespace
 
 int main(int argc, char** argv) {
-  cxxopts::Options options("kiln-tokenize", "Tokenize .txt/.jsonl files into kiln token shards");
+  const std::string parquet = kiln::data::parquet_supported()
+                                  ? fmt::format("read through Apache Arrow: {}", kiln::data::parquet_build_info())
+                                  : fmt::format("NOT in this build: {}", kiln::data::parquet_build_info());
+  cxxopts::Options options(
+      "kiln-tokenize",
+      fmt::format("Tokenize text files into kiln token shards. Inputs: .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json "
+                  "(an array or JSON Lines) and .parquet (a string column; {})",
+                  parquet));
   // clang-format off
   options.add_options()
     ("tokenizer", "'byte' or a tokenizer.json (or its folder): byte-level BPE (GPT-2, Llama-3 style) or SentencePiece-BPE (Llama-2, Mistral, TinyLlama layouts)", cxxopts::value<std::string>()->default_value("byte"))
     ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>()->default_value(""))
-    ("input", "input .txt/.jsonl/.jsonl.gz/.json files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
+    ("input", "input .txt/.jsonl/.jsonl.gz/.jsonl.zst/.json/.parquet files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
     ("output", "output folder of the shard set", cxxopts::value<std::string>())
-    ("text-key", "JSONL field holding the text", cxxopts::value<std::string>()->default_value("text"))
+    ("text-key", "JSON field (Parquet column) holding the text; a null is an empty document", cxxopts::value<std::string>()->default_value("text"))
     ("txt-unit", "a .txt file is one document ('file') or each non-empty line is ('line')", cxxopts::value<std::string>()->default_value("file"))
     ("val-fraction", "fraction of documents for the 'val' split (every 1/F-th document)", cxxopts::value<double>()->default_value("0"))
     ("threads", "tokenizer threads (0 = all cores)", cxxopts::value<int>()->default_value("0"))
@@ -183,6 +191,8 @@ int main(int argc, char** argv) {
                kiln::data::dtype_name(report.meta.dtype), kiln::human_bytes(static_cast<double>(report.bytes)),
                report.seconds, kiln::human_bytes(report.seconds > 0 ? report.bytes / report.seconds : 0),
                report.bad_lines);
+    if (report.nulls > 0)
+      fmt::print("  {} null texts read as empty documents (EOS only, as LLaMA-Factory)\n", report.nulls);
     for (const auto& s : report.meta.splits) {
       fmt::print("  {}: {} documents, {} tokens in {} shard(s)\n", s.name, kiln::with_commas(s.documents),
                  kiln::with_commas(s.tokens), s.shards.size());

@@ -21,6 +21,7 @@ debian_packages=(
   g++ cmake ninja-build ccache clang-format pkg-config
   libfmt-dev libspdlog-dev libcxxopts-dev catch2 libyaml-cpp-dev nlohmann-json3-dev
   libpcre2-dev libbenchmark-dev libgloo-dev zlib1g-dev
+  libzstd-dev  # .jsonl.zst inputs
   chromium  # headless screenshot check of kiln-profile's HTML report (tests only)
   libcairo2-dev fonts-dejavu-core  # plot_loss figures (optional in CMake); matplotlib's font
 )
@@ -46,6 +47,10 @@ python_packages=(
   "torch==${KILN_TORCH_VERSION}" "numpy==2.4.6" "transformers==5.24.0" "tokenizers==0.23.3"
   "safetensors==0.8.0" "pytest==9.2.0" "unicodedata2==16.0.0"
   "tensorboard==2.21.0" # reads kiln's event files (tests/python/test_run_outputs.py); brings pillow
+  # pyarrow: Apache Arrow C++ with Parquet for .parquet inputs (headers and libarrow/libparquet,
+  # linked as LibTorch is from torch; third_party/kiln_arrow.cmake) and the tests' Parquet writer;
+  # zstandard: the tests' independent zstd writer.
+  "pyarrow==26.0.1" "zstandard==0.25.0"
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

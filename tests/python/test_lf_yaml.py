@@ -177,3 +177,99 @@ def test_jsonl_gz_reads_as_the_plain_file(kiln_bin, tmp_path):
         assert res.returncode == 0, res.stderr
         outs.append(train_tokens(out))
     assert np.array_equal(outs[0], outs[1])
+    # A file cut short (as by an interrupted download) is an error naming it, not a shorter corpus
+    # (zlib hands out what it could decompress, then reports the cut).
+    raw = (tmp_path / "a.jsonl.gz").read_bytes()
+    (tmp_path / "cut.jsonl.gz").write_bytes(raw[:len(raw) - 12])  # the 8-byte trailer and 4 more
+    res = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
+                          str(tmp_path / "cut.jsonl.gz"), "--output", str(tmp_path / "cut")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "cut.jsonl.gz" in res.stderr and "truncated" in res.stderr, res.stderr
+
+
+# --- The corpora people pretrain on (issue 15, point 3): .json, .jsonl.zst and .parquet ---------
+# References: the texts this test writes (pyarrow writes the Parquet files, zstandard the zstd
+# frames), the byte tokenizer's definition, and each file tokenized by hand with kiln-tokenize.
+
+def parquet_supported(kiln_bin):
+    res = subprocess.run([str(kiln_bin("kiln-tokenize")), "--help"], capture_output=True, text=True, timeout=60)
+    return "NOT in this build" not in res.stdout
+
+
+def make_corpus_project(root: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    rng = random.Random(3)
+    words = "the a cat dog sat ran on under big small red house tree river é 字 😀".split()
+
+    def doc():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+
+    data = root / "data"
+    (data / "pq").mkdir(parents=True)
+    arr = [{"text": doc(), "id": i} for i in range(60)]
+    (data / "c4_part.json").write_text(json.dumps(arr, ensure_ascii=False))
+    web = [doc() for _ in range(40)]
+    lines = "".join(json.dumps({"content": d, "url": f"u{i}"}, ensure_ascii=False) + "\n" for i, d in enumerate(web))
+    raw = lines.encode()
+    half = len(raw) // 2 + 1  # two frames, split inside a line (and maybe inside a character)
+    c = zstandard.ZstdCompressor(level=3)
+    (data / "web.jsonl.zst").write_bytes(c.compress(raw[:half]) + c.compress(raw[half:]))
+    parts = [[doc() for _ in range(30)], [doc() for _ in range(25)]]
+    parts[0][7] = None  # a null text: LLaMA-Factory makes it "" + EOS
+    for i, (texts, kind) in enumerate(zip(parts, (pa.string(), pa.large_string()))):
+        table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": pa.array(texts, kind)})
+        pq.write_table(table, data / "pq" / f"part-{i}.parquet", row_group_size=8)
+    (data / "dataset_info.json").write_text(json.dumps({
+        "c4_demo": {"file_name": "c4_part.json", "columns": {"prompt": "text"}},
+        "web_zst": {"file_name": "web.jsonl.zst", "columns": {"prompt": "content"}},
+        "pq_demo": {"file_name": "pq", "columns": {"prompt": "text"}},  # a folder of .parquet files
+    }))
+    yaml = ISSUE_YAML.replace("model_name_or_path: path/to/hf-dir", "model: tiny")
+    (root / "pretrain.yaml").write_text(yaml.replace("dataset: c4_demo", "dataset: c4_demo,web_zst,pq_demo"))
+    return [x["text"] for x in arr] + web + parts[0] + parts[1]
+
+
+def test_the_issue_yaml_reads_json_zst_and_parquet_and_reuses_the_cache(kiln_bin, tmp_path):
+    if not parquet_supported(kiln_bin):
+        import pytest
+        pytest.skip("kiln built without Parquet (kiln-tokenize --help says why)")
+    docs = make_corpus_project(tmp_path)
+    res = pretrain(kiln_bin, tmp_path, "--max_steps", "2", "--gradient_accumulation_steps", "1")
+    assert res.returncode == 0, res.stderr
+    assert sum("c4_demo+web_zst+pq_demo: tokenized 155 documents" in line for line in res.stderr.splitlines()) == 1
+    assert "1 null texts read as empty documents" in res.stderr
+    assert "finished at step 2" in res.stdout + res.stderr
+    (cache,) = sorted((tmp_path / "home" / "data" / "datasets").glob("c4_demo+web_zst+pq_demo-*"))
+
+    expected = [t for d in docs for t in [*(d or "").encode("utf-8"), EOS]]
+    got = train_tokens(cache)
+    assert got.tolist() == expected
+    by_hand = []
+    for name, key in (("c4_part.json", "text"), ("web.jsonl.zst", "content"), ("pq", "text")):
+        out = tmp_path / f"by-hand-{name}"
+        tok = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
+                              str(tmp_path / "data" / name), "--output", str(out), "--text-key", key],
+                             capture_output=True, text=True, timeout=60)
+        assert tok.returncode == 0, tok.stderr
+        by_hand.append(train_tokens(out))
+    assert np.array_equal(np.concatenate(by_hand), got)
+
+    # The second run reuses the cache: no tokenization line, no shard file rewritten.
+    stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    res = pretrain(kiln_bin, tmp_path, *QUICK, "--overwrite_cache", "false")
+    assert res.returncode == 0, res.stderr
+    assert "reusing the tokenized shards" in res.stderr and "tokenized 155" not in res.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
+    # overwrite_cache: true (the YAML's) tokenizes again, into the same folder, the same tokens.
+    res = pretrain(kiln_bin, tmp_path, *QUICK)
+    assert res.returncode == 0, res.stderr
+    assert "tokenized 155 documents" in res.stderr
+    assert (cache / "meta.json").stat().st_mtime_ns != stamps["meta.json"]
+    assert train_tokens(cache).tolist() == expected
+    # max_samples counts rows per dataset, the null row included (the first 10 of each: 30).
+    res = pretrain(kiln_bin, tmp_path, *QUICK, "--max_samples", "10", "--cutoff_len", "64")
+    assert res.returncode == 0, res.stderr
+    assert "tokenized 30 documents" in res.stderr and "1 null texts" in res.stderr

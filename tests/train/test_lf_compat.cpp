@@ -161,12 +161,17 @@ TEST_CASE("dataset_info.json: files, folders, columns.prompt; hub entries and mi
   write(dir / "mixed" / "x.txt", "x\n");
   write(dir / "mixed" / "y.jsonl", "{}\n");
   write(dir / "c.parquet", "PAR1");
+  write(dir / "c.csv", "text\nx\n");
+  write(dir / "zst" / "b.jsonl.zst", "");
+  write(dir / "zst" / "a.jsonl.zst", "");
   const std::string info = R"({
     "a": {"file_name": "a.json"},
     "b": {"file_name": "b.jsonl", "columns": {"prompt": "body"}},
     "f": {"file_name": "folder"},
     "mixed": {"file_name": "mixed"},
     "pq": {"file_name": "c.parquet"},
+    "zf": {"file_name": "zst"},
+    "csv": {"file_name": "c.csv"},
     "missing": {"file_name": "nope.jsonl"},
     "hf": {"hf_hub_url": "allenai/c4"},
     "ms": {"ms_hub_url": "x/y", "file_name": "a.json"},
@@ -191,7 +196,13 @@ TEST_CASE("dataset_info.json: files, folders, columns.prompt; hub entries and mi
   CHECK_THAT(err("zzz"), Contains("'zzz'") && Contains("not defined"));
   CHECK_THAT(err("missing"), Contains("nope.jsonl") && Contains("not found"));
   CHECK_THAT(err("mixed"), Contains("one type"));
-  CHECK_THAT(err("pq"), Contains("c.parquet") && Contains(".jsonl"));
+  CHECK_THAT(err("csv"), Contains("c.csv") && Contains(".jsonl.zst") && Contains(".parquet"));
+  // .parquet and .jsonl.zst files and folders resolve (their type by extension, as LLaMA-Factory's).
+  const auto pq = kiln::data::parse_dataset_info(info, "pq,zf", dir.string(), "info.json");
+  REQUIRE(pq.size() == 2);
+  CHECK(fs::path(pq[0].files.at(0)).filename() == "c.parquet");
+  REQUIRE(pq[1].files.size() == 2);
+  CHECK(fs::path(pq[1].files[0]).filename() == "a.jsonl.zst");
   CHECK_THAT(err("sft"), Contains("sharegpt"));
   CHECK_THAT(error_of([&] { kiln::data::parse_dataset_info("[1]", "a", dir.string(), "info.json"); }),
              Contains("info.json"));

@@ -37,15 +37,17 @@ std::vector<std::string> split_names(const std::string& names) {
   return out;
 }
 
-// ".json", ".jsonl", ".jsonl.gz", ".txt", ... (the last two extensions for gzip).
+// ".json", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt", ... (the last two
+// extensions for a compressed file).
 std::string file_type(const std::string& path) {
   const fs::path p(path);
-  if (p.extension() == ".gz") return p.stem().extension().string() + ".gz";
+  if (p.extension() == ".gz" || p.extension() == ".zst") return p.stem().extension().string() + p.extension().string();
   return p.extension().string();
 }
 
 bool supported_type(const std::string& type) {
-  return type == ".json" || type == ".jsonl" || type == ".jsonl.gz" || type == ".txt";
+  return type == ".json" || type == ".jsonl" || type == ".jsonl.gz" || type == ".jsonl.zst" || type == ".parquet" ||
+         type == ".txt";
 }
 
 constexpr int kCacheFormat = 1;  // bump when the shards made from the same inputs would change
@@ -115,7 +117,10 @@ std::vector<NamedDataset> parse_dataset_info(const std::string& json_text, const
     for (const auto& f : d.files) {
       const std::string x = file_type(f);
       if (!supported_type(x)) {
-        fail(fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz and .txt files", f));
+        fail(
+            fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz, .jsonl.zst, .parquet "
+                        "and .txt files",
+                        f));
       }
       if (x != ext) fail(fmt::format("'{}': the files of one dataset must have one type ({})", f, ext));
     }
@@ -235,9 +240,10 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
     throw;
   }
   out.tokenized = true;
-  info(fmt::format("datasets {}: tokenized {} documents, {} tokens ({} bytes) in {:.2f} s into {} (key {})", names,
-                   out.report.documents, out.report.tokens, out.report.bytes, out.report.seconds, dir.string(),
-                   out.key));
+  info(fmt::format(
+      "datasets {}: tokenized {} documents, {} tokens ({} bytes) in {:.2f} s into {} (key {}){}", names,
+      out.report.documents, out.report.tokens, out.report.bytes, out.report.seconds, dir.string(), out.key,
+      out.report.nulls > 0 ? fmt::format("; {} null texts read as empty documents", out.report.nulls) : ""));
   return out;
 }
 

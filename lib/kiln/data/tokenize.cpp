@@ -16,7 +16,10 @@
 
 #include <fmt/format.h>
 #include <zlib.h>
+#include <zstd.h>
 #include <nlohmann/json.hpp>
+
+#include "kiln/data/parquet_reader.h"
 
 namespace kiln::data {
 
@@ -27,9 +30,16 @@ namespace {
 bool is_gz(const fs::path& p) {
   return p.extension() == ".gz" && p.stem().extension() == ".jsonl";
 }
+bool is_zst(const fs::path& p) {
+  return p.extension() == ".zst" && p.stem().extension() == ".jsonl";
+}
+bool is_parquet(const fs::path& p) {
+  return p.extension() == ".parquet";
+}
 
 bool is_input_extension(const fs::path& p) {
-  return p.extension() == ".txt" || p.extension() == ".jsonl" || p.extension() == ".json" || is_gz(p);
+  return p.extension() == ".txt" || p.extension() == ".jsonl" || p.extension() == ".json" || is_gz(p) || is_zst(p) ||
+         is_parquet(p);
 }
 
 // A gzip file as a stream (zlib's gzread; a plain file is read as is, as gzread does).
@@ -50,7 +60,13 @@ class GzStreambuf : public std::streambuf {
       const char* what = gzerror(file_, &code);
       throw std::runtime_error(fmt::format("'{}': cannot decompress ({})", path_, what ? what : "gzip error"));
     }
-    if (n == 0) return traits_type::eof();
+    if (n == 0) {
+      int code = Z_OK;
+      gzerror(file_, &code);
+      // zlib returns what it could decompress and then flags a stream cut short with Z_BUF_ERROR.
+      if (code == Z_BUF_ERROR) throw std::runtime_error(fmt::format("'{}': truncated gzip data", path_));
+      return traits_type::eof();
+    }
     setg(buffer_.data(), buffer_.data(), buffer_.data() + n);
     return traits_type::to_int_type(*gptr());
   }
@@ -61,9 +77,67 @@ class GzStreambuf : public std::streambuf {
   std::vector<char> buffer_;
 };
 
-// Bytes of text a file holds: its size, or for gzip the size its trailer records (mod 2^32).
-int64_t text_bytes(const std::string& path) {
+// A zstd file as a stream: libzstd's streaming decompression (ZSTD_decompressStream), which
+// also reads files of several concatenated frames, as the zstd tool writes and reads them.
+class ZstdStreambuf : public std::streambuf {
+ public:
+  explicit ZstdStreambuf(const std::string& path)
+      : path_(path), in_buffer_(ZSTD_DStreamInSize()), buffer_(ZSTD_DStreamOutSize()) {
+    file_.open(path, std::ios::in | std::ios::binary);
+    if (file_.is_open()) dctx_ = ZSTD_createDCtx();
+  }
+  ~ZstdStreambuf() override { ZSTD_freeDCtx(dctx_); }
+  bool ok() const { return dctx_ != nullptr; }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    while (true) {
+      if (input_.pos == input_.size && !eof_) {
+        file_.read(in_buffer_.data(), static_cast<std::streamsize>(in_buffer_.size()));
+        input_ = {in_buffer_.data(), static_cast<size_t>(file_.gcount()), 0};
+        eof_ = input_.size == 0;
+      }
+      // 0 from the last call: a frame ended and all its output was returned. At the end of the
+      // file that is the end; otherwise the call is made again with no input, to flush what the
+      // last one could not return, and a call that returns nothing then means a truncated frame.
+      if (eof_ && last_hint_ == 0) return traits_type::eof();
+      ZSTD_outBuffer out{buffer_.data(), buffer_.size(), 0};
+      last_hint_ = ZSTD_decompressStream(dctx_, &out, &input_);
+      if (ZSTD_isError(last_hint_))
+        throw std::runtime_error(fmt::format("'{}': cannot decompress ({})", path_, ZSTD_getErrorName(last_hint_)));
+      if (out.pos > 0) {
+        setg(buffer_.data(), buffer_.data(), buffer_.data() + out.pos);
+        return traits_type::to_int_type(*gptr());
+      }
+      if (eof_) throw std::runtime_error(fmt::format("'{}': truncated zstd data", path_));
+    }
+  }
+
+ private:
+  std::string path_;
+  std::ifstream file_;
+  ZSTD_DCtx* dctx_ = nullptr;
+  std::vector<char> in_buffer_, buffer_;
+  ZSTD_inBuffer input_{nullptr, 0, 0};
+  size_t last_hint_ = 1;  // not at a frame end: an empty file is no zstd data
+  bool eof_ = false;
+};
+
+// Bytes of text a file holds, for the progress bar: its size; for gzip the size its trailer
+// records (mod 2^32); for zstd the content size its first frame records, if any (one frame is
+// what zstd and most writers make), else the compressed size; for Parquet the text column's
+// uncompressed size in the metadata.
+int64_t text_bytes(const std::string& path, const std::string& key) {
   const auto size = static_cast<int64_t>(fs::file_size(path));
+  if (is_parquet(path)) return ParquetTextReader(path, key).column_bytes();
+  if (is_zst(path)) {
+    std::ifstream in(path, std::ios::binary);
+    char header[18] = {};  // ZSTD_FRAMEHEADERSIZE_MAX, a macro of libzstd's static-only API
+    in.read(header, sizeof header);
+    const auto n = ZSTD_getFrameContentSize(header, static_cast<size_t>(in.gcount()));
+    return n == ZSTD_CONTENTSIZE_UNKNOWN || n == ZSTD_CONTENTSIZE_ERROR ? size : static_cast<int64_t>(n);
+  }
   if (!is_gz(path) || size < 18) return size;
   std::ifstream in(path, std::ios::binary);
   in.seekg(size - 4);
@@ -88,31 +162,45 @@ class DocumentReader {
     docs.clear();
     size_t bytes = 0;
     while (bytes < chunk_bytes) {
-      if (!buf_ && array_.empty()) {
+      if (!buf_ && !parquet_ && array_.empty()) {
         if (next_file_ >= files_.size()) break;
         const InputFile& f = files_[next_file_++];
         path_ = f.path;
         key_ = f.text_key;
         group_ = f.group;
         if (group_full()) {  // max documents of this group reached: skip its other files
-          bytes_done += text_bytes(path_);
+          bytes_done += text_bytes(path_, key_);
           continue;
         }
         open();
         const auto ext = fs::path(path_).extension();
-        jsonl_ = ext == ".jsonl" || ext == ".json" || is_gz(path_);
+        jsonl_ = ext == ".jsonl" || ext == ".json" || is_gz(path_) || is_zst(path_);
         line_ = 0;
         if (ext == ".json" && starts_with_bracket()) read_array();
       }
-      if (!array_.empty()) {  // the documents of a .json array, one at a time
+      if (parquet_ && array_.empty()) {  // the next batch of rows of a Parquet file
+        std::vector<std::string> batch;
+        if (parquet_->next(batch)) {
+          for (auto& d : batch) array_.push_back(std::move(d));
+        } else {
+          close();
+        }
+        continue;
+      }
+      if (!array_.empty()) {  // the documents of a .json array or a Parquet batch, one at a time
         std::string doc = std::move(array_.front());
         array_.pop_front();
         bytes += doc.size();
-        if (array_.empty()) bytes_done += array_bytes_;
+        if (parquet_) {
+          bytes_done += static_cast<int64_t>(doc.size());
+        } else if (array_.empty()) {
+          bytes_done += array_bytes_;
+        }
         add(docs, std::move(doc));
         if (group_full()) {
-          if (!array_.empty()) bytes_done += array_bytes_;
+          if (!parquet_ && !array_.empty()) bytes_done += array_bytes_;
           array_.clear();
+          close();
         }
         continue;
       }
@@ -149,7 +237,7 @@ class DocumentReader {
     return !docs.empty();
   }
 
-  int64_t bytes_done = 0, bad_lines = 0;
+  int64_t bytes_done = 0, bad_lines = 0, nulls = 0;
 
  private:
   bool group_full() const {
@@ -171,6 +259,11 @@ class DocumentReader {
     if (!j.is_object()) return "not a JSON object";
     const auto it = j.find(key_);
     if (it == j.end()) return fmt::format("no key '{}'", key_);
+    if (it->is_null()) {  // as a Parquet null: an empty document (parquet_reader.h says why)
+      ++nulls;
+      add(docs, "");
+      return "";
+    }
     if (!it->is_string()) return fmt::format("'{}' is not a string", key_);
     add(docs, std::move(it->get_ref<std::string&>()));
     return "";
@@ -211,7 +304,15 @@ class DocumentReader {
   const TokenizeOptions& options_;
   size_t next_file_ = 0;
   void open() {
-    if (is_gz(path_)) {
+    if (is_parquet(path_)) {
+      parquet_ = std::make_unique<ParquetTextReader>(path_, key_);
+      return;
+    }
+    if (is_zst(path_)) {
+      auto zst = std::make_unique<ZstdStreambuf>(path_);
+      if (!zst->ok()) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
+      buf_ = std::move(zst);
+    } else if (is_gz(path_)) {
       auto gz = std::make_unique<GzStreambuf>(path_);
       if (!gz->ok()) throw std::runtime_error(fmt::format("'{}': cannot open", path_));
       buf_ = std::move(gz);
@@ -223,13 +324,20 @@ class DocumentReader {
     }
     in_.rdbuf(buf_.get());
     in_.clear();
+    // A decompression error thrown by the stream buffer reaches the caller (an istream would
+    // otherwise swallow it into badbit, and a damaged file would read as a shorter one).
+    in_.exceptions(std::ios::badbit);
   }
   void close() {
+    in_.exceptions(std::ios::goodbit);
     in_.rdbuf(nullptr);
     buf_.reset();
+    if (parquet_) nulls += parquet_->nulls();
+    parquet_.reset();
   }
 
-  std::unique_ptr<std::streambuf> buf_;  // std::filebuf, or GzStreambuf for .jsonl.gz
+  std::unique_ptr<std::streambuf> buf_;  // std::filebuf, GzStreambuf (.jsonl.gz), ZstdStreambuf (.jsonl.zst)
+  std::unique_ptr<ParquetTextReader> parquet_;
   std::istream in_{nullptr};
   std::string path_, text_, key_;
   int group_ = 0;
@@ -285,12 +393,13 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       }
       std::sort(found.begin(), found.end());
       if (found.empty())
-        throw std::runtime_error(
-            fmt::format("input '{}': folder holds no .txt, .jsonl, .jsonl.gz or .json files", input));
+        throw std::runtime_error(fmt::format(
+            "input '{}': folder holds no .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json or .parquet files", input));
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p)) {
       if (!is_input_extension(p))
-        throw std::runtime_error(fmt::format("input '{}': not a .txt, .jsonl, .jsonl.gz or .json file", input));
+        throw std::runtime_error(
+            fmt::format("input '{}': not a .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json or .parquet file", input));
       files.push_back(input);
     } else {
       throw std::runtime_error(fmt::format("input '{}': no such file or folder", input));
@@ -317,7 +426,7 @@ TokenizeReport tokenize_to_shards(const Tokenizer& tokenizer, const TokenizeOpti
   if (options.output_dir.empty()) throw std::invalid_argument("no output folder");
   const auto files = input_files(options);
   int64_t bytes_total = 0;
-  for (const auto& f : files) bytes_total += text_bytes(f.path);
+  for (const auto& f : files) bytes_total += text_bytes(f.path, f.text_key);
   const fs::path out_dir(options.output_dir);
   clear_output(out_dir, options.overwrite);
   const bool created = !fs::exists(out_dir);
@@ -404,6 +513,7 @@ TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& 
   report.meta = meta;
   report.bytes = reader.bytes_done;
   report.bad_lines = reader.bad_lines;
+  report.nulls = reader.nulls;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

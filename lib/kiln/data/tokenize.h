@@ -25,9 +25,10 @@ struct TokenizeProgress {
 };
 
 struct TokenizeOptions {
-  std::vector<std::string> inputs;  // .txt / .jsonl / .json files, or folders searched recursively
+  // .txt / .jsonl / .jsonl.gz / .jsonl.zst / .json / .parquet files, or folders searched recursively
+  std::vector<std::string> inputs;
   std::string output_dir;
-  std::string text_key = "text";  // JSON field holding the document
+  std::string text_key = "text";  // JSON field (Parquet column) holding the document
   // Per entry of `inputs` (empty = text_key for all): its JSON field (LLaMA-Factory's
   // columns.prompt of the dataset the file belongs to).
   std::vector<std::string> input_text_keys;
@@ -50,11 +51,12 @@ struct TokenizeOptions {
 struct TokenizeReport {
   ShardSetMeta meta;
   int64_t bytes = 0, documents = 0, tokens = 0, bad_lines = 0;
+  int64_t nulls = 0;  // null texts (JSON null, Parquet null), each an empty document (parquet_reader.h)
   double seconds = 0;
 };
 
-// The .txt, .jsonl and .json files named by `inputs` (folders searched recursively), sorted by path
-// within each folder; errors name the input that does not exist or has another extension.
+// The .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json and .parquet files named by `inputs` (folders searched recursively),
+// sorted by path within each folder; errors name the input that does not exist or has another extension.
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
 
 // All documents of options.inputs, read as tokenize_to_shards reads them (for benchmarks).
