@@ -525,3 +525,34 @@ def test_comm_benchmark_reports_nccl_tests_bus_bandwidth(kiln_bin, tmp_path):
         algbw = r["bytes"] / r["all_reduce_s"] / 1e9
         assert r["all_reduce_busbw_gbps"] == pytest.approx(algbw * 2 * (2 - 1) / 2)
         assert r["all_gather_busbw_gbps"] == pytest.approx(r["bytes"] / r["all_gather_s"] / 1e9 * 0.5)
+
+
+def test_rank_0_tokenizes_and_the_others_use_its_shards(kiln_bin, tmp_path):
+    """Named datasets under torchrun: rank 0 tokenizes (overwrite_cache asks for it), rank 1 waits
+    and opens rank 0's shards without tokenizing (LLaMA-Factory's main_process_first). A dataset
+    rank 0 cannot read stops both ranks at once with its error, rather than leaving rank 1
+    waiting until ddp_timeout."""
+    import random
+    rng = random.Random(5)
+    words = "the a cat dog sat ran on under big small red house tree river".split()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.jsonl").write_text("".join(
+        json.dumps({"text": " ".join(rng.choice(words) for _ in range(60))}) + "\n" for _ in range(200)))
+    (data / "dataset_info.json").write_text(json.dumps({"demo": {"file_name": "corpus.jsonl"}}))
+    args = [*BASE, "--max_steps", 2, "--dataset", "demo", "--dataset_dir", data, "--tokenized_path", tmp_path / "tok",
+            "--overwrite_cache", "true", "--output_dir", tmp_path / "run"]
+    res = torchrun(kiln_bin, "kiln-pretrain", 2, *args, timeout=240)
+    log = res.stdout + res.stderr
+    assert log.count("datasets demo: tokenized") == 1, log[-3000:]
+    assert log.count("rank 1: datasets demo: using the shards rank 0 prepared") == 1, log[-3000:]
+
+    (data / "dataset_info.json").write_text(json.dumps({"demo": {"file_name": "missing.jsonl"}}))
+    proc = start_torchrun(kiln_bin, "kiln-pretrain", 2, *args)
+    try:
+        out, err = proc.communicate(timeout=100)
+    except BaseException:
+        kill_torchrun(proc)
+        raise
+    assert proc.returncode != 0
+    assert "missing.jsonl" in err and "rank 1: rank 0 could not prepare the training data" in err, err[-3000:]

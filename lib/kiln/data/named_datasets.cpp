@@ -186,6 +186,15 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
     } catch (const std::exception&) {
     }
   }
+  if (options.reuse_only) {
+    if (stored != out.key) {
+      throw std::runtime_error(fmt::format("datasets {}: {} does not hold the shards prepared for them (key {}{})",
+                                           names, dir.string(), out.key,
+                                           stored.empty() ? "" : fmt::format("; it holds key {}", stored)));
+    }
+    info(fmt::format("datasets {}: using the shards rank 0 prepared in {} (key {})", names, dir.string(), out.key));
+    return out;
+  }
   if (stored == out.key && !options.overwrite_cache) {
     info(fmt::format("datasets {}: reusing the tokenized shards in {} (key {}; overwrite_cache: true tokenizes again)",
                      names, dir.string(), out.key));

@@ -35,6 +35,9 @@ struct NamedDatasetOptions {
   std::string cache_dir;         // "" = default_cache_dir()
   int64_t max_samples = 0;       // > 0: the first max_samples documents of each dataset
   bool overwrite_cache = false;  // tokenize again even when the folder holds these datasets
+  // Never tokenize: the folder must already hold these datasets (the ranks after rank 0, which
+  // prepared them); otherwise an error. overwrite_cache is then ignored.
+  bool reuse_only = false;
   std::function<void(const TokenizeProgress&)> on_progress;
   std::function<void(const std::string&)> on_info;  // "reusing ..." / "tokenized ..." lines
 };

@@ -312,9 +312,35 @@ void Trainer::apply_auto_fit() {
       p.target_sequences, best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
 }
 
+// Tokenizing (named datasets, the embedded corpus on first use) happens on rank 0 while the other
+// ranks wait, as LLaMA-Factory's main_process_first: then they open what it wrote and never
+// tokenize themselves. The wait is a collective that also carries rank 0's failure, so a bad
+// dataset stops every rank with the error instead of leaving them waiting; like LLaMA-Factory's,
+// it is bounded by ddp_timeout (which its configs set to 180000000 s for this reason).
+std::string Trainer::prepare_data_main_first() {
+  if (!comm_ || world_size() == 1) return training_shard_dir(config_, is_main());
+  std::string dir;
+  std::exception_ptr error;
+  if (is_main()) {
+    try {
+      dir = training_shard_dir(config_, true);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const bool failed = comm_->host_max({error ? 1 : 0})[0] > 0;
+  if (error) std::rethrow_exception(error);
+  if (failed) {
+    throw std::runtime_error(
+        fmt::format("rank {}: rank 0 could not prepare the training data (its error is above)", rank()));
+  }
+  if (is_main()) return dir;
+  return training_shard_dir(config_, false, /*reuse_only=*/true, rank());
+}
+
 void Trainer::setup_shard_data() {
   // Data: packed blocks of the shard set's train split; its val split for evaluation.
-  state_->data_dir = training_shard_dir(config_, is_main());
+  state_->data_dir = prepare_data_main_first();
   state_->shards = data::TokenShards::open(state_->data_dir);
   const auto& meta = state_->shards->meta();
   state_->shards->check_ids_below(model_->config().vocab_size,

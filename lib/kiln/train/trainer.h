@@ -155,6 +155,7 @@ class Trainer {
   Trainer(PretrainConfig config, BatchSource source, PlanOnly);
   void init();
   void setup_shard_data();
+  std::string prepare_data_main_first();  // the shard folder: rank 0 tokenizes, the others wait
   void apply_auto_fit();
   void setup_optimizer();
   EvalOptions eval_options();

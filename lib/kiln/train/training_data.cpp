@@ -23,7 +23,7 @@ std::string model_tokenizer_spec(const PretrainConfig& config) {
   return "byte";
 }
 
-std::string training_shard_dir(const PretrainConfig& config, bool main_process) {
+std::string training_shard_dir(const PretrainConfig& config, bool main_process, bool reuse_only, int rank) {
   auto fail = [&](const std::string& key, const std::string& problem) -> std::string {
     throw config::ConfigError(config::config_message(config.source, key, problem));
   };
@@ -61,6 +61,8 @@ std::string training_shard_dir(const PretrainConfig& config, bool main_process) 
   o.tokenized_path = config.tokenized_path;
   o.max_samples = config.max_samples;
   o.overwrite_cache = config.overwrite_cache;
+  o.reuse_only = reuse_only;
+  if (reuse_only) o.on_info = [rank](const std::string& line) { logger()->info("rank {}: {}", rank, line); };
   std::unique_ptr<ProgressBar> bar;
   if (main_process) {
     o.on_info = [](const std::string& line) { logger()->info("{}", line); };

@@ -14,8 +14,10 @@
 namespace kiln::train {
 
 // The shard folder, tokenizing first when needed; `main_process` draws the progress bar and logs.
+// With `reuse_only` (the other ranks, after rank 0 prepared the data) named datasets are never
+// tokenized: their shards must be there (logged as used, with `rank` in the line).
 // Errors are config::ConfigError naming the config's source and the key.
-std::string training_shard_dir(const PretrainConfig& config, bool main_process);
+std::string training_shard_dir(const PretrainConfig& config, bool main_process, bool reuse_only = false, int rank = 0);
 
 // The tokenizer of the model: model_name_or_path's tokenizer.json when it has one, else "byte".
 std::string model_tokenizer_spec(const PretrainConfig& config);
