@@ -15,47 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
-ISSUE_YAML = """model_name_or_path: path/to/hf-dir
-trust_remote_code: true
-stage: pt
-do_train: true
-finetuning_type: full
-dataset: c4_demo
-cutoff_len: 2048
-max_samples: 1000
-overwrite_cache: true
-preprocessing_num_workers: 16
-output_dir: saves/llama3-1b/full/pretrain
-logging_steps: 10
-save_steps: 500
-plot_loss: true
-overwrite_output_dir: true
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-ddp_timeout: 180000000
-val_size: 0.1
-per_device_eval_batch_size: 1
-eval_strategy: steps
-eval_steps: 500
-report_to: tensorboard
-"""
+# LLaMA-Factory's pretraining example as issue 15 gives it (the C++ config test reads it too).
+ISSUE_YAML = (Path(__file__).resolve().parents[1] / "data" / "fixtures" / "lf_pretrain_issue15.yaml").read_text()
 EOS = 257  # the byte tokenizer's
 # Later runs only need to reach the data: one short fp32 step, no evaluation.
 QUICK = ("--max_steps", "1", "--gradient_accumulation_steps", "1", "--cutoff_len", "256", "--bf16", "false",
          "--val_size", "0")
 
 
-def make_project(root: Path):
-    rng = random.Random(15)
-    words = "the a cat dog sat ran on under big small red house tree river quickly slowly é 字".split()
+def document_maker(seed: int, words: str):
+    """doc() -> a document of 20-120 words drawn from `words`, the same sequence for a seed."""
+    rng = random.Random(seed)
+    vocabulary = words.split()
+    return lambda: " ".join(rng.choice(vocabulary) for _ in range(rng.randint(20, 120)))
 
-    def doc():
-        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+
+def make_project(root: Path):
+    doc = document_maker(15, "the a cat dog sat ran on under big small red house tree river quickly slowly é 字")
 
     data = root / "data"
     data.mkdir(parents=True)
@@ -201,11 +177,7 @@ def make_corpus_project(root: Path):
     import pyarrow.parquet as pq
     import zstandard
 
-    rng = random.Random(3)
-    words = "the a cat dog sat ran on under big small red house tree river é 字 😀".split()
-
-    def doc():
-        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+    doc = document_maker(3, "the a cat dog sat ran on under big small red house tree river é 字 😀")
 
     data = root / "data"
     (data / "pq").mkdir(parents=True)

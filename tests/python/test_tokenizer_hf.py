@@ -137,6 +137,17 @@ def read_shards(out: Path):
     return meta, docs
 
 
+def kiln_tokenize(run_kiln, tokenizer: Path, inputs, out: Path, add_special: bool):
+    """kiln-tokenize of every input file into `out` (2 threads); its meta.json and documents."""
+    args = ["--tokenizer", tokenizer, "--output", out, "--threads", "2"]
+    args += [a for p in inputs for a in ("--input", p)]
+    if add_special:
+        args.append("--add-special-tokens")
+    res = run_kiln("kiln-tokenize", *args)
+    assert res.returncode == 0, res.stderr
+    return read_shards(out)
+
+
 @pytest.mark.parametrize("style", ["gpt2", "gpt2_prefix", "llama3", "o200k"])
 def test_ids_equal_hf(style, tmp_path, run_kiln):
     tok = train(style, tmp_path / "tokenizer.json")
@@ -153,14 +164,8 @@ def test_ids_equal_hf(style, tmp_path, run_kiln):
     eos = tok.token_to_id("<|endoftext|>")
 
     for add_special in (False, True):
-        out = tmp_path / f"out{int(add_special)}"
-        args = ["--tokenizer", tmp_path / "tokenizer.json", "--output", out, "--threads", "2"]
-        args += [a for p in inputs for a in ("--input", p)]
-        if add_special:
-            args.append("--add-special-tokens")
-        res = run_kiln("kiln-tokenize", *args)
-        assert res.returncode == 0, res.stderr
-        meta, docs = read_shards(out)
+        meta, docs = kiln_tokenize(run_kiln, tmp_path / "tokenizer.json", inputs, tmp_path / f"out{int(add_special)}",
+                                   add_special)
         assert meta["dtype"] == "uint16" and meta["tokenizer"]["eos_id"] == eos
         assert len(docs) == len(expected_texts)
         for text, got in zip(expected_texts, docs):
@@ -300,14 +305,8 @@ def test_sentencepiece_bpe_ids_and_decode_equal_hf(layout, tmp_path, run_kiln):
         assert all_ids.count(0) > 10
 
     for add_special in (False, True):
-        out = tmp_path / f"out{int(add_special)}"
-        args = ["--tokenizer", tmp_path / "tokenizer.json", "--output", out, "--threads", "2"]
-        args += [a for p in inputs for a in ("--input", p)]
-        if add_special:
-            args.append("--add-special-tokens")
-        res = run_kiln("kiln-tokenize", *args)
-        assert res.returncode == 0, res.stderr
-        meta, docs = read_shards(out)
+        meta, docs = kiln_tokenize(run_kiln, tmp_path / "tokenizer.json", inputs, tmp_path / f"out{int(add_special)}",
+                                   add_special)
         assert meta["tokenizer"]["eos_id"] == 2
         assert len(docs) == len(expected_texts)
         for text, got in zip(expected_texts, docs):

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include <zlib.h>
@@ -77,35 +78,13 @@ TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused nami
 }
 
 TEST_CASE("the LLaMA-Factory pretraining YAML of issue 15 loads; a misspelled key is still an error", "[config]") {
-  const std::string yaml = R"(model: tiny
-trust_remote_code: true
-stage: pt
-do_train: true
-finetuning_type: full
-dataset: c4_demo
-cutoff_len: 2048
-max_samples: 1000
-overwrite_cache: true
-preprocessing_num_workers: 16
-output_dir: saves/llama3-1b/full/pretrain
-logging_steps: 10
-save_steps: 500
-plot_loss: true
-overwrite_output_dir: true
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-ddp_timeout: 180000000
-val_size: 0.1
-per_device_eval_batch_size: 1
-eval_strategy: steps
-eval_steps: 500
-report_to: tensorboard
-)";
+  // The issue's file (tests/data/fixtures), its model line pointed at a preset.
+  std::ifstream in(KILN_TEST_FIXTURES "/lf_pretrain_issue15.yaml");
+  REQUIRE(in);
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string hf_dir = "model_name_or_path: path/to/hf-dir";
+  REQUIRE(yaml.find(hf_dir) != std::string::npos);
+  yaml.replace(yaml.find(hf_dir), hf_dir.size(), "model: tiny");
   const auto c = kiln::train::pretrain_config_from_yaml_text(yaml, "lf.yaml");
   CHECK(c.dataset == "c4_demo");
   CHECK(c.max_samples == 1000);
