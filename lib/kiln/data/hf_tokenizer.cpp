@@ -56,26 +56,6 @@ enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext 
 // Metaspace's prepend_scheme: when the replacement character goes in front of a piece.
 enum class PrependScheme { kAlways, kFirst, kNever };
 
-// Length of the UTF-8 sequence starting with `lead` (1 for a stray continuation byte).
-inline size_t utf8_len(uint8_t lead) {
-  return lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-}
-
-// Code point of the UTF-8 sequence at text[i..i+n) (valid UTF-8 assumed).
-inline uint32_t utf8_cp(std::string_view text, size_t i, size_t n) {
-  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(text[i + k])); };
-  switch (n) {
-    case 1:
-      return b(0);
-    case 2:
-      return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-    case 3:
-      return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    default:
-      return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-  }
-}
-
 // Every non-overlapping occurrence of `pattern` (leftmost first) replaced by `content`; an empty
 // pattern matches nothing (tokenizers' String pattern).
 std::string replace_all(std::string_view text, std::string_view pattern, std::string_view content) {
@@ -332,11 +312,11 @@ struct HfTokenizer::Impl {
           // Up to `start` leading and `stop` trailing characters equal to the content removed.
           for (const auto& t : tokens) {
             std::vector<size_t> at;  // byte offset of each character, then the end
-            for (size_t i = 0; i < t.size(); i += utf8_len(static_cast<uint8_t>(t[i]))) at.push_back(i);
+            for (size_t i = 0; i < t.size(); i += utf8_sequence_length(static_cast<uint8_t>(t[i]))) at.push_back(i);
             const size_t n = at.size();
             at.push_back(t.size());
             const auto is_ch = [&](size_t k) {
-              return utf8_cp(t, at[k], std::min(at[k + 1], t.size()) - at[k]) == d.ch;
+              return utf8_code_point(t, at[k], std::min(at[k + 1], t.size()) - at[k]) == d.ch;
             };
             size_t first = 0, last = n;
             while (first < n && static_cast<int64_t>(first) < d.start && is_ch(first)) ++first;
@@ -529,8 +509,8 @@ struct HfTokenizer::Impl {
   void initial_symbols(std::string_view word, const Push& push) const {
     int32_t pending = -1;
     for (size_t i = 0; i < word.size();) {
-      const size_t n = std::min(utf8_len(static_cast<uint8_t>(word[i])), word.size() - i);
-      const uint32_t cp = utf8_cp(word, i, n);
+      const size_t n = std::min(utf8_sequence_length(static_cast<uint8_t>(word[i])), word.size() - i);
+      const uint32_t cp = utf8_code_point(word, i, n);
       int32_t id = -1;
       if (cp < char_bmp.size()) {
         id = char_bmp[cp];
@@ -673,7 +653,8 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
     // A one-character string (Metaspace's replacement, Strip's content).
     const auto one_char = [&](const json& v, const std::string& field) -> std::string {
       const auto str = v.get<std::string>();
-      if (str.empty() || valid_utf8_prefix(str) != str.size() || utf8_len(static_cast<uint8_t>(str[0])) != str.size())
+      if (str.empty() || valid_utf8_prefix(str) != str.size() ||
+          utf8_sequence_length(static_cast<uint8_t>(str[0])) != str.size())
         m.fail(field, fmt::format("'{}' must be one character", str));
       return str;
     };
@@ -779,8 +760,10 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
     if (!m.byte_level) {
       m.char_bmp.assign(0x10000, -1);
       for (const auto& [k, id] : m.bytes_to_id) {
-        if (k.empty() || utf8_len(static_cast<uint8_t>(k[0])) != k.size() || valid_utf8_prefix(k) != k.size()) continue;
-        const uint32_t cp = utf8_cp(k, 0, k.size());
+        if (k.empty() || utf8_sequence_length(static_cast<uint8_t>(k[0])) != k.size() ||
+            valid_utf8_prefix(k) != k.size())
+          continue;
+        const uint32_t cp = utf8_code_point(k, 0, k.size());
         if (cp < m.char_bmp.size())
           m.char_bmp[cp] = id;
         else
@@ -992,14 +975,14 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
         } else if (type == "Strip") {
           d.kind = DecStep::kStrip;
           d.content = one_char(p.at("content"), field + ".content");
-          d.ch = utf8_cp(d.content, 0, d.content.size());
+          d.ch = utf8_code_point(d.content, 0, d.content.size());
           d.start = p.at("start").get<int64_t>();
           d.stop = p.at("stop").get<int64_t>();
           if (d.start < 0 || d.stop < 0) m.fail(field, "start and stop must not be negative");
         } else if (type == "Metaspace") {
           d.kind = DecStep::kMetaspace;
           d.content = one_char(p.at("replacement"), field + ".replacement");
-          d.ch = utf8_cp(d.content, 0, d.content.size());
+          d.ch = utf8_code_point(d.content, 0, d.content.size());
           d.scheme = m.prepend_scheme(p, field);
         } else {
           m.fail(field + ".type",

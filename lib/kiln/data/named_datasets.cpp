@@ -45,11 +45,6 @@ std::string file_type(const std::string& path) {
   return p.extension().string();
 }
 
-bool supported_type(const std::string& type) {
-  return type == ".json" || type == ".jsonl" || type == ".jsonl.gz" || type == ".jsonl.zst" || type == ".parquet" ||
-         type == ".txt";
-}
-
 constexpr int kCacheFormat = 1;  // bump when the shards made from the same inputs would change
 
 }  // namespace
@@ -116,7 +111,7 @@ std::vector<NamedDataset> parse_dataset_info(const std::string& json_text, const
     const std::string ext = file_type(d.files[0]);
     for (const auto& f : d.files) {
       const std::string x = file_type(f);
-      if (!supported_type(x)) {
+      if (!is_input_file(f)) {
         fail(
             fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz, .jsonl.zst, .parquet "
                         "and .txt files",

@@ -207,9 +207,10 @@ class DocumentReader {
       if (!jsonl_ && options_.txt_unit == TxtUnit::kFile) {
         std::stringstream ss;
         ss << in_.rdbuf();
-        bytes += ss.str().size();
-        bytes_done += static_cast<int64_t>(ss.str().size());
-        add(docs, ss.str());
+        std::string doc = std::move(ss).str();  // the file's one copy
+        bytes += doc.size();
+        bytes_done += static_cast<int64_t>(doc.size());
+        add(docs, std::move(doc));
         close();
         continue;
       }
@@ -381,6 +382,10 @@ void clear_output(const fs::path& dir, bool overwrite) {
 }
 
 }  // namespace
+
+bool is_input_file(const std::string& path) {
+  return is_input_extension(fs::path(path));
+}
 
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;

@@ -58,6 +58,8 @@ struct TokenizeReport {
 // The .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json and .parquet files named by `inputs` (folders searched recursively),
 // sorted by path within each folder; errors name the input that does not exist or has another extension.
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
+// Whether kiln reads `path` by its extension: one of the file types above (the one list of them).
+bool is_input_file(const std::string& path);
 
 // All documents of options.inputs, read as tokenize_to_shards reads them (for benchmarks).
 std::vector<std::string> read_documents(const TokenizeOptions& options);

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <pcre2.h>
 
+#include "kiln/data/utf8.h"
+
 namespace kiln::data {
 
 namespace {
@@ -69,21 +71,8 @@ void append_utf8(std::string& out, char32_t c) {
 
 // Decodes the valid UTF-8 sequence at s[i]; sets its length.
 char32_t decode_at(std::string_view s, size_t i, size_t& len) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  if (b < 0x80) {
-    len = 1;
-    return b;
-  }
-  if (b < 0xE0) {
-    len = 2;
-    return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-  }
-  if (b < 0xF0) {
-    len = 3;
-    return ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-  }
-  len = 4;
-  return ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+  len = utf8_sequence_length(static_cast<unsigned char>(s[i]));
+  return utf8_code_point(s, i, len);
 }
 
 // Every code point but the surrogates, in order, as UTF-8.

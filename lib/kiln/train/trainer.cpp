@@ -615,10 +615,7 @@ TrainResult Trainer::train() {
     st.tensorboard = std::make_unique<EventWriter>(dir);
     logger()->info("kiln-pretrain: TensorBoard event file {}", st.tensorboard->path());
   }
-  const auto epoch_at = [&](int64_t step) {
-    return static_cast<double>(step * config_.gradient_accumulation_steps) /
-           static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
-  };
+  const auto epoch_at = [this](int64_t step) { return epoch_of(step); };
   // A log_history entry: into trainer_state.json's history and TensorBoard, and (a training window
   // or an evaluation, not the closing summary) metrics.jsonl and on_log.
   const auto record = [&](const json& entry, bool to_metrics = true) {
@@ -884,11 +881,15 @@ TrainResult Trainer::train() {
   return result;
 }
 
+double Trainer::epoch_of(int64_t step) const {
+  return static_cast<double>(step * config_.gradient_accumulation_steps) /
+         static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
+}
+
 HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
   HfTrainerState s;
   s.global_step = step;
-  s.epoch = static_cast<double>(step * config_.gradient_accumulation_steps) /
-            static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
+  s.epoch = epoch_of(step);
   s.max_steps = plan_.total_steps;
   s.logging_steps = config_.logging_steps;
   s.eval_steps = config_.eval_steps > 0 ? config_.eval_steps : config_.logging_steps;

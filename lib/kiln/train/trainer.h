@@ -132,6 +132,7 @@ class Trainer {
   void clean_incomplete_on_main();  // what a kill during a save or rotation left
   void resume(const std::string& checkpoint_dir);
   void log_metrics(const std::string& json_line);       // appends a line to output_dir/metrics.jsonl
+  double epoch_of(int64_t step) const;                  // HF's fractional epoch after `step` optimizer steps
   HfTrainerState hf_trainer_state(int64_t step) const;  // trainer_state.json's content at `step`
 
   PretrainConfig config_;
