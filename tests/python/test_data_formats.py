@@ -33,10 +33,15 @@ def write_parquet(path, mb):
     return rows
 
 
-def peak_anon_mib(cmd):
+def peak_anon_mib(cmd, timeout=300):
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
+    deadline = time.monotonic() + timeout
     while p.poll() is None:
+        if time.monotonic() > deadline:  # never leave it running: kill by PID, then fail
+            p.kill()
+            p.communicate()
+            raise AssertionError(f"{cmd[0]} ran past {timeout} s")
         try:
             with open(f"/proc/{p.pid}/status") as f:
                 for line in f:
