@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -46,6 +47,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
+#include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/ops/rmsnorm.h"
 #include "kiln/ops/rope.h"
@@ -483,7 +485,7 @@ int main(int argc, char** argv) {
   options.add_options()
     ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
     ("dtype", "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)", cxxopts::value<std::string>()->default_value(""))
-    ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, attention, comm (attention and comm only when named; comm under torchrun/srun)", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce"))
+    ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, linear, attention, comm (attention and comm only when named; comm under torchrun/srun); linear: tokens x hidden -> intermediate, fp32 weight under --dtype autocast", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce,linear"))
     ("comm-max-bytes", "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu", cxxopts::value<int64_t>()->default_value("0"))
     ("tokens", "rows (batch x sequence); default 8192 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
     ("hidden", "hidden size; default 4096 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
@@ -533,10 +535,10 @@ int main(int argc, char** argv) {
     for (size_t start = 1; start < ops.size();) {
       const size_t end = ops.find(',', start);
       const std::string name = ops.substr(start, end - start);
-      if (name != "rmsnorm" && name != "swiglu" && name != "rope" && name != "linear_ce" && name != "attention" &&
-          name != "comm") {
+      if (name != "rmsnorm" && name != "swiglu" && name != "rope" && name != "linear_ce" && name != "linear" &&
+          name != "attention" && name != "comm") {
         throw std::invalid_argument("--ops: unknown op '" + name +
-                                    "' (rmsnorm, swiglu, rope, linear_ce, attention, comm)");
+                                    "' (rmsnorm, swiglu, rope, linear_ce, linear, attention, comm)");
       }
       start = end + 1;
     }
@@ -636,6 +638,25 @@ int main(int argc, char** argv) {
       bench(fmt::format("linear_ce fwd+bwd V={} H={}", vocab, ce_hidden), 0, [&] {
         const auto r = kiln::ops::linear_cross_entropy(h, w, y);
         torch::autograd::grad({r.loss}, {h, w});
+      });
+    }
+    if (ops.find(",linear,") != std::string::npos) {
+      // A projection as the trainer runs it: fp32 master weight, input and output in the compute
+      // dtype under autocast (bf16/fp16), or all fp32.
+      const at::Tensor x = at::randn({tokens, hidden}, opt).requires_grad_(true);
+      const at::Tensor w = (at::randn({inter, hidden}, opt.dtype(at::kFloat)) * 0.02).requires_grad_(true);
+      const at::Tensor gy = at::randn({tokens, inter}, opt);
+      const bool autocast = dtype != at::kFloat;
+      bench(fmt::format("linear fwd+bwd {}x{}x{}{}", tokens, hidden, inter, autocast ? " (autocast)" : ""), 0, [&] {
+        at::Tensor y;
+        if (autocast) {
+          at::autocast::set_autocast_enabled(device.type(), true);
+          at::autocast::set_autocast_dtype(device.type(), dtype);
+        }
+        y = kiln::ops::linear(x, w);
+        at::autocast::set_autocast_enabled(device.type(), false);
+        at::autocast::clear_cache();
+        torch::autograd::grad({y}, {x, w}, {gy.to(y.scalar_type())});
       });
     }
 

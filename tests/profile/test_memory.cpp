@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/profile/cpu_allocator.h"
 #include "kiln/profile/flops.h"
@@ -230,6 +231,18 @@ TEST_CASE("memory model within 15% of the counted CPU peak: tiny, kiln's fused o
   check_sweep_within_15_percent("tiny", "bf16", {64, 256, 1024}, {1}, 0, "kiln");
 }
 
+TEST_CASE("memory model within 15% of the counted CPU peak: bf16 projections through fp32 GEMMs or natively",
+          "[profile]") {
+  // ops::linear's CPU rule depends on the CPU (AMX); both paths, and the model's term for each, on any machine.
+  for (int fp32 : {1, 0}) {
+    CAPTURE(fp32);
+    kiln::ops::testing::force_cpu_linear_fp32(fp32);
+    check_sweep_within_15_percent("tiny", "bf16", {256, 1024}, {1}, 0, "kiln");
+    check_sweep_within_15_percent("llama-100m", "bf16", {64}, {1}, 0, "kiln");
+  }
+  kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
+
 TEST_CASE("memory model within 15% of the counted CPU peak: tiny, larger batches", "[profile][slow]") {
   check_sweep_within_15_percent("tiny", "fp32", {64, 256, 1024}, {4}, 1);
   check_sweep_within_15_percent("tiny", "bf16", {64, 256, 1024}, {1, 4}, 1);
@@ -277,10 +290,12 @@ TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[pr
         MemoryOptions{
             .compute_bytes = 2, .kernels = "kiln", .data_parallel = dp, .world_size = world, .zero_stage = stage});
   };
-  // A bf16 head (as on a GPU or an AMX CPU): its weight copy keeps the forward side the peak.
+  // bf16 matmuls (as on a GPU or an AMX CPU): autocast's weight copies keep the forward side the peak.
   kiln::ops::testing::force_cpu_head_fp32(0);
+  kiln::ops::testing::force_cpu_linear_fp32(0);
   const auto one = est(false, 1, 0), s0 = est(true, 8, 0), s1 = est(true, 8, 1), s2 = est(true, 8, 2);
   kiln::ops::testing::force_cpu_head_fp32(-1);
+  kiln::ops::testing::force_cpu_linear_fp32(-1);
   CHECK(one.component("optimizer (AdamW, fp32)") == Approx(8 * n));
   CHECK(s0.component("optimizer (AdamW, fp32)") == Approx(8 * n));
   CHECK(s1.component("optimizer (AdamW, fp32)") == Approx(n));

@@ -12,6 +12,7 @@
 
 #include "kiln/model/rope.h"
 #include "kiln/ops/attention.h"
+#include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/ops/rmsnorm.h"
 #include "kiln/ops/rope.h"
@@ -25,7 +26,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, con
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  return at::linear(x, weight, bias);
+  return ops::linear(x, weight, bias);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {

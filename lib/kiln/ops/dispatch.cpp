@@ -42,7 +42,8 @@ Parsed parse_spec(const std::string& spec) {
         if (op_name(static_cast<Op>(i)) == name) op = i;
       }
       if (op == kNumOps) {
-        throw std::invalid_argument("kernels: unknown op '" + name + "' (rmsnorm, rope, swiglu, linear_ce, attention)");
+        throw std::invalid_argument("kernels: unknown op '" + name +
+                                    "' (rmsnorm, rope, swiglu, linear_ce, attention, linear)");
       }
       parsed.per_op[op] = static_cast<int>(parse_backend(item.substr(eq + 1)));
     }
@@ -129,6 +130,8 @@ std::string op_name(Op op) {
       return "linear_ce";
     case Op::kAttention:
       return "attention";
+    case Op::kLinear:
+      return "linear";
     default:
       return "?";
   }

@@ -24,7 +24,7 @@ namespace kiln::ops {
 enum class Backend { kKiln, kAten };
 
 // The ops with a kiln implementation; names as in the spec string.
-enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kAttention, kCount };
+enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kAttention, kLinear, kCount };
 
 // Sets the default for every op and clears per-op overrides.
 void set_backend(Backend backend);
@@ -37,7 +37,7 @@ Backend backend(Op op);
 // "kiln" or "aten"; parse_backend throws std::invalid_argument naming the bad value.
 std::string backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
-// "rmsnorm", "rope", "swiglu", "linear_ce", "attention".
+// "rmsnorm", "rope", "swiglu", "linear_ce", "attention", "linear".
 std::string op_name(Op op);
 
 // Applies a spec string as described above. Throws std::invalid_argument naming the bad item;

@@ -12,11 +12,9 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
 
 namespace kiln::ops {
 
@@ -161,18 +159,6 @@ LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at:
   return r;
 }
 
-}  // namespace
-
-namespace {
-// x86 CPUID leaf 7: EDX bit 22 = AMX-BF16 (the tile unit oneDNN's fast bf16 matmuls use).
-bool cpu_has_amx_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && ((d >> 22) & 1u) != 0;
-#else
-  return true;  // elsewhere: no measurement behind a change, keep the compute dtype
-#endif
-}
 }  // namespace
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 
 namespace kiln::profile {
@@ -92,7 +93,12 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // makes none.)
   const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed) -
                                 (fused_head && autocast && !head_low_precision ? vocab * h : 0.0);
-  const double weight_copies = autocast ? cb * matmul_weights : 0.0;
+  // The decoder's projections on a CPU without AMX run as fp32 GEMMs from the fp32 master weights
+  // (ops::linear), which keep no low-precision copy; only a head through at::linear still makes one.
+  const bool projections_fp32 = autocast && !o.cuda && kiln_op(ops::Op::kLinear) &&
+                                ops::cpu_linear_uses_fp32_gemm(cb == 2 ? at::kBFloat16 : at::kFloat);
+  const double projection_weights = n - norms - vocab * h * (c.tie_word_embeddings ? 1.0 : 2.0);
+  const double weight_copies = autocast ? cb * (matmul_weights - (projections_fp32 ? projection_weights : 0.0)) : 0.0;
   // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
   // (autocast, or the fused head's ready-made gradient) or two (fp32 matmul backward) extra fp32
   // copies at the end of backward, as measured.

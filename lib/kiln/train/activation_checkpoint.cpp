@@ -12,6 +12,7 @@
 
 #include "kiln/ops/attention.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
 #include "kiln/ops/rmsnorm.h"
 #include "kiln/ops/rope.h"
 #include "kiln/ops/swiglu.h"
@@ -125,16 +126,17 @@ struct LinearGrads {
 };
 
 // The backward of y = p W^T (+ b) from p and the weight as the matmul saw them (compute dtype),
-// with autocast off: dW = dY^T p, db = sum dY, dp = dY W. Parameter gradients in the parameters'
-// dtypes (as autocast's cast-backward gives them).
+// with autocast off: dW = dY^T p, db = sum dY, dp = dY W (ops::mm: the fp32 GEMM where ops::linear
+// uses it, so the values equal the plain layer's). Parameter gradients in the parameters' dtypes
+// (as autocast's cast-backward gives them).
 LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& p, const at::Tensor& wc, at::ScalarType w_dtype,
                             std::optional<at::ScalarType> b_dtype) {
   const at::Tensor dy2 = dy.reshape({-1, dy.size(-1)}).to(wc.scalar_type());
   const at::Tensor p2 = p.reshape({-1, p.size(-1)});
   LinearGrads g;
-  g.dw = dy2.t().mm(p2).to(w_dtype);
+  g.dw = ops::mm(dy2.t(), p2).to(w_dtype);
   if (b_dtype) g.db = dy2.sum(0).to(*b_dtype);
-  g.dp = dy2.mm(wc);
+  g.dp = ops::mm(dy2, wc);
   return g;
 }
 
@@ -175,7 +177,7 @@ struct NormLinears : public torch::autograd::Function<NormLinears> {
     for (size_t i = 0; i < weights.size(); ++i) {
       const at::Tensor wc = compute_cast(weights[i], device);
       if (p.scalar_type() != wc.scalar_type()) p = compute_cast(p, device);
-      out.push_back(at::linear(p, wc, compute_cast(value_or_undefined(biases[i]), device)));
+      out.push_back(ops::linear(p, wc, compute_cast(value_or_undefined(biases[i]), device)));
       saved.push_back(wc);
       ctx->saved_data["w" + std::to_string(i)] = static_cast<int64_t>(weights[i].scalar_type());
       ctx->saved_data["b" + std::to_string(i)] = dtype_or_none(biases[i]);
@@ -234,7 +236,7 @@ struct SwiGluLinear : public torch::autograd::Function<SwiGluLinear> {
     const at::Tensor wc = compute_cast(weight, device);
     at::Tensor a = ops::swiglu(gate, up);
     if (a.scalar_type() != wc.scalar_type()) a = compute_cast(a, device);
-    const at::Tensor y = at::linear(a, wc, compute_cast(value_or_undefined(bias), device));
+    const at::Tensor y = ops::linear(a, wc, compute_cast(value_or_undefined(bias), device));
     ctx->save_for_backward({gate, up, wc});
     ctx->saved_data["w"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b"] = dtype_or_none(bias);
@@ -280,7 +282,7 @@ struct HeadsLinear : public torch::autograd::Function<HeadsLinear> {
     const at::Tensor wc = compute_cast(weight, device);
     at::Tensor a = merge_heads(attn);
     if (a.scalar_type() != wc.scalar_type()) a = compute_cast(a, device);
-    const at::Tensor y = at::linear(a, wc, compute_cast(value_or_undefined(bias), device));
+    const at::Tensor y = ops::linear(a, wc, compute_cast(value_or_undefined(bias), device));
     ctx->save_for_backward({attn, wc});
     ctx->saved_data["w"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b"] = dtype_or_none(bias);

@@ -1,0 +1,45 @@
+// ops::linear: the decoder's projections, y = x W^T (+ b), with at::linear's semantics under
+// autocast, and a faster way to compute a low-precision linear on CPUs that lack AMX tiles.
+//
+// On such a CPU (AVX-512-BF16 or AVX2 only), oneDNN's bf16 and fp16 GEMMs are slower than MKL's
+// fp32 GEMM (measured here on an AVX-512-BF16 machine, docs/performance.md), yet bf16 autocast
+// runs every projection in bf16. With the kiln backend, a linear whose compute dtype is bf16 or
+// fp16 (the autocast dtype, or the dtype of both operands without autocast) on such a CPU runs as
+// one fp32 GEMM over the operands rounded to the compute dtype, and its result is rounded to it:
+// the values a bf16 GEMM with fp32 accumulation produces (the products of two bf16 numbers are
+// exact in fp32), up to the order of the sums. Backward does the same for both gradients, which
+// autocast's path rounds to the compute dtype too before they reach the fp32 parameter or input.
+// The Function saves the input in the compute dtype (as autocast's linear does) and the fp32
+// master weight itself, so it holds no low-precision copy of the weight across the step (autocast
+// caches one per weight until backward); the rounding of the weight is redone in backward. CUDA,
+// AMX CPUs, fp32/fp64 and the aten backend call at::linear.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln::ops {
+
+// x [..., in], weight [out, in], bias [out] or undefined. Returns [..., out] in the dtype
+// at::linear would return (the autocast dtype under autocast).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// a [M, K] @ b [K, N] for operands of one dtype, with ops::linear's rule: a bf16/fp16 product on
+// such a CPU runs as an fp32 GEMM of the widened operands, its result rounded to their dtype.
+// For code that forms a linear's gradients itself (train/activation_checkpoint.cpp).
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
+
+// Whether ops::linear with the kiln backend takes the fp32-GEMM path for a CPU linear in `compute`
+// (bf16/fp16): no AMX-BF16 on this CPU, or the testing override. profile/memory.cpp follows it.
+bool cpu_linear_uses_fp32_gemm(at::ScalarType compute);
+
+// x86 CPUID leaf 7, EDX bit 22: AMX-BF16, the tile unit behind oneDNN's fast bf16 matmuls. True on
+// other architectures (keep their native low-precision path: nothing was measured there).
+bool cpu_has_amx_bf16();
+
+namespace testing {
+// The CPU rule of ops::linear: -1 = automatic (AMX-BF16), 0 = native low-precision GEMM, 1 = fp32
+// GEMM. For tests that run both paths on any machine.
+void force_cpu_linear_fp32(int mode);
+}  // namespace testing
+
+}  // namespace kiln::ops

@@ -1,0 +1,139 @@
+// ops::linear: on a CPU, a bf16/fp16 linear may run as an fp32 GEMM over the rounded operands.
+// Both CPU paths (forced, so every machine runs both whatever its AMX) are checked against an
+// independent fp64 reference of what a low-precision GEMM with wide accumulation computes: the
+// operands rounded to the compute dtype, the products summed exactly, the result rounded once.
+#include <ATen/autocast_mode.h>
+#include <catch2/catch.hpp>
+
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
+#include "support.h"
+
+using kiln::test::max_abs_diff;
+
+namespace {
+
+at::Tensor r64(const at::Tensor& t, at::ScalarType c) {
+  return t.to(c).to(at::kDouble);
+}
+
+// Elements of `got` more than one unit in the last place of `c` away from `want` (fp64), and the
+// share of elements not equal to `want` rounded to `c`.
+struct UlpCheck {
+  int64_t beyond_one_ulp;
+  double inexact_share;
+};
+UlpCheck ulps(const at::Tensor& got, const at::Tensor& want, at::ScalarType c) {
+  const double eps = c == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;  // 2^-(mantissa bits)
+  const at::Tensor g = got.to(at::kDouble), w = want.to(c).to(at::kDouble);
+  const at::Tensor beyond = (g - w).abs() > w.abs() * eps + 1e-30;
+  return {beyond.sum().item<int64_t>(), g.ne(w).to(at::kDouble).mean().item<double>()};
+}
+
+struct Result {
+  at::Tensor y, dx, dw, db;
+};
+
+// y = linear(x, w, b) under CPU autocast (or without it when autocast_dtype is Undefined), then
+// backward of sum(y * g).
+Result run(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0, const at::Tensor& g,
+           at::ScalarType autocast_dtype) {
+  const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  const at::Tensor b = b0.defined() ? b0.clone().requires_grad_(true) : at::Tensor();
+  at::Tensor y;
+  if (autocast_dtype != at::ScalarType::Undefined) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, autocast_dtype);
+  }
+  y = kiln::ops::linear(x, w, b);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  (y.to(at::kFloat) * g).sum().backward();
+  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
+}
+
+}  // namespace
+
+TEST_CASE("a CPU bf16 linear computes what a bf16 GEMM does, through fp32 or natively", "[ops][linear]") {
+  at::manual_seed(11);
+  const int64_t in = 48, out = 40;
+  const at::Tensor w = at::randn({out, in}) * 0.2, b = at::randn({out});
+  const at::Tensor g = at::randn({2, 5, out});
+  const at::ScalarType c = at::kBFloat16;
+  for (int fp32 : {1, 0}) {
+    kiln::ops::testing::force_cpu_linear_fp32(fp32);
+    CHECK(kiln::ops::cpu_linear_uses_fp32_gemm(c) == (fp32 == 1));
+    CHECK_FALSE(kiln::ops::cpu_linear_uses_fp32_gemm(at::kFloat));
+    for (at::ScalarType x_dtype : {at::kFloat, at::kBFloat16}) {
+      for (bool bias : {false, true}) {
+        CAPTURE(fp32, x_dtype, bias);
+        const at::Tensor x = at::randn({2, 5, in}).to(x_dtype);
+        const Result r = run(x, w, bias ? b : at::Tensor(), g, c);
+        // The reference: operands rounded to bf16, exact sums (fp64), one rounding.
+        const at::Tensor xr = r64(x, c).reshape({-1, in}), wr = r64(w, c), dy = r64(g, c).reshape({-1, out});
+        at::Tensor y_ref = xr.mm(wr.t());
+        if (bias) y_ref = y_ref + r64(b, c);
+        REQUIRE(r.y.scalar_type() == c);
+        REQUIRE(r.dx.scalar_type() == x_dtype);
+        REQUIRE(r.dw.scalar_type() == at::kFloat);
+        const UlpCheck fy = ulps(r.y.reshape({-1, out}), y_ref, c);
+        const UlpCheck fdx = ulps(r.dx.reshape({-1, in}), dy.mm(wr), c);
+        const UlpCheck fdw = ulps(r.dw, dy.t().mm(xr), c);
+        CHECK(fy.beyond_one_ulp == 0);
+        CHECK(fdx.beyond_one_ulp == 0);
+        CHECK(fdw.beyond_one_ulp == 0);
+        if (fp32 == 1) {
+          // fp32 sums of exact products round like the fp64 ones but for rare near-ties.
+          CHECK(fy.inexact_share < 0.02);
+          CHECK(fdx.inexact_share < 0.02);
+          CHECK(fdw.inexact_share < 0.02);
+        }
+        if (bias) CHECK(ulps(r.db, dy.sum(0), c).beyond_one_ulp == 0);
+      }
+    }
+  }
+  kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
+
+TEST_CASE("without autocast, bf16 and fp16 operands take the same route; fp32 is at::linear", "[ops][linear]") {
+  at::manual_seed(12);
+  kiln::ops::testing::force_cpu_linear_fp32(1);
+  for (at::ScalarType c : {at::kBFloat16, at::kHalf}) {
+    CAPTURE(c);
+    const at::Tensor x = at::randn({7, 24}).to(c), w = (at::randn({16, 24}) * 0.3).to(c);
+    const at::Tensor g = at::randn({7, 16});
+    const Result r = run(x, w, at::Tensor(), g, at::ScalarType::Undefined);
+    REQUIRE(r.y.scalar_type() == c);
+    REQUIRE(r.dw.scalar_type() == c);
+    CHECK(ulps(r.y, r64(x, c).mm(r64(w, c).t()), c).beyond_one_ulp == 0);
+    CHECK(ulps(r.dx, r64(g, c).mm(r64(w, c)), c).beyond_one_ulp == 0);
+    CHECK(ulps(r.dw, r64(g, c).t().mm(r64(x, c)), c).beyond_one_ulp == 0);
+  }
+  // fp32 (and no-grad) calls are at::linear itself: bitwise.
+  const at::Tensor x = at::randn({3, 8, 24}), w = at::randn({16, 24}), b = at::randn({16});
+  CHECK(at::equal(kiln::ops::linear(x, w, b), at::linear(x, w, b)));
+  kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
+
+TEST_CASE("the aten backend of linear is autocast's at::linear, bitwise", "[ops][linear]") {
+  at::manual_seed(13);
+  kiln::ops::testing::force_cpu_linear_fp32(1);
+  const at::Tensor x = at::randn({4, 6, 32}), w = at::randn({24, 32}) * 0.2, g = at::randn({4, 6, 24});
+  Result aten, kiln_fp32;
+  {
+    const kiln::ops::BackendScope scope("kiln,linear=aten");
+    aten = run(x, w, at::Tensor(), g, at::kBFloat16);
+  }
+  kiln_fp32 = run(x, w, at::Tensor(), g, at::kBFloat16);
+  // The reference composition by hand: autocast casts both operands to bf16, at::linear in bf16.
+  const at::Tensor xr = x.clone().requires_grad_(true), wr = w.clone().requires_grad_(true);
+  const at::Tensor y = at::linear(xr.to(at::kBFloat16), wr.to(at::kBFloat16));
+  (y.to(at::kFloat) * g).sum().backward();
+  CHECK(at::equal(aten.y, y.detach()));
+  CHECK(at::equal(aten.dw, wr.grad()));
+  CHECK(at::equal(aten.dx, xr.grad()));
+  // Both are bf16 GEMMs of the same operands: within one rounding of each other.
+  CHECK(max_abs_diff(kiln_fp32.y.to(at::kFloat), aten.y.to(at::kFloat)) <=
+        aten.y.to(at::kFloat).abs().max().item<double>() / 64);
+  kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
