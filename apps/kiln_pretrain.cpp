@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/common/malloc_tuning.h"
 #include "kiln/config/yaml.h"
 #include "kiln/dist/env.h"
 #include "kiln/train/trainer.h"
@@ -54,6 +55,9 @@ std::string rank_prefix() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
+  const std::string malloc_note = kiln::tune_malloc_for_training();
+  if (!malloc_note.empty() && rank_prefix().empty()) fmt::print(stderr, "kiln-pretrain: {}\n", malloc_note);
   std::string config_path = "quickstart";
   bool dry_run = false;
   std::vector<std::string> rest;

@@ -9,6 +9,7 @@
 #include <torch/cuda.h>
 
 #include "cli.h"
+#include "kiln/common/malloc_tuning.h"
 #include "kiln/dist/env.h"
 #include "kiln/profile/device.h"
 #include "kiln/profile/plan.h"
@@ -75,6 +76,8 @@ int plan(const cxxopts::ParseResult& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
+  const std::string malloc_note = kiln::tune_malloc_for_training();
   cxxopts::Options options("kiln-profile",
                            "Measures training speed and memory over a grid of cutoff_len x batch size x gradient "
                            "accumulation, beside the analytic FLOP and memory models (docs/performance.md).");

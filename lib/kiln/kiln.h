@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "kiln/common/malloc_tuning.h"
 #include "kiln/export.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/version.h"
@@ -50,6 +51,11 @@ using LogHandler = std::function<void(LogLevel level, std::string_view message)>
 KILN_API void set_log_handler(LogHandler handler);
 // Records below `level` are dropped (kOff: all of them).
 KILN_API void set_log_level(LogLevel level);
+
+// ---- Process --------------------------------------------------------------------------------
+// kiln::tune_malloc_for_training() (kiln/common/malloc_tuning.h): glibc malloc thresholds that
+// keep a CPU training step's buffers out of page faults. kiln-pretrain and kiln-profile call it
+// first thing; the library never changes a host's allocator on its own.
 
 // ---- Models ---------------------------------------------------------------------------------
 struct ModelOptions {

@@ -29,7 +29,8 @@ TEST_CASE("swiglu's fused backward matches autograd on silu(gate) * up", "[ops][
     const at::Tensor g = at::randn({7, n}) * 3, u = at::randn({7, n}), dy = at::randn({7, n});
     const Grads got = run(g, u, dy, false), want = run(g, u, dy, true);
     CAPTURE(n);
-    CHECK(max_abs_diff(got.y, want.y) == 0);
+    // fp32 CPU: the fused loop's own exp (kernels/cpu_loops.h) against ATen's: within fp32 rounding.
+    CHECK(max_abs_diff(got.y, want.y) <= 4e-7 * want.y.abs().max().item<double>());
     CHECK(max_abs_diff(got.dg, want.dg) < 1e-5);
     CHECK(max_abs_diff(got.du, want.du) < 1e-5);
   }

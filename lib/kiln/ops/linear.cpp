@@ -6,7 +6,6 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
@@ -15,6 +14,7 @@
 #include <cpuid.h>
 #endif
 
+#include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
@@ -25,13 +25,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<int> forced_cpu_linear_fp32{-1};
-
-template <typename Low>
-void round_through(const float* in, float* out, int64_t n) {
-  at::parallel_for(0, n, int64_t{1} << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(Low(in[i]));  // round to nearest even
-  });
-}
 
 // A new fp32 buffer for a widened operand or a GEMM result. (A per-thread buffer kept across
 // calls lowered the 56M model's peak RSS by only 25 MB of the 65-100 MB this path adds, and stayed
@@ -49,9 +42,9 @@ void round_into(const at::Tensor& src, at::Tensor& dst, at::ScalarType compute) 
   }
   const at::Tensor in = src.contiguous();
   if (compute == at::kBFloat16) {
-    round_through<c10::BFloat16>(in.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), in.numel());
+    kernels::cpu::round_to_bf16(in.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), in.numel());
   } else {
-    round_through<c10::Half>(in.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), in.numel());
+    kernels::cpu::round_to_fp16(in.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), in.numel());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
@@ -41,12 +42,29 @@ bool use_cuda(const at::Tensor& x, const at::Tensor& weight) {
 #endif
 }
 
+// fp32 CPU tensors take the fused loops of kernels/cpu_loops.h (one pass each way instead of a
+// dozen ATen ops); other dtypes the ATen formulas below.
+bool use_cpu_loops(const at::Tensor& x, const at::Tensor& weight) {
+  return x.is_cpu() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat;
+}
+
 // Forward on [rows, H] rows; residual may be undefined. Returns {y, h, rstd [rows] fp32/fp64}.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_rows(const at::Tensor& x, const at::Tensor& residual,
                                                             const at::Tensor& weight, double eps) {
 #ifdef KILN_WITH_CUDA
   if (use_cuda(x, weight)) return rmsnorm_cuda_forward(x, residual, weight, eps);
 #endif
+  if (use_cpu_loops(x, weight)) {
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor y = at::empty_like(x), rstd = at::empty({rows}, x.options());
+    at::Tensor h = residual.defined() ? at::empty_like(x) : x;
+    const float *xp = x.const_data_ptr<float>(), *wp = weight.const_data_ptr<float>();
+    const float* rp = residual.defined() ? residual.const_data_ptr<float>() : nullptr;
+    float *yp = y.mutable_data_ptr<float>(), *sp = rstd.mutable_data_ptr<float>();
+    float* hp = residual.defined() ? h.mutable_data_ptr<float>() : nullptr;
+    kernels::cpu::rmsnorm_forward(xp, rp, wp, yp, hp, sp, rows, cols, static_cast<float>(eps));
+    return {y, h, rstd};
+  }
   const at::Tensor h = residual.defined() ? x + residual : x;
   const at::Tensor hf = h.to(acc_type(h));
   const at::Tensor rstd = at::rsqrt(hf.pow(2).mean(-1) + eps);
@@ -60,6 +78,15 @@ std::pair<at::Tensor, at::Tensor> backward_rows(const at::Tensor& h, const at::T
 #ifdef KILN_WITH_CUDA
   if (use_cuda(h, weight)) return rmsnorm_cuda_backward(h, weight, rstd, dy, dh);
 #endif
+  if (use_cpu_loops(h, weight)) {
+    const int64_t rows = h.size(0), cols = h.size(1);
+    at::Tensor dx = at::empty_like(h), dweight = at::zeros({cols}, h.options());
+    kernels::cpu::rmsnorm_backward(h.const_data_ptr<float>(), weight.const_data_ptr<float>(),
+                                   rstd.const_data_ptr<float>(), dy.const_data_ptr<float>(),
+                                   dh.defined() ? dh.const_data_ptr<float>() : nullptr, dx.mutable_data_ptr<float>(),
+                                   dweight.mutable_data_ptr<float>(), rows, cols);
+    return {dx, dweight};
+  }
   // The kernel's formulas in fp32 over blocks of rows (about 64K elements each), so that the
   // temporaries stay bounded as in the kernel and the CPU's memory peak is the modelled one.
   const at::ScalarType acc = acc_type(h);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
@@ -32,12 +33,25 @@ bool use_cuda(const at::Tensor& gate) {
 #endif
 }
 
+// fp32 CPU tensors take the fused loops of kernels/cpu_loops.h: the forward in one pass instead
+// of silu then mul, the backward in one pass instead of four.
+bool use_cpu_loops(const at::Tensor& gate) {
+  return gate.is_cpu() && gate.scalar_type() == at::kFloat;
+}
+
 struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
 #ifdef KILN_WITH_CUDA
     if (use_cuda(gate)) return swiglu_cuda_forward(gate, up);
 #endif
+    if (use_cpu_loops(gate)) {
+      at::Tensor y = at::empty_like(gate);
+      const float *g = gate.const_data_ptr<float>(), *u = up.const_data_ptr<float>();
+      float* yp = y.mutable_data_ptr<float>();
+      kernels::cpu::swiglu_forward(g, u, yp, gate.numel());
+      return y;
+    }
     return at::silu(gate) * up;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -60,6 +74,12 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     // and a parallel region per op; docs/performance.md.)
     const at::ScalarType acc = at::promote_types(gate.scalar_type(), at::kFloat);
     at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
+    if (use_cpu_loops(gate)) {  // one pass: read gate, up, dy; write both gradients
+      const float *g = gate.const_data_ptr<float>(), *u = up.const_data_ptr<float>(), *d = dy.const_data_ptr<float>();
+      float *dg = dgate.mutable_data_ptr<float>(), *du = dup.mutable_data_ptr<float>();
+      kernels::cpu::swiglu_backward(g, u, d, dg, du, gate.numel());
+      return {dgate, dup};
+    }
     if (acc == gate.scalar_type()) {
       at::mul_out(dgate, dy, up);
       at::silu_backward_out(dgate, dgate, gate);

@@ -1,0 +1,278 @@
+// See cpu_loops.h. Built without LibTorch (CMake target kiln_cpu_loops) with -ffp-contract=off and
+// -fopenmp.
+#include "kiln/kernels/cpu_loops.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+// Each loop body is inlined into three functions, built for x86-64-v4 (AVX-512), x86-64-v3 (AVX2)
+// and the baseline; the exported function calls the one this CPU supports (or the level a test
+// forced). Not GCC's target_clones: their resolvers are exported from libkiln.so whatever their
+// visibility.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KILN_X86_LEVELS 1
+#define KILN_BODY inline __attribute__((always_inline))
+#else
+#define KILN_BODY inline
+#endif
+
+namespace kiln::kernels::cpu {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+// sum of a[j] * b[j] over [0, n): 16 fixed lanes, then the tail, then the lanes in order.
+KILN_BODY float dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  }
+  float s = 0.0f;
+  for (; j < n; ++j) s += a[j] * b[j];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+KILN_BODY float exp_inline(float x) {
+  // exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 (ln 2 in two parts), exp(r) by
+  // Cephes' degree-6 polynomial.
+  x = std::max(std::min(x, 88.0f), -87.33654f);  // 2^k stays a normal float; min/max, not branches
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+KILN_BODY void rmsnorm_forward_rows_body(const float* x, const float* residual, const float* w, float* y, float* h_out,
+                                         float* rstd, int64_t rows, int64_t cols, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    const float* h = xr;
+    if (residual != nullptr) {
+      float* hr = h_out + r * cols;
+      const float* rr = residual + r * cols;
+      for (int64_t j = 0; j < cols; ++j) hr[j] = xr[j] + rr[j];
+      h = hr;
+    }
+    const float rs = 1.0f / std::sqrt(dot(h, h, cols) / static_cast<float>(cols) + eps);
+    rstd[r] = rs;
+    for (int64_t j = 0; j < cols; ++j) yr[j] = w[j] * (h[j] * rs);
+  }
+}
+
+KILN_BODY void rmsnorm_backward_rows_body(const float* h, const float* w, const float* rstd, const float* dy,
+                                          const float* dh, float* dx, float* dw_acc, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* hr = h + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    const float rs = rstd[r];
+    // mean(g n) first (one pass), then dx and dw (a second).
+    float acc[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) acc[l] += (dyr[j + l] * w[j + l]) * (hr[j + l] * rs);
+    }
+    float s = 0.0f;
+    for (; j < cols; ++j) s += (dyr[j] * w[j]) * (hr[j] * rs);
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    const float m = s / static_cast<float>(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float n = hr[c] * rs;
+      dxr[c] = rs * (dyr[c] * w[c] - n * m);
+      dw_acc[c] += dyr[c] * n;
+    }
+    if (dh != nullptr) {
+      const float* dhr = dh + r * cols;
+      for (int64_t c = 0; c < cols; ++c) dxr[c] += dhr[c];
+    }
+  }
+}
+
+KILN_BODY void swiglu_forward_range_body(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = (g[i] / (1.0f + exp_inline(-g[i]))) * u[i];
+}
+
+KILN_BODY void swiglu_backward_range_body(const float* g, const float* u, const float* dy, float* dg, float* du,
+                                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.0f / (1.0f + exp_inline(-g[i]));
+    const float d = dy[i];
+    dg[i] = d * u[i] * s * (1.0f + g[i] * (1.0f - s));
+    du[i] = d * (g[i] * s);
+  }
+}
+
+// x rounded to the nearest bf16 (ties to even), as c10::BFloat16 rounds; NaN stays a quiet NaN.
+KILN_BODY void round_bf16_range_body(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], sizeof bits);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+    const uint32_t result = (bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : rounded;
+    std::memcpy(&out[i], &result, sizeof result);
+  }
+}
+
+// x rounded to the nearest fp16 (ties to even, overflow to infinity, subnormals), through the
+// compiler's _Float16.
+KILN_BODY void round_fp16_range_body(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<_Float16>(in[i]));
+}
+
+std::atomic<int> forced_level{0};
+
+int detected_level() {
+#ifdef KILN_X86_LEVELS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd")) {
+    return 4;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2")) return 3;
+#endif
+  return 1;
+}
+
+}  // namespace
+
+int isa_level() {
+  static const int detected = detected_level();
+  const int forced = forced_level.load();
+  return forced > 0 ? std::min(forced, detected) : detected;
+}
+
+void testing::force_isa_level(int level) {
+  forced_level = level;
+}
+
+float exp_approx(float x) {
+  return x < -87.33654f ? 0.0f : exp_inline(x);  // (the loops keep the tiny value: 1 + it is 1)
+}
+
+// One function per loop body: the body built three times, then a switch on the level.
+#ifdef KILN_X86_LEVELS
+#define KILN_LEVELS(name, params, args)                             \
+  namespace {                                                       \
+  __attribute__((target("arch=x86-64-v4"))) void name##_v4 params { \
+    name##_body args;                                               \
+  }                                                                 \
+  __attribute__((target("arch=x86-64-v3"))) void name##_v3 params { \
+    name##_body args;                                               \
+  }                                                                 \
+  void name##_v1 params {                                           \
+    name##_body args;                                               \
+  }                                                                 \
+  }                                                                 \
+  void name params {                                                \
+    const int level = isa_level();                                  \
+    if (level >= 4) return name##_v4 args;                          \
+    if (level == 3) return name##_v3 args;                          \
+    return name##_v1 args;                                          \
+  }
+#else
+#define KILN_LEVELS(name, params, args) \
+  void name params {                    \
+    name##_body args;                   \
+  }
+#endif
+
+// The level-dispatched bodies on one thread's share (internal names, declared here).
+void rmsnorm_forward_rows(const float* x, const float* residual, const float* w, float* y, float* h_out, float* rstd,
+                          int64_t rows, int64_t cols, float eps);
+void rmsnorm_backward_rows(const float* h, const float* w, const float* rstd, const float* dy, const float* dh,
+                           float* dx, float* dw_acc, int64_t rows, int64_t cols);
+void swiglu_forward_range(const float* g, const float* u, float* y, int64_t n);
+void swiglu_backward_range(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
+void round_bf16_range(const float* in, float* out, int64_t n);
+void round_fp16_range(const float* in, float* out, int64_t n);
+
+KILN_LEVELS(rmsnorm_forward_rows,
+            (const float* x, const float* residual, const float* w, float* y, float* h_out, float* rstd, int64_t rows,
+             int64_t cols, float eps),
+            (x, residual, w, y, h_out, rstd, rows, cols, eps))
+KILN_LEVELS(rmsnorm_backward_rows,
+            (const float* h, const float* w, const float* rstd, const float* dy, const float* dh, float* dx,
+             float* dw_acc, int64_t rows, int64_t cols),
+            (h, w, rstd, dy, dh, dx, dw_acc, rows, cols))
+KILN_LEVELS(swiglu_forward_range, (const float* g, const float* u, float* y, int64_t n), (g, u, y, n))
+KILN_LEVELS(swiglu_backward_range, (const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n),
+            (g, u, dy, dg, du, n))
+KILN_LEVELS(round_bf16_range, (const float* in, float* out, int64_t n), (in, out, n))
+KILN_LEVELS(round_fp16_range, (const float* in, float* out, int64_t n), (in, out, n))
+
+// ---- The exported functions: OpenMP over fixed shares (the runtime LibTorch uses, so its thread
+// count applies; LibTorch's at::parallel_for is an inline OpenMP region that only a TU compiled
+// with -fopenmp runs in parallel, hence the loops' own).
+
+namespace {
+constexpr int64_t kGrain = int64_t{1} << 14;  // elements per share of an element-wise loop
+
+// Runs fn(begin, end) over [0, n) in shares of `grain`, in parallel when there are several.
+template <typename Fn>
+void parallel_ranges(int64_t n, int64_t grain, const Fn& fn) {
+  const int64_t shares = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(static) if (shares > 1)
+  for (int64_t k = 0; k < shares; ++k) fn(k * grain, std::min(n, (k + 1) * grain));
+}
+}  // namespace
+
+void rmsnorm_forward(const float* x, const float* residual, const float* w, float* y, float* h_out, float* rstd,
+                     int64_t rows, int64_t cols, float eps) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
+  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
+    rmsnorm_forward_rows(x + b * cols, residual ? residual + b * cols : nullptr, w, y + b * cols,
+                         h_out ? h_out + b * cols : nullptr, rstd + b, e - b, cols, eps);
+  });
+}
+
+void rmsnorm_backward(const float* h, const float* w, const float* rstd, const float* dy, const float* dh, float* dx,
+                      float* dw_acc, int64_t rows, int64_t cols) {
+  // Fixed blocks of about 64K elements (not one per thread), each with its own partial weight
+  // gradient, added in block order: the result does not depend on the thread count.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  const int64_t blocks = (rows + block - 1) / block;
+  std::vector<float> partial(static_cast<size_t>(blocks * cols), 0.0f);
+  parallel_ranges(blocks, 1, [&](int64_t b, int64_t) {
+    const int64_t r0 = b * block, nr = std::min(block, rows - r0);
+    rmsnorm_backward_rows(h + r0 * cols, w, rstd + r0, dy + r0 * cols, dh ? dh + r0 * cols : nullptr, dx + r0 * cols,
+                          partial.data() + b * cols, nr, cols);
+  });
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t c = 0; c < cols; ++c) dw_acc[c] += partial[static_cast<size_t>(b * cols + c)];
+  }
+}
+
+void swiglu_forward(const float* g, const float* u, float* y, int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) { swiglu_forward_range(g + b, u + b, y + b, e - b); });
+}
+
+void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) {
+  parallel_ranges(n, kGrain,
+                  [&](int64_t b, int64_t e) { swiglu_backward_range(g + b, u + b, dy + b, dg + b, du + b, e - b); });
+}
+
+void round_to_bf16(const float* in, float* out, int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) { round_bf16_range(in + b, out + b, e - b); });
+}
+
+void round_to_fp16(const float* in, float* out, int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) { round_fp16_range(in + b, out + b, e - b); });
+}
+
+}  // namespace kiln::kernels::cpu

@@ -1,0 +1,51 @@
+// Fused fp32 CPU loops of kiln's element-wise ops: one pass over memory where the ATen
+// composition makes one per op. Torch-free like the CUDA kernels beside them: raw pointers and
+// sizes, called by ops/rmsnorm.cpp, ops/swiglu.cpp and ops/linear.cpp. Each function splits its
+// work into fixed shares over OpenMP threads (LibTorch's runtime and thread count). Each loop is compiled for x86-64-v4
+// (AVX-512), x86-64-v3 (AVX2) and the baseline, and the level this CPU supports runs (isa_level). With
+// -ffp-contract=off (and -fno-trapping-math -fno-math-errno, which change no result but let the clamps and sqrt
+// vectorise) and reductions written as 16 fixed lanes, every level computes the same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::kernels::cpu {
+
+// rows x cols, row-major. h = x (+ residual, written to h_out when residual is given);
+// rstd[r] = 1 / sqrt(mean(h[r]^2) + eps); y = w * (h * rstd).
+void rmsnorm_forward(const float* x, const float* residual, const float* w, float* y, float* h_out, float* rstd,
+                     int64_t rows, int64_t cols, float eps);
+
+// With g = dy w and n = h rstd: dx = rstd (g - n mean(g n)) (+ dh when given);
+// dw_acc[c] += sum over the rows of dy n (summed in fixed blocks of rows, in block order: the
+// same bits whatever the thread count).
+void rmsnorm_backward(const float* h, const float* w, const float* rstd, const float* dy, const float* dh, float* dx,
+                      float* dw_acc, int64_t rows, int64_t cols);
+
+// y = silu(g) u, silu(g) = g / (1 + exp(-g)).
+void swiglu_forward(const float* g, const float* u, float* y, int64_t n);
+
+// With s = sigmoid(g): dg = dy u s (1 + g (1 - s)), du = dy g s.
+void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
+
+// out = in rounded to the nearest bf16 / fp16 (ties to even) and widened back to fp32, in place
+// when out == in: the values a bf16 / fp16 GEMM reads (ops/linear.cpp).
+void round_to_bf16(const float* in, float* out, int64_t n);
+void round_to_fp16(const float* in, float* out, int64_t n);
+
+// exp(x) for the loops above: Cephes' single-precision range reduction and polynomial, written
+// to vectorise (no libm call); within 2 units in the last place of exp over [-87, 88], 0 below
+// -87.34 and exp(88) above 88.
+float exp_approx(float x);
+
+// 4 (x86-64-v4), 3 (x86-64-v3) or 1 (baseline): the level the loops run at, the highest this CPU
+// supports unless testing::force_isa_level chose a lower one.
+int isa_level();
+
+namespace testing {
+// Runs the loops at min(level, the CPU's) from now on; 0 = the CPU's own again. Tests compare
+// the levels bitwise on any machine.
+void force_isa_level(int level);
+}  // namespace testing
+
+}  // namespace kiln::kernels::cpu
