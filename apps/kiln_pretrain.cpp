@@ -39,7 +39,8 @@ void print_help() {
   fmt::print(
       "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint and exit cleanly.\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
-      "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n");
+      "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n"
+      "On the CPU, glibc's malloc thresholds are raised for training (KILN_MALLOC_TUNING=0 keeps the defaults).\n");
 }
 
 // "[rank 3] " when launched by torchrun or srun, so that an error names the process it came from.

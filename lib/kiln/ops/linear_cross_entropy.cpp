@@ -84,11 +84,15 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
   at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(acc));
   at::Tensor z_sum = at::zeros({}, hidden.options().dtype(acc));
   at::Tensor grad_w_acc;
+  const bool mixed_cuda = hidden.is_cuda() && acc != hidden.scalar_type();
+  // Same dtype: the first chunk's product is written into the accumulator (no zero fill of the
+  // [V, H] fp32 buffer, one pass over 65 MB fewer at V 32000, H 512); the others add into it.
+  const bool same_dtype = !mixed_cuda && acc == hidden.scalar_type();
   if (with_grad) {
     *grad_hidden = at::empty_like(hidden);
-    grad_w_acc = at::zeros(weight.sizes(), weight.options().dtype(acc));
+    grad_w_acc = same_dtype ? at::empty(weight.sizes(), weight.options().dtype(acc))
+                            : at::zeros(weight.sizes(), weight.options().dtype(acc));
   }
-  const bool mixed_cuda = hidden.is_cuda() && acc != hidden.scalar_type();
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor h = hidden.narrow(0, start, n);  // [n, H]
@@ -99,7 +103,9 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     if (!with_grad) continue;
     at::Tensor gh = grad_hidden->narrow(0, start, n);
     at::mm_out(gh, r.grad, weight);  // [n, V] x [V, H]
-    if (!mixed_cuda && acc == hidden.scalar_type()) {
+    if (same_dtype && start == 0) {
+      at::mm_out(grad_w_acc, r.grad.t(), h);
+    } else if (same_dtype) {
       grad_w_acc.addmm_(r.grad.t(), h);
     } else if (mixed_cuda) {
       at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);  // bf16 x bf16 accumulated into fp32
