@@ -56,9 +56,9 @@ std::string rank_prefix() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
-  const std::string malloc_note = kiln::tune_malloc_for_training();
-  if (!malloc_note.empty() && rank_prefix().empty()) fmt::print(stderr, "kiln-pretrain: {}\n", malloc_note);
+  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h). Silent:
+  // an error stays the one line on stderr; --help and docs/training.md say it.
+  kiln::tune_malloc_for_training();
   std::string config_path = "quickstart";
   bool dry_run = false;
   std::vector<std::string> rest;

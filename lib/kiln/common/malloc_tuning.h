@@ -13,7 +13,8 @@
 // exports it), before its first tensor. Skipped (returns
 // an empty string) when KILN_MALLOC_TUNING=0, when the user already tunes malloc
 // (GLIBC_TUNABLES naming glibc.malloc, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or
-// MALLOC_TOP_PAD_), or off glibc; otherwise returns what it set, for the log.
+// MALLOC_TOP_PAD_), or off glibc; otherwise returns what it set, for a host's log (kiln's programs say nothing: an
+// error stays one line).
 #pragma once
 
 #include <string>
