@@ -5,6 +5,7 @@
 //   kiln-hf init    --model PRESET|YAML --out DIR [--seed N] [--dtype D]   fresh model -> HF dir
 //   kiln-hf convert --model DIR --out DIR [--dtype D] [--max-shard-bytes N] load and save again
 //   kiln-hf forward --model DIR --batch FILE --out FILE [--grads] [--dtype D] [--fused-loss] [--autocast D]
+//                   [--kernels SPEC]
 //   kiln-hf train   --model DIR --batch FILE --out DIR [--steps N] [--lr X] [--dtype D]
 //   kiln-hf inspect --in FILE|DIR                 list tensors (name, dtype, shape) and metadata
 //   kiln-hf copy    --in FILE --out FILE          read every tensor and write them all again
@@ -31,6 +32,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/model/hf.h"
 #include "kiln/model/llama.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/train/step.h"
 
 namespace {
@@ -127,6 +129,7 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
         throw std::invalid_argument(fmt::format("--autocast must be bf16 or fp16, got '{}'", autocast_name));
     }
     model->fused_lm_loss = args.count("fused-loss") != 0;
+    kiln::ops::set_backends(args["kernels"].as<std::string>());  // throws naming a bad item
     at::AutoGradMode grad_mode(grads);
     kiln::model::CausalLMOutput out;
     {
@@ -177,6 +180,7 @@ int main(int argc, char** argv) {
     ("grads", "forward: also write every parameter's gradient of the loss")
     ("fused-loss", "forward: the trainer's loss (chunked linear + cross-entropy; no logits written)")
     ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>()->default_value(""))
+    ("kernels", "forward: ops backends as kiln-pretrain's key, e.g. kiln,linear=aten", cxxopts::value<std::string>()->default_value("kiln"))
     ("steps", "train: AdamW steps on the batch", cxxopts::value<int64_t>()->default_value("3"))
     ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))
     ("seed", "init: weight seed", cxxopts::value<uint64_t>()->default_value("0"))

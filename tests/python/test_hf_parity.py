@@ -185,6 +185,29 @@ def test_bf16_parity_within_twice_the_reference_error(run_kiln, hf_dir, batch_fi
     assert abs(got["loss"].item() - ref32.loss.item()) <= 2 * (2 * hf_err + 1e-3)
     print(f"bf16 logits: kiln err {kiln_err:.4g}, transformers err {hf_err:.4g}")
 
+def test_bf16_autocast_gradients_of_both_linear_paths_are_as_close_to_fp32(run_kiln, hf_dir, batch_file, tmp_path):
+    # The trainer's mixed precision (fp32 weights, bf16 autocast, fused loss): kiln's CPU projections
+    # (fp32 GEMMs over bf16-rounded operands where the CPU has no AMX) against autocast's own
+    # at::linear (kernels linear=aten), both measured against transformers' fp32 gradients.
+    batch_path, batch = batch_file
+    hf = load_hf(hf_dir)
+    hf_forward(hf, batch, grads=True)
+    hf_grads = {name: p.grad for name, p in hf.named_parameters()}
+
+    def worst(*extra):
+        got = kiln_forward(run_kiln, hf_dir, batch_path, tmp_path / "g.safetensors", "--grads", "--fused-loss",
+                           "--autocast", "bf16", *extra)
+        return max(max_diff(got["grad." + n], g) / g.abs().max().item() for n, g in hf_grads.items())
+
+    kiln_err, aten_err = worst(), worst("--kernels", "kiln,linear=aten")
+    assert aten_err > 0  # bf16 really ran
+    assert kiln_err <= 2 * aten_err, (kiln_err, aten_err)
+    print(f"bf16 gradients vs fp32: kiln linear {kiln_err:.4g}, autocast at::linear {aten_err:.4g}")
+    bad = run_kiln("kiln-hf", "forward", "--model", hf_dir, "--batch", batch_path, "--out", tmp_path / "x.safetensors",
+                   "--kernels", "kiln,matmul=aten")
+    assert bad.returncode != 0 and "unknown op 'matmul'" in bad.stderr, bad.stderr
+
+
 def test_mismatched_checkpoints_are_reported_by_name(run_kiln, hf_dir, batch_file, tmp_path):
     batch_path, _ = batch_file
     tensors = read_dir_tensors(hf_dir)
