@@ -63,6 +63,19 @@ def train_tokens(shard_dir: Path):
                            for s in meta["splits"]["train"]["shards"]]).astype(np.int64)
 
 
+def tokenized_by_hand(kiln_bin, root: Path, files):
+    """Each (file under root/data, text key) tokenized alone with kiln-tokenize, concatenated."""
+    by_hand = []
+    for name, key in files:
+        out = root / f"by-hand-{name}"
+        tok = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
+                              str(root / "data" / name), "--output", str(out), "--text-key", key],
+                             capture_output=True, text=True, timeout=60)
+        assert tok.returncode == 0, tok.stderr
+        by_hand.append(train_tokens(out))
+    return np.concatenate(by_hand)
+
+
 def cache_dirs(root: Path):
     return sorted((root / "home" / "data" / "datasets").glob("c4_demo+more_demo-*"))
 
@@ -93,15 +106,8 @@ def test_the_issue_yaml_runs_unchanged_and_the_tokens_are_the_files(kiln_bin, tm
     got = train_tokens(cache)
     assert got.tolist() == expected
     # ... and as each file tokenized by hand with kiln-tokenize, concatenated.
-    by_hand = []
-    for name, key in (("c4_part.json", "text"), ("more.jsonl", "content")):
-        out = tmp_path / f"by-hand-{key}"
-        tok = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
-                              str(tmp_path / "data" / name), "--output", str(out), "--text-key", key],
-                             capture_output=True, text=True, timeout=60)
-        assert tok.returncode == 0, tok.stderr
-        by_hand.append(train_tokens(out))
-    assert np.array_equal(np.concatenate(by_hand), got)
+    assert np.array_equal(tokenized_by_hand(kiln_bin, tmp_path, (("c4_part.json", "text"), ("more.jsonl", "content"))),
+                          got)
 
     # A second run reuses the cache (no tokenization: the shards are not rewritten) ...
     stamp = (cache / "meta.json").stat().st_mtime_ns
@@ -219,15 +225,8 @@ def test_the_issue_yaml_reads_json_zst_and_parquet_and_reuses_the_cache(kiln_bin
     expected = [t for d in docs for t in [*(d or "").encode("utf-8"), EOS]]
     got = train_tokens(cache)
     assert got.tolist() == expected
-    by_hand = []
-    for name, key in (("c4_part.json", "text"), ("web.jsonl.zst", "content"), ("pq", "text")):
-        out = tmp_path / f"by-hand-{name}"
-        tok = subprocess.run([str(kiln_bin("kiln-tokenize")), "--tokenizer", "byte", "--input",
-                              str(tmp_path / "data" / name), "--output", str(out), "--text-key", key],
-                             capture_output=True, text=True, timeout=60)
-        assert tok.returncode == 0, tok.stderr
-        by_hand.append(train_tokens(out))
-    assert np.array_equal(np.concatenate(by_hand), got)
+    files = (("c4_part.json", "text"), ("web.jsonl.zst", "content"), ("pq", "text"))
+    assert np.array_equal(tokenized_by_hand(kiln_bin, tmp_path, files), got)
 
     # The second run reuses the cache: no tokenization line, no shard file rewritten.
     stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}

@@ -148,6 +148,18 @@ def kiln_tokenize(run_kiln, tokenizer: Path, inputs, out: Path, add_special: boo
     return read_shards(out)
 
 
+def refusal(run_kiln, tmp_path, spec, field, value):
+    """kiln-tokenize with spec[field] = value (tmp_path/in.txt as input): exit code 2 and one error
+    naming tokenizer.json and the field; returns stderr."""
+    d = tmp_path / field
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(dict(spec, **{field: value})))
+    res = run_kiln("kiln-tokenize", "--tokenizer", d, "--input", tmp_path / "in.txt", "--output", d / "out")
+    assert res.returncode == 2, res.stdout
+    assert "tokenizer.json" in res.stderr and field in res.stderr, res.stderr
+    return res.stderr
+
+
 @pytest.mark.parametrize("style", ["gpt2", "gpt2_prefix", "llama3", "o200k"])
 def test_ids_equal_hf(style, tmp_path, run_kiln):
     tok = train(style, tmp_path / "tokenizer.json")
@@ -183,14 +195,8 @@ def test_unsupported_tokenizers_are_refused(tmp_path, run_kiln):
         "model": dict(spec["model"], type="WordPiece"),
     }
     for field, value in cases.items():
-        bad = dict(spec, **{field: value})
-        d = tmp_path / field
-        d.mkdir()
-        (d / "tokenizer.json").write_text(json.dumps(bad))
-        res = run_kiln("kiln-tokenize", "--tokenizer", d, "--input", tmp_path / "in.txt", "--output", d / "out")
-        assert res.returncode == 2, res.stdout
-        assert "tokenizer.json" in res.stderr and field in res.stderr, res.stderr
-        assert "not supported" in res.stderr
+        stderr = refusal(run_kiln, tmp_path, spec, field, value)
+        assert "not supported" in stderr
     assert tok.get_vocab_size() > 256
 
 
@@ -350,13 +356,8 @@ def test_unsupported_sentencepiece_parts_are_refused(tmp_path, run_kiln):
         "model": (dict(spec["model"], continuing_subword_prefix="##"), "continuing_subword_prefix"),
     }
     for field, (value, named) in cases.items():
-        bad = dict(spec, **{field: value})
-        d = tmp_path / field
-        d.mkdir()
-        (d / "tokenizer.json").write_text(json.dumps(bad))
-        res = run_kiln("kiln-tokenize", "--tokenizer", d, "--input", tmp_path / "in.txt", "--output", d / "out")
-        assert res.returncode == 2, res.stdout
-        assert "tokenizer.json" in res.stderr and field in res.stderr and named in res.stderr, res.stderr
+        stderr = refusal(run_kiln, tmp_path, spec, field, value)
+        assert named in stderr, stderr
 
 
 def test_committed_unicode_tables_are_what_the_pinned_database_generates():
