@@ -40,7 +40,7 @@ void print_help() {
       "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint and exit cleanly.\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
       "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n"
-      "On the CPU, glibc's malloc thresholds are raised for training (KILN_MALLOC_TUNING=0 keeps the defaults).\n");
+      "KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds (faster small CPU steps; see docs/training.md).\n");
 }
 
 // "[rank 3] " when launched by torchrun or srun, so that an error names the process it came from.
@@ -56,9 +56,9 @@ std::string rank_prefix() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h). Silent:
-  // an error stays the one line on stderr; --help and docs/training.md say it.
-  kiln::tune_malloc_for_training();
+  // Opt-in, before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
+  // Silent: an error stays the one line on stderr; --help and docs/training.md say it.
+  if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
   std::string config_path = "quickstart";
   bool dry_run = false;
   std::vector<std::string> rest;

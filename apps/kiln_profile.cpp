@@ -76,8 +76,8 @@ int plan(const cxxopts::ParseResult& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h); silent.
-  kiln::tune_malloc_for_training();
+  // Opt-in, before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
+  if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
   cxxopts::Options options("kiln-profile",
                            "Measures training speed and memory over a grid of cutoff_len x batch size x gradient "
                            "accumulation, beside the analytic FLOP and memory models (docs/performance.md).");

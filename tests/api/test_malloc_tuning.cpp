@@ -1,4 +1,4 @@
-// kiln::tune_malloc_for_training: skipped when the user tunes malloc or says KILN_MALLOC_TUNING=0;
+// kiln::tune_malloc_for_training: asked for by KILN_MALLOC_TUNING=1 only, skipped when the user tunes malloc;
 // otherwise a buffer between glibc's default mmap threshold and 64 MiB comes from the heap
 // (glibc's own accounting, mallinfo2) instead of a fresh mapping.
 #include <cstdlib>
@@ -16,9 +16,15 @@ TEST_CASE("tune_malloc_for_training leaves a user's malloc settings alone and ke
 #if defined(__GLIBC__)
   const char* saved = std::getenv("GLIBC_TUNABLES");
   const std::string saved_tunables = saved ? saved : "";
+  const char* saved_switch = std::getenv("KILN_MALLOC_TUNING");
+  const std::string saved_switch_value = saved_switch ? saved_switch : "";
+  setenv("KILN_MALLOC_TUNING", "1", 1);
+  CHECK(kiln::malloc_tuning_requested());
   setenv("KILN_MALLOC_TUNING", "0", 1);
-  CHECK(kiln::tune_malloc_for_training().empty());
+  CHECK_FALSE(kiln::malloc_tuning_requested());
   unsetenv("KILN_MALLOC_TUNING");
+  CHECK_FALSE(kiln::malloc_tuning_requested());  // opt-in
+  if (saved_switch) setenv("KILN_MALLOC_TUNING", saved_switch_value.c_str(), 1);
   setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576", 1);
   CHECK(kiln::tune_malloc_for_training().empty());
   if (saved) {

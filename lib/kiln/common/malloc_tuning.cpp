@@ -15,8 +15,6 @@ std::string tune_malloc_for_training() {
     const char* v = std::getenv(name);
     return v != nullptr && *v != '\0';
   };
-  const char* switch_value = std::getenv("KILN_MALLOC_TUNING");
-  if (switch_value != nullptr && std::strcmp(switch_value, "0") == 0) return {};
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if ((tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) || set("MALLOC_MMAP_THRESHOLD_") ||
       set("MALLOC_TRIM_THRESHOLD_") || set("MALLOC_TOP_PAD_")) {
@@ -24,7 +22,7 @@ std::string tune_malloc_for_training() {
   }
   constexpr int kMmapThreshold = 64 << 20, kTrimThreshold = 256 << 20;
   if (mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 0 || mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 0) return {};
-  return "malloc: mmap threshold 64 MiB, trim threshold 256 MiB (KILN_MALLOC_TUNING=0 keeps glibc's defaults)";
+  return "malloc: mmap threshold 64 MiB, trim threshold 256 MiB";
 #else
   return {};
 #endif
