@@ -1,7 +1,8 @@
 // The fused fp32 CPU loops (kernels/cpu_loops.h): their exp against the fp64 one, and every ISA
 // level this CPU can run (AVX-512, AVX2, baseline; forced in turn) bitwise against the baseline,
 // so that every machine of the project's kind computes the same bits. The ops' results against
-// their ATen references are in test_rmsnorm.cpp and test_swiglu.cpp.
+// their ATen references are in test_rmsnorm.cpp and test_swiglu.cpp; the cross-entropy rows are
+// checked against fp64 here and through ops::linear_cross_entropy in test_linear_cross_entropy.cpp.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -63,6 +64,24 @@ std::vector<at::Tensor> run_loops() {
   at::Tensor y = at::empty({n}), dg = at::empty({n}), du = at::empty({n});
   cpu::swiglu_forward(p(g), p(u), m(y), n);
   cpu::swiglu_backward(p(g), p(u), p(dy), m(dg), m(du), n);
+  // Cross-entropy rows (max, sum of exponentials, gradient in place), with an ignored row and a
+  // z-loss, over widths that reach the lane tails.
+  for (int64_t cols : {1, 17, 1000}) {
+    const int64_t rows = 5;
+    at::Tensor x = at::randn({rows, cols}) * 4, loss = at::empty({rows}), lse = at::empty({rows});
+    at::Tensor labels = at::randint(cols, {rows}, at::kLong);
+    labels[2] = -100;
+    cpu::cross_entropy_rows(m(x), labels.const_data_ptr<int64_t>(), -100, 1e-2f, m(loss), m(lse), rows, cols, true);
+    out.insert(out.end(), {x, loss, lse});
+  }
+  // The bf16 forms on the same values rounded to bf16 (Tensor storage of the bit patterns).
+  const at::Tensor gb = g.to(at::kBFloat16), ub = u.to(at::kBFloat16), dyb = dy.to(at::kBFloat16);
+  at::Tensor yb = at::empty_like(gb), dgb = at::empty_like(gb), dub = at::empty_like(gb);
+  auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>()); };
+  auto bits_out = [](at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()); };
+  cpu::swiglu_forward_bf16(bits(gb), bits(ub), bits_out(yb), n);
+  cpu::swiglu_backward_bf16(bits(gb), bits(ub), bits(dyb), bits_out(dgb), bits_out(dub), n);
+  out.insert(out.end(), {yb, dgb, dub});
   out.insert(out.end(), {g, u, y, dg, du});
   return out;
 }
@@ -91,4 +110,55 @@ TEST_CASE("every ISA level of the CPU loops gives the baseline's bits", "[ops][c
   const at::Tensor g64 = base[base.size() - 5].to(at::kDouble), u64 = base[base.size() - 4].to(at::kDouble);
   const at::Tensor want = g64 / (1 + (-g64).exp()) * u64;
   CHECK(((base[base.size() - 3].to(at::kDouble) - want).abs() <= want.abs() * 1e-6 + 1e-30).all().item<bool>());
+}
+
+TEST_CASE("the CPU cross-entropy rows give fp64's loss, lse and gradient", "[ops][cpu_loops]") {
+  at::manual_seed(32);
+  for (int64_t cols : {1, 7, 16, 33, 4000}) {
+    for (double z : {0.0, 1e-3}) {
+      const int64_t rows = 6;
+      // Wide logits (a softmax far from uniform) and one large offset row (the max subtraction).
+      at::Tensor x = at::randn({rows, cols}) * 6;
+      x[3].add_(300.0);
+      at::Tensor labels = at::randint(cols, {rows}, at::kLong);
+      labels[1] = -100;
+      const at::Tensor x64 = x.to(at::kDouble);
+      at::Tensor got = x.clone(), loss = at::empty({rows}), lse = at::empty({rows});
+      cpu::cross_entropy_rows(m(got), labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(loss), m(lse),
+                              rows, cols, true);
+      // fp64 reference: lse, nll + z lse^2, (softmax (1 + 2 z lse) - onehot) for valid rows.
+      const at::Tensor want_lse = at::logsumexp(x64, 1);
+      const at::Tensor valid = labels.ne(-100);
+      const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);
+      const at::Tensor nll = want_lse - x64.gather(1, safe).squeeze(1);
+      const at::Tensor want_loss = (nll + want_lse.square() * z) * valid.to(at::kDouble);
+      at::Tensor want_grad = at::softmax(x64, 1) * (1 + 2 * z * want_lse).unsqueeze(1);
+      want_grad.scatter_add_(1, safe, at::full({rows, 1}, -1.0, at::kDouble));
+      want_grad.mul_(valid.to(at::kDouble).unsqueeze(1));
+      CAPTURE(cols, z);
+      CHECK(at::allclose(lse.to(at::kDouble), want_lse, 1e-6, 1e-5));
+      CHECK(at::allclose(loss.to(at::kDouble), want_loss, 1e-6, 2e-5));
+      CHECK(at::allclose(got.to(at::kDouble), want_grad, 1e-5, 1e-7));
+      CHECK(got[1].abs().max().item<float>() == 0.0f);  // the ignored row: zero gradient, zero loss
+      CHECK(loss[1].item<float>() == 0.0f);
+      // Without the gradient the logits stay as they were and the loss is the same bits.
+      at::Tensor kept = x.clone(), loss2 = at::empty({rows}), lse2 = at::empty({rows});
+      cpu::cross_entropy_rows(m(kept), labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(loss2), m(lse2),
+                              rows, cols, false);
+      CHECK(at::equal(kept, x));
+      CHECK(at::equal(loss2, loss));
+      CHECK(at::equal(lse2, lse));
+    }
+  }
+}
+
+TEST_CASE("a NaN logit reaches the CPU cross-entropy loss", "[ops][cpu_loops]") {
+  for (int64_t at_col : {0, 5, 20}) {  // in the lanes and in the tail
+    at::Tensor x = at::zeros({1, 21}), loss = at::empty({1}), lse = at::empty({1});
+    x[0][at_col] = std::nanf("");
+    const int64_t label = 3;
+    cpu::cross_entropy_rows(m(x), &label, -100, 0.0f, m(loss), m(lse), 1, 21, true);
+    CAPTURE(at_col);
+    CHECK(std::isnan(loss.item<float>()));
+  }
 }

@@ -59,6 +59,10 @@ TEST_CASE("chunked linear cross-entropy matches autograd on the full logits (fp3
       {{7}, 8, 50, 0, 0.0, LossReduction::kMean},       // automatic chunk
       {{9}, 24, 64, 100, 1e-2, LossReduction::kMean},   // one chunk larger than the rows
   };
+  // Both CPU paths of a chunk: the fused fp32 row loop (the default) and ATen's ops.
+  const bool aten_chunks = GENERATE(false, true);
+  kiln::ops::testing::force_cpu_cross_entropy_aten(aten_chunks);
+  CAPTURE(aten_chunks);
   for (const Case& c : cases) {
     std::vector<int64_t> hshape = c.rows;
     hshape.push_back(c.dim);
@@ -81,6 +85,7 @@ TEST_CASE("chunked linear cross-entropy matches autograd on the full logits (fp3
         hidden, weight, labels, {.z_loss = c.z, .chunk_tokens = c.chunk, .reduction = c.reduction});
     CHECK(max_abs_diff(eval.loss, got.loss) < 1e-6 * std::max(1.0, want.loss.abs().item<double>()));
   }
+  kiln::ops::testing::force_cpu_cross_entropy_aten(false);
 }
 
 TEST_CASE("chunked linear cross-entropy passes an fp64 finite-difference check", "[ops][linear_ce]") {

@@ -44,6 +44,33 @@ TEST_CASE("swiglu's fused backward matches autograd on silu(gate) * up", "[ops][
              Catch::Matchers::Contains("one shape"));
 }
 
+TEST_CASE("swiglu on bf16 CPU tensors is fp64's result rounded once to bf16", "[ops][swiglu]") {
+  // The bf16 loop widens each element, computes in fp32 and rounds once: against fp64 on the same
+  // bf16 inputs every output is within one bf16 ulp (2^-8 relative, plus the fp32 exp's few ulp).
+  at::manual_seed(22);
+  for (int64_t n : {1, 17, 5000}) {
+    const at::Tensor g = (at::randn({3, n}) * 4).to(at::kBFloat16), u = at::randn({3, n}).to(at::kBFloat16);
+    const at::Tensor dy = at::randn({3, n}).to(at::kBFloat16);
+    const Grads got = run(g, u, dy, false);
+    REQUIRE(got.y.scalar_type() == at::kBFloat16);
+    REQUIRE(got.dg.scalar_type() == at::kBFloat16);
+    const at::Tensor g64 = g.to(at::kDouble), u64 = u.to(at::kDouble), d64 = dy.to(at::kDouble);
+    const at::Tensor s = at::sigmoid(g64);
+    const at::Tensor want_y = g64 * s * u64, want_dg = d64 * u64 * s * (1 + g64 * (1 - s)), want_du = d64 * g64 * s;
+    auto within_one_ulp = [](const at::Tensor& got_t, const at::Tensor& want) {
+      return ((got_t.to(at::kDouble) - want).abs() <= want.abs() * (1.0 / 256) + 1e-30).all().item<bool>();
+    };
+    CAPTURE(n);
+    CHECK(within_one_ulp(got.y, want_y));
+    CHECK(within_one_ulp(got.dg, want_dg));
+    CHECK(within_one_ulp(got.du, want_du));
+    // ATen's bf16 composition rounds twice (silu, then the product); it is no nearer to fp64.
+    const Grads ref = run(g, u, dy, true);
+    CHECK((got.y.to(at::kDouble) - want_y).abs().sum().item<double>() <=
+          (ref.y.to(at::kDouble) - want_y).abs().sum().item<double>() * 1.01);
+  }
+}
+
 TEST_CASE("swiglu CUDA kernels match the reference, forward and backward", "[ops][swiglu][cuda]") {
   REQUIRE(torch::cuda::is_available());
   REQUIRE(kiln::ops::kernels_compiled());

@@ -118,6 +118,82 @@ KILN_BODY void swiglu_backward_range_body(const float* g, const float* u, const 
   }
 }
 
+KILN_BODY void cross_entropy_rows_lv_body(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
+                                          float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits + r * cols;
+    // Pass 1: the row's maximum (a NaN wins, so that it reaches the loss).
+    float lane[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] = lane[l] > x[j + l] ? lane[l] : x[j + l];
+    }
+    float m = -INFINITY;
+    for (; j < cols; ++j) m = m > x[j] ? m : x[j];
+    for (int l = 0; l < kLanes; ++l) m = m > lane[l] ? m : lane[l];
+    // Pass 2: sum of exp(x - m), 16 fixed lanes.
+    for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+    j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] += exp_inline(x[j + l] - m);
+    }
+    float s = 0.0f;
+    for (; j < cols; ++j) s += exp_inline(x[j] - m);
+    for (int l = 0; l < kLanes; ++l) s += lane[l];
+    // log in double, then rounded: the correctly rounded float on any libm.
+    const float logs = static_cast<float>(std::log(static_cast<double>(s)));
+    const int64_t t = labels[r];
+    const bool valid = t != ignore_index;
+    const float xt = x[valid ? t : 0];
+    const float nll = logs - (xt - m);
+    const float l_se = xt + nll;
+    lse[r] = l_se;
+    loss[r] = valid ? nll + z_loss * (l_se * l_se) : 0.0f;
+    if (write_grad == 0) continue;
+    // Pass 3: the gradient, in place.
+    if (!valid) {
+      for (int64_t c = 0; c < cols; ++c) x[c] = 0.0f;
+      continue;
+    }
+    const float scale = 1.0f + 2.0f * z_loss * l_se;
+    for (int64_t c = 0; c < cols; ++c) x[c] = exp_inline((x[c] - m) - logs) * scale;
+    x[t] -= 1.0f;
+  }
+}
+
+KILN_BODY float from_bf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// x rounded to the nearest bf16 (ties to even), as c10::BFloat16 rounds; NaN stays a quiet NaN.
+KILN_BODY uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+KILN_BODY void swiglu_forward_bf16_range_body(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = from_bf16(g[i]);
+    y[i] = to_bf16((gi / (1.0f + exp_inline(-gi))) * from_bf16(u[i]));
+  }
+}
+
+KILN_BODY void swiglu_backward_bf16_range_body(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg,
+                                               uint16_t* du, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = from_bf16(g[i]), ui = from_bf16(u[i]), d = from_bf16(dy[i]);
+    const float s = 1.0f / (1.0f + exp_inline(-gi));
+    dg[i] = to_bf16(d * ui * s * (1.0f + gi * (1.0f - s)));
+    du[i] = to_bf16(d * (gi * s));
+  }
+}
+
 // x rounded to the nearest bf16 (ties to even), as c10::BFloat16 rounds; NaN stays a quiet NaN.
 KILN_BODY void round_bf16_range_body(const float* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -199,6 +275,11 @@ void rmsnorm_backward_rows(const float* h, const float* w, const float* rstd, co
                            float* dx, float* dw_acc, int64_t rows, int64_t cols);
 void swiglu_forward_range(const float* g, const float* u, float* y, int64_t n);
 void swiglu_backward_range(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
+void swiglu_forward_bf16_range(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n);
+void swiglu_backward_bf16_range(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du,
+                                int64_t n);
+void cross_entropy_rows_lv(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                           float* lse, int64_t rows, int64_t cols, int write_grad);
 void round_bf16_range(const float* in, float* out, int64_t n);
 void round_fp16_range(const float* in, float* out, int64_t n);
 
@@ -213,6 +294,14 @@ KILN_LEVELS(rmsnorm_backward_rows,
 KILN_LEVELS(swiglu_forward_range, (const float* g, const float* u, float* y, int64_t n), (g, u, y, n))
 KILN_LEVELS(swiglu_backward_range, (const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n),
             (g, u, dy, dg, du, n))
+KILN_LEVELS(swiglu_forward_bf16_range, (const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n), (g, u, y, n))
+KILN_LEVELS(swiglu_backward_bf16_range,
+            (const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du, int64_t n),
+            (g, u, dy, dg, du, n))
+KILN_LEVELS(cross_entropy_rows_lv,
+            (float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
+             int64_t rows, int64_t cols, int write_grad),
+            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
 KILN_LEVELS(round_bf16_range, (const float* in, float* out, int64_t n), (in, out, n))
 KILN_LEVELS(round_fp16_range, (const float* in, float* out, int64_t n), (in, out, n))
 
@@ -265,6 +354,26 @@ void swiglu_forward(const float* g, const float* u, float* y, int64_t n) {
 void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) {
   parallel_ranges(n, kGrain,
                   [&](int64_t b, int64_t e) { swiglu_backward_range(g + b, u + b, dy + b, dg + b, du + b, e - b); });
+}
+
+void swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) { swiglu_forward_bf16_range(g + b, u + b, y + b, e - b); });
+}
+
+void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du,
+                          int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) {
+    swiglu_backward_bf16_range(g + b, u + b, dy + b, dg + b, du + b, e - b);
+  });
+}
+
+void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                        float* lse, int64_t rows, int64_t cols, bool write_grad) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
+  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
+    cross_entropy_rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols,
+                          write_grad ? 1 : 0);
+  });
 }
 
 void round_to_bf16(const float* in, float* out, int64_t n) {

@@ -28,6 +28,23 @@ void swiglu_forward(const float* g, const float* u, float* y, int64_t n);
 // With s = sigmoid(g): dg = dy u s (1 + g (1 - s)), du = dy g s.
 void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
 
+// The same two on bf16 tensors (their uint16 bit patterns): widened to fp32, the formulas above in
+// fp32, each result rounded once to the nearest bf16 (ties to even; NaN stays NaN). No fp32 copy
+// of a tensor exists at any time.
+void swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n);
+void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du,
+                          int64_t n);
+
+// Cross-entropy over the rows of logits [rows, cols] (the chunked loss head's step on one chunk).
+// Per row, with t = labels[r] (index 0 stands in for an ignored row): m = max, logs =
+// log(sum exp(x - m)), nll = logs - (x[t] - m), lse[r] = x[t] + nll, loss[r] = nll + z_loss lse^2,
+// or 0 when t == ignore_index. With write_grad the row is overwritten in place by d loss[r] / dx =
+// exp(x - m - logs) (1 + 2 z_loss lse) - onehot(t), all zeros for an ignored row. Labels must be in
+// [0, cols) or ignore_index (the caller checks). Rows are independent: the same bits whatever the
+// thread count.
+void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                        float* lse, int64_t rows, int64_t cols, bool write_grad);
+
 // out = in rounded to the nearest bf16 / fp16 (ties to even) and widened back to fp32, in place
 // when out == in: the values a bf16 / fp16 GEMM reads (ops/linear.cpp).
 void round_to_bf16(const float* in, float* out, int64_t n);

@@ -13,6 +13,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 
@@ -61,6 +62,22 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
   return r;
 }
 
+// fp32 logits on the CPU: kernels/cpu_loops.h's fused row loop (max, sum of exponentials, the
+// gradient written over the logits: three passes over a row held in cache, no [n, V] buffer
+// besides the logits) instead of log_softmax + exp_ + mul_ + scatter_add_.
+ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
+                           bool write_grad) {
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  ChunkResult r;
+  r.loss = at::empty({n}, logits.options());
+  r.lse = at::empty({n}, logits.options());
+  kernels::cpu::cross_entropy_rows(logits.mutable_data_ptr<float>(), labels.const_data_ptr<int64_t>(), ignore_index,
+                                   static_cast<float>(z_loss), r.loss.mutable_data_ptr<float>(),
+                                   r.lse.mutable_data_ptr<float>(), n, vocab, write_grad);
+  if (write_grad) r.grad = std::move(logits);
+  return r;
+}
+
 ChunkResult chunk_dispatch(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                            bool write_grad, at::ScalarType acc) {
 #ifdef KILN_WITH_CUDA
@@ -71,6 +88,10 @@ ChunkResult chunk_dispatch(at::Tensor logits, const at::Tensor& labels, int64_t 
     return r;
   }
 #endif
+  if (logits.is_cpu() && cpu_cross_entropy_uses_loop(logits.scalar_type()) && logits.is_contiguous() &&
+      labels.scalar_type() == at::kLong && labels.is_contiguous()) {
+    return chunk_cpu_loop(std::move(logits), labels, ignore_index, z_loss, write_grad);
+  }
   return chunk_aten(std::move(logits), labels, ignore_index, z_loss, write_grad, acc);
 }
 
@@ -169,7 +190,20 @@ LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at:
 
 namespace {
 std::atomic<int> forced_cpu_head_fp32{-1};
+std::atomic<bool> forced_cpu_cross_entropy_aten{false};
 }  // namespace
+
+void testing::force_cpu_cross_entropy_aten(bool on) {
+  forced_cpu_cross_entropy_aten = on;
+}
+
+bool cpu_cross_entropy_uses_loop(at::ScalarType logits) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("KILN_CPU_CE_LOOP");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return logits == at::kFloat && !disabled && !forced_cpu_cross_entropy_aten.load();
+}
 
 void testing::force_cpu_head_fp32(int mode) {
   forced_cpu_head_fp32 = mode;

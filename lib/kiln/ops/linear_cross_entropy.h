@@ -67,7 +67,18 @@ int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu 
 // and benchmarks use it to run both paths on any machine); profile/memory.cpp follows this.
 at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu);
 
+// Whether a chunk's CPU logits of this dtype take the fused fp32 row loop of kernels/cpu_loops.h
+// (max, sum of exponentials and the gradient in place over the logits; one [n, V] fp32 buffer per
+// chunk) rather than ATen's log_softmax, exp_, mul_ and scatter_add_ (the logits plus an fp32
+// log-probability buffer). fp32 only; KILN_CPU_CE_LOOP=0 turns it off (A/B benchmarks);
+// profile/memory.cpp follows this.
+bool cpu_cross_entropy_uses_loop(at::ScalarType logits);
+
 namespace testing {
+// Sends CPU chunks to the ATen ops whatever their dtype (true) or back to the rule above (false):
+// for tests and benchmarks that compare the two.
+void force_cpu_cross_entropy_aten(bool on);
+
 // The CPU rule of linear_cross_entropy_matmul_dtype: -1 = automatic (AMX / KILN_CPU_HEAD_FP32),
 // 0 = keep the compute dtype, 1 = fp32. For tests that run both paths on any machine.
 void force_cpu_head_fp32(int mode);

@@ -39,6 +39,19 @@ bool use_cpu_loops(const at::Tensor& gate) {
   return gate.is_cpu() && gate.scalar_type() == at::kFloat;
 }
 
+// bf16 CPU tensors take the loops' bf16 form: fp32 arithmetic per element, nothing widened as a
+// tensor (the chunked ATen path below held about 1.5 MB of fp32 chunk copies at its peak).
+bool use_cpu_loops_bf16(const at::Tensor& gate) {
+  return gate.is_cpu() && gate.scalar_type() == at::kBFloat16;
+}
+
+const uint16_t* bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
+}
+uint16_t* bits_out(at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>());
+}
+
 struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
@@ -50,6 +63,11 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
       const float *g = gate.const_data_ptr<float>(), *u = up.const_data_ptr<float>();
       float* yp = y.mutable_data_ptr<float>();
       kernels::cpu::swiglu_forward(g, u, yp, gate.numel());
+      return y;
+    }
+    if (use_cpu_loops_bf16(gate)) {
+      at::Tensor y = at::empty_like(gate);
+      kernels::cpu::swiglu_forward_bf16(bits(gate), bits(up), bits_out(y), gate.numel());
       return y;
     }
     return at::silu(gate) * up;
@@ -78,6 +96,10 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
       const float *g = gate.const_data_ptr<float>(), *u = up.const_data_ptr<float>(), *d = dy.const_data_ptr<float>();
       float *dg = dgate.mutable_data_ptr<float>(), *du = dup.mutable_data_ptr<float>();
       kernels::cpu::swiglu_backward(g, u, d, dg, du, gate.numel());
+      return {dgate, dup};
+    }
+    if (use_cpu_loops_bf16(gate) && dy.scalar_type() == at::kBFloat16) {
+      kernels::cpu::swiglu_backward_bf16(bits(gate), bits(up), bits(dy), bits_out(dgate), bits_out(dup), gate.numel());
       return {dgate, dup};
     }
     if (acc == gate.scalar_type()) {

@@ -82,8 +82,14 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     const double chunk =
         static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size, !o.cuda));
     const double hb = head_low_precision ? cb : 4.0;
+    // The chunk: its logits, plus ATen's fp32 log-probabilities unless the fused CPU loop writes
+    // the gradient over fp32 logits in place (ops::cpu_cross_entropy_uses_loop).
+    const bool cpu_loop = !o.cuda && !head_low_precision && ops::cpu_cross_entropy_uses_loop(at::kFloat);
     head = tokens * (8.0 + 2.0 * hb) * h + (head_low_precision ? 4.0 + cb : 4.0) * vocab * h +
-           chunk * vocab * (head_low_precision ? cb + 8.0 : 8.0);
+           chunk * vocab *
+               (head_low_precision ? cb + 8.0
+                : cpu_loop         ? 4.0
+                                   : 8.0);
   }
   // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward
   // keeps using it. Matmul weights: all but the input embedding (unless tied to the head) and norms.
