@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -177,12 +179,37 @@ void testing::force_cpu_linear_fp32(int mode) {
   forced_cpu_linear_fp32 = mode;
 }
 
+bool cpu_is_amd_with_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
+  if (!amd || a < 7) return false;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 5) & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+bool cpu_native_low_precision_gemm(at::ScalarType compute) {
+  static const int env = [] {
+    const char* v = std::getenv("KILN_CPU_LOW_PRECISION_GEMM");
+    if (v == nullptr || *v == '\0') return -1;
+    const std::string s(v);
+    TORCH_CHECK(s == "native" || s == "fp32", "KILN_CPU_LOW_PRECISION_GEMM must be native or fp32, got '", s, "'");
+    return s == "native" ? 1 : 0;
+  }();
+  if (env >= 0) return env == 1;
+  static const bool amx = cpu_has_amx_bf16(), amd_bf16 = cpu_is_amd_with_avx512_bf16();
+  if (compute == at::kBFloat16) return amx || amd_bf16;
+  return amx;
+}
+
 bool cpu_linear_uses_fp32_gemm(at::ScalarType compute) {
   if (compute != at::kBFloat16 && compute != at::kHalf) return false;
   const int forced = forced_cpu_linear_fp32.load();
   if (forced >= 0) return forced != 0;
-  static const bool no_amx = !cpu_has_amx_bf16();
-  return no_amx;
+  return !cpu_native_low_precision_gemm(compute);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

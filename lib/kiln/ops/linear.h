@@ -29,15 +29,29 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 
 // Whether ops::linear with the kiln backend takes the fp32-GEMM path for a CPU linear in `compute`
-// (bf16/fp16): no AMX-BF16 on this CPU, or the testing override. profile/memory.cpp follows it.
+// (bf16/fp16): not cpu_native_low_precision_gemm(compute), or the testing override.
+// profile/memory.cpp follows it.
 bool cpu_linear_uses_fp32_gemm(at::ScalarType compute);
+
+// Whether this CPU's native GEMM in `compute` (oneDNN) is the faster one, by a fixed rule of CPU
+// features, never a timing (a resumed run must take the path the first process took):
+// - bf16: AMX-BF16 (Intel Sapphire Rapids on), or an AMD CPU with AVX512-BF16 (Zen 4/5). On a
+//   Zen 5 VM at 2 threads oneDNN's bf16 GEMM ran 4-5x faster than MKL's fp32 one (811 against 163
+//   GFLOP/s at 1024x512x1376), while on an earlier AVX512-BF16 VM without AMX it was slower
+//   (9.5 against 6.1 ms); docs/kernels.md.
+// - fp16: AMX-BF16 (as before; no CPU here has measured otherwise).
+// KILN_CPU_LOW_PRECISION_GEMM=native or fp32 overrides the rule (ops::linear and the loss head).
+bool cpu_native_low_precision_gemm(at::ScalarType compute);
+
+// x86 CPUID: an AMD CPU (vendor "AuthenticAMD") whose leaf 7 subleaf 1 EAX bit 5 says AVX512-BF16.
+bool cpu_is_amd_with_avx512_bf16();
 
 // x86 CPUID leaf 7, EDX bit 22: AMX-BF16, the tile unit behind oneDNN's fast bf16 matmuls. True on
 // other architectures (keep their native low-precision path: nothing was measured there).
 bool cpu_has_amx_bf16();
 
 namespace testing {
-// The CPU rule of ops::linear: -1 = automatic (AMX-BF16), 0 = native low-precision GEMM, 1 = fp32
+// The CPU rule of ops::linear: -1 = automatic (cpu_native_low_precision_gemm), 0 = native low-precision GEMM, 1 = fp32
 // GEMM. For tests that run both paths on any machine.
 void force_cpu_linear_fp32(int mode);
 }  // namespace testing

@@ -211,11 +211,12 @@ void testing::force_cpu_head_fp32(int mode) {
 
 at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu) {
   if (!cpu || (compute != at::kBFloat16 && compute != at::kHalf)) return compute;
-  static const int automatic = [] {
+  static const int env = [] {
     const char* v = std::getenv("KILN_CPU_HEAD_FP32");
     if (v != nullptr && *v != '\0') return std::string(v) == "0" ? 0 : 1;
-    return cpu_has_amx_bf16() ? 0 : 1;
+    return -1;
   }();
+  const int automatic = env >= 0 ? env : (cpu_native_low_precision_gemm(compute) ? 0 : 1);
   const int forced = forced_cpu_head_fp32.load();
   return (forced >= 0 ? forced : automatic) != 0 ? at::kFloat : compute;
 }

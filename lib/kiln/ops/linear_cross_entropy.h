@@ -8,7 +8,7 @@
 // part is one kiln kernel (kernels/cross_entropy.cu) instead of a chain of ATen ops.
 //
 // Arithmetic: logits in the compute dtype (the autocast dtype when autocast is on, else the
-// input dtype, as at::linear would; fp32 on CPUs without AMX, see
+// input dtype, as at::linear would; fp32 on CPUs whose native one is slower, see
 // linear_cross_entropy_matmul_dtype), loss and softmax in fp32 (fp64 for fp64 inputs),
 // grad(weight) accumulated in fp32 across chunks.
 #pragma once
@@ -58,12 +58,12 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu = false);
 
 // The dtype the head's matmuls run in, given the dtype at::linear would use (`compute`: the
-// autocast dtype or the input's). On a CPU without AMX tiles, bf16/fp16 matmuls are slower than
-// fp32 ones (oneDNN emulates them with AVX-512-BF16 dot products or plain AVX2: measured on an
+// autocast dtype or the input's). Where ops::cpu_native_low_precision_gemm says the CPU's native
+// bf16/fp16 GEMM is the slower one (no AMX tiles and not an AMD AVX512-BF16 CPU: measured on an
 // AVX-512-BF16 machine, 256 x 32000 x 512: bf16 175 ms, fp32 112 ms per product, and the bf16
-// weight-gradient product also needs an fp32 conversion before it is accumulated), so there the
-// head runs in fp32: faster and more precise, from the fp32 master weight (no low-precision copy
-// of it). CUDA and AMX CPUs keep `compute`. KILN_CPU_HEAD_FP32=0/1 overrides the CPU rule (tests
+// weight-gradient product also needs an fp32 conversion before it is accumulated) the head runs
+// in fp32: faster and more precise, from the fp32 master weight (no low-precision copy of it).
+// CUDA, AMX and AMD AVX512-BF16 CPUs keep `compute`. KILN_CPU_HEAD_FP32=0/1 overrides the CPU rule (tests
 // and benchmarks use it to run both paths on any machine); profile/memory.cpp follows this.
 at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu);
 
@@ -79,7 +79,7 @@ namespace testing {
 // for tests and benchmarks that compare the two.
 void force_cpu_cross_entropy_aten(bool on);
 
-// The CPU rule of linear_cross_entropy_matmul_dtype: -1 = automatic (AMX / KILN_CPU_HEAD_FP32),
+// The CPU rule of linear_cross_entropy_matmul_dtype: -1 = automatic (the rule / KILN_CPU_HEAD_FP32),
 // 0 = keep the compute dtype, 1 = fp32. For tests that run both paths on any machine.
 void force_cpu_head_fp32(int mode);
 }  // namespace testing
