@@ -2,6 +2,10 @@
 // Both CPU paths (forced, so every machine runs both whatever its AMX) are checked against an
 // independent fp64 reference of what a low-precision GEMM with wide accumulation computes: the
 // operands rounded to the compute dtype, the products summed exactly, the result rounded once.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include <ATen/autocast_mode.h>
 #include <catch2/catch.hpp>
 
@@ -136,4 +140,34 @@ TEST_CASE("the aten backend of linear is autocast's at::linear, bitwise", "[ops]
   CHECK(max_abs_diff(kiln_fp32.y.to(at::kFloat), aten.y.to(at::kFloat)) <=
         aten.y.to(at::kFloat).abs().max().item<double>() / 64);
   kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
+
+TEST_CASE("the CPU feature tests behind the bf16 GEMM rule agree with /proc/cpuinfo", "[ops][linear]") {
+  // The kernel's own reading of CPUID, an independent reference for kiln's: the vendor and the
+  // avx512_bf16 / amx_bf16 flags of the first processor.
+  std::ifstream info("/proc/cpuinfo");
+  if (!info) {
+    WARN("no /proc/cpuinfo: nothing to compare with");
+    return;
+  }
+  std::string line, vendor, flags;
+  while (std::getline(info, line) && (vendor.empty() || flags.empty())) {
+    if (vendor.empty() && line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 2) + " ";
+  }
+  if (flags.empty()) {
+    WARN("no x86 flags in /proc/cpuinfo: nothing to compare with");
+    return;
+  }
+  const bool avx512_bf16 = flags.find(" avx512_bf16 ") != std::string::npos;
+  const bool amx_bf16 = flags.find(" amx_bf16 ") != std::string::npos;
+  CAPTURE(vendor, avx512_bf16, amx_bf16);
+  CHECK(kiln::ops::cpu_is_amd_with_avx512_bf16() == (vendor == "AuthenticAMD" && avx512_bf16));
+  CHECK(kiln::ops::cpu_has_amx_bf16() == amx_bf16);
+  // The rule (no override in the test environment): bf16 native with either, fp16 with AMX only.
+  if (std::getenv("KILN_CPU_LOW_PRECISION_GEMM") == nullptr) {
+    CHECK(kiln::ops::cpu_native_low_precision_gemm(at::kBFloat16) ==
+          (amx_bf16 || (vendor == "AuthenticAMD" && avx512_bf16)));
+    CHECK(kiln::ops::cpu_native_low_precision_gemm(at::kHalf) == amx_bf16);
+  }
 }
