@@ -194,15 +194,9 @@ KILN_BODY void swiglu_backward_bf16_range_body(const uint16_t* g, const uint16_t
   }
 }
 
-// x rounded to the nearest bf16 (ties to even), as c10::BFloat16 rounds; NaN stays a quiet NaN.
+// x rounded to the nearest bf16 and widened back (to_bf16 above).
 KILN_BODY void round_bf16_range_body(const float* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &in[i], sizeof bits);
-    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-    const uint32_t result = (bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : rounded;
-    std::memcpy(&out[i], &result, sizeof result);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = from_bf16(to_bf16(in[i]));
 }
 
 // x rounded to the nearest fp16 (ties to even, overflow to infinity, subnormals), through the
