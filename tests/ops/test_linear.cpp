@@ -2,9 +2,12 @@
 // Both CPU paths (forced, so every machine runs both whatever its AMX) are checked against an
 // independent fp64 reference of what a low-precision GEMM with wide accumulation computes: the
 // operands rounded to the compute dtype, the products summed exactly, the result rounded once.
+#include <array>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <ATen/autocast_mode.h>
 #include <catch2/catch.hpp>
@@ -113,10 +116,95 @@ TEST_CASE("without autocast, bf16 and fp16 operands take the same route; fp32 is
     CHECK(ulps(r.dx, r64(g, c).mm(r64(w, c)), c).beyond_one_ulp == 0);
     CHECK(ulps(r.dw, r64(g, c).t().mm(r64(x, c)), c).beyond_one_ulp == 0);
   }
-  // fp32 (and no-grad) calls are at::linear itself: bitwise.
+  // fp32 calls are at::linear itself (bitwise) where the fp32 GEMM stays on ATen's BLAS.
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(0);
   const at::Tensor x = at::randn({3, 8, 24}), w = at::randn({16, 24}), b = at::randn({16});
   CHECK(at::equal(kiln::ops::linear(x, w, b), at::linear(x, w, b)));
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
   kiln::ops::testing::force_cpu_linear_fp32(-1);
+}
+
+namespace {
+// An fp64 reference of a @ b and the bound on an fp32 GEMM's error: K roundings of partial sums,
+// each at most 2^-24 of the sum of |a_ik b_kj| (the classic bound; in practice far below it).
+struct MmRef {
+  at::Tensor value, bound;
+};
+MmRef mm_ref(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor a64 = a.to(at::kDouble), b64 = b.to(at::kDouble);
+  return {a64.mm(b64), a64.abs().mm(b64.abs()) * (static_cast<double>(a.size(1)) * std::ldexp(1.0, -24))};
+}
+bool within(const at::Tensor& got, const MmRef& r) {
+  return ((got.to(at::kDouble) - r.value).abs() <= r.bound + 1e-30).all().item<bool>();
+}
+}  // namespace
+
+TEST_CASE("ops::mm_into: CPU fp32 GEMMs through oneDNN and through ATen, every operand layout", "[ops][linear]") {
+  if (!kiln::ops::onednn_fp32_gemm_available()) {
+    WARN("this LibTorch has no oneDNN matmul: only ATen's path is checked");
+  }
+  at::manual_seed(14);
+  for (int onednn : {0, 1}) {
+    kiln::ops::testing::force_cpu_fp32_gemm_onednn(onednn);
+    CHECK(kiln::ops::cpu_fp32_gemm_uses_onednn() == (onednn == 1 && kiln::ops::onednn_fp32_gemm_available()));
+    // Shapes of the decoder (odd sizes too) and of the head; a and b plain or transposed views.
+    for (auto [m, k, n] :
+         std::vector<std::array<int64_t, 3>>{{37, 53, 29}, {128, 64, 192}, {64, 96, 1000}, {1, 7, 5}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          CAPTURE(onednn, m, k, n, ta, tb);
+          const at::Tensor a = ta ? at::randn({k, m}).t() : at::randn({m, k});
+          const at::Tensor b = tb ? at::randn({n, k}).t() : at::randn({k, n});
+          const MmRef r = mm_ref(a, b);
+          at::Tensor out = at::empty({m, n});
+          kiln::ops::mm_into(out, a, b);
+          CHECK(within(out, r));
+          if (onednn == 0) CHECK(at::equal(out, at::mm(a, b)));  // ATen's path is at::mm itself
+          // Accumulate: out += a b over what is there.
+          const at::Tensor base = at::randn({m, n});
+          at::Tensor acc = base.clone();
+          kiln::ops::mm_into(acc, a, b, /*accumulate=*/true);
+          CHECK(within(acc - base, {r.value, r.bound * 2 + base.abs().to(at::kDouble) * std::ldexp(1.0, -23)}));
+          // Deterministic: the same call gives the same bits (a resumed run retraces a step).
+          at::Tensor again = at::empty({m, n});
+          kiln::ops::mm_into(again, a, b);
+          CHECK(at::equal(again, out));
+          // ops::mm is the same product.
+          CHECK(at::equal(kiln::ops::mm(a, b), out));
+        }
+      }
+    }
+  }
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
+}
+
+TEST_CASE("an fp32 CPU linear through oneDNN matches at::linear's autograd, bias or not", "[ops][linear]") {
+  at::manual_seed(15);
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(1);
+  for (bool bias : {false, true}) {
+    for (bool strided_x : {false, true}) {
+      CAPTURE(bias, strided_x);
+      const at::Tensor w = at::randn({40, 56}) * 0.2, b = at::randn({40}), g = at::randn({3, 9, 40});
+      // A non-contiguous input too (a transposed [B, T] view), as attention's output can be.
+      const at::Tensor x = strided_x ? at::randn({9, 3, 56}).transpose(0, 1) : at::randn({3, 9, 56});
+      const Result r = run(x, w, bias ? b : at::Tensor(), g, at::ScalarType::Undefined);
+      // Reference: fp64 autograd of the same function.
+      const at::Tensor x64 = x.to(at::kDouble).requires_grad_(true), w64 = w.to(at::kDouble).requires_grad_(true);
+      const at::Tensor b64 = b.to(at::kDouble).requires_grad_(true);
+      const at::Tensor y64 = at::linear(x64, w64, bias ? b64 : at::Tensor());
+      (y64 * g.to(at::kDouble)).sum().backward();
+      REQUIRE(r.y.scalar_type() == at::kFloat);
+      REQUIRE(r.y.sizes() == y64.sizes());
+      CHECK(max_abs_diff(r.y.to(at::kDouble), y64.detach()) < 1e-5);
+      CHECK(max_abs_diff(r.dx.to(at::kDouble), x64.grad()) < 1e-5);
+      CHECK(max_abs_diff(r.dw.to(at::kDouble), w64.grad()) < 1e-5);
+      if (bias) CHECK(max_abs_diff(r.db.to(at::kDouble), b64.grad()) < 1e-5);
+      // Without grad the same forward.
+      const at::NoGradGuard no_grad;
+      CHECK(at::equal(kiln::ops::linear(x, w, bias ? b : at::Tensor()), r.y));
+    }
+  }
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
 }
 
 TEST_CASE("the aten backend of linear is autocast's at::linear, bitwise", "[ops][linear]") {
@@ -164,6 +252,11 @@ TEST_CASE("the CPU feature tests behind the bf16 GEMM rule agree with /proc/cpui
   CAPTURE(vendor, avx512_bf16, amx_bf16);
   CHECK(kiln::ops::cpu_is_amd_with_avx512_bf16() == (vendor == "AuthenticAMD" && avx512_bf16));
   CHECK(kiln::ops::cpu_has_amx_bf16() == amx_bf16);
+  // The fp32 GEMM rule: oneDNN on AMD with AVX512-BF16 (Zen 4/5), where this LibTorch has it.
+  if (std::getenv("KILN_CPU_FP32_GEMM") == nullptr) {
+    CHECK(kiln::ops::cpu_fp32_gemm_uses_onednn() ==
+          (vendor == "AuthenticAMD" && avx512_bf16 && kiln::ops::onednn_fp32_gemm_available()));
+  }
   // The rule (no override in the test environment): bf16 native with either, fp16 with AMX only.
   if (std::getenv("KILN_CPU_LOW_PRECISION_GEMM") == nullptr) {
     CHECK(kiln::ops::cpu_native_low_precision_gemm(at::kBFloat16) ==

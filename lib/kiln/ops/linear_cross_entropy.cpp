@@ -118,16 +118,17 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor h = hidden.narrow(0, start, n);  // [n, H]
     const at::Tensor y = labels.narrow(0, start, n);  // [n]
-    ChunkResult r = chunk_dispatch(at::mm(h, weight.t()), y, ignore_index, z_loss, with_grad, acc);
+    // The GEMMs through mm_into: oneDNN for CPU fp32 where cpu_fp32_gemm_uses_onednn().
+    at::Tensor logits = at::empty({n, weight.size(0)}, hidden.options());
+    mm_into(logits, h, weight.t());
+    ChunkResult r = chunk_dispatch(std::move(logits), y, ignore_index, z_loss, with_grad, acc);
     loss_sum.add_(r.loss.to(acc).sum());
     if (z_loss != 0) z_sum.add_((r.lse.to(acc).square() * y.ne(ignore_index).to(acc)).sum() * z_loss);
     if (!with_grad) continue;
     at::Tensor gh = grad_hidden->narrow(0, start, n);
-    at::mm_out(gh, r.grad, weight);  // [n, V] x [V, H]
-    if (same_dtype && start == 0) {
-      at::mm_out(grad_w_acc, r.grad.t(), h);
-    } else if (same_dtype) {
-      grad_w_acc.addmm_(r.grad.t(), h);
+    mm_into(gh, r.grad, weight);  // [n, V] x [V, H]
+    if (same_dtype) {
+      mm_into(grad_w_acc, r.grad.t(), h, /*accumulate=*/start != 0);
     } else if (mixed_cuda) {
       at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);  // bf16 x bf16 accumulated into fp32
     } else {
