@@ -82,6 +82,19 @@ std::vector<at::Tensor> run_loops() {
   cpu::swiglu_forward_bf16(bits(gb), bits(ub), bits_out(yb), n);
   cpu::swiglu_backward_bf16(bits(gb), bits(ub), bits(dyb), bits_out(dgb), bits_out(dub), n);
   out.insert(out.end(), {yb, dgb, dub});
+  // bf16 cross-entropy rows and the bf16-into-fp32 accumulation.
+  for (int64_t cols : {1, 17, 1000}) {
+    const int64_t rows = 5;
+    at::Tensor x = (at::randn({rows, cols}) * 4).to(at::kBFloat16), loss = at::empty({rows}), lse = at::empty({rows});
+    at::Tensor labels = at::randint(cols, {rows}, at::kLong);
+    labels[2] = -100;
+    cpu::cross_entropy_rows_bf16(bits_out(x), labels.const_data_ptr<int64_t>(), -100, 1e-2f, m(loss), m(lse), rows,
+                                 cols, true);
+    out.insert(out.end(), {x, loss, lse});
+  }
+  at::Tensor acc = at::randn({n});
+  cpu::accumulate_bf16(m(acc), bits(dyb), n);
+  out.push_back(acc);
   out.insert(out.end(), {g, u, y, dg, du});
   return out;
 }
@@ -149,6 +162,61 @@ TEST_CASE("the CPU cross-entropy rows give fp64's loss, lse and gradient", "[ops
       CHECK(at::equal(loss2, loss));
       CHECK(at::equal(lse2, lse));
     }
+  }
+}
+
+TEST_CASE("the bf16 CPU cross-entropy rows: fp32 arithmetic on the bf16 logits, the gradient rounded once",
+          "[ops][cpu_loops]") {
+  at::manual_seed(33);
+  for (int64_t cols : {1, 7, 16, 33, 4000}) {
+    for (double z : {0.0, 1e-3}) {
+      const int64_t rows = 6;
+      at::Tensor x = at::randn({rows, cols}) * 6;
+      x[3].add_(300.0);
+      const at::Tensor xb = x.to(at::kBFloat16);
+      at::Tensor labels = at::randint(cols, {rows}, at::kLong);
+      labels[1] = -100;
+      // fp64 reference on the bf16 values: what ATen's fp32 log-softmax of bf16 logits approximates.
+      const at::Tensor x64 = xb.to(at::kDouble);
+      at::Tensor got = xb.clone(), loss = at::empty({rows}), lse = at::empty({rows});
+      cpu::cross_entropy_rows_bf16(reinterpret_cast<uint16_t*>(got.mutable_data_ptr<at::BFloat16>()),
+                                   labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(loss), m(lse), rows,
+                                   cols, true);
+      const at::Tensor want_lse = at::logsumexp(x64, 1);
+      const at::Tensor valid = labels.ne(-100);
+      const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);
+      const at::Tensor nll = want_lse - x64.gather(1, safe).squeeze(1);
+      const at::Tensor want_loss = (nll + want_lse.square() * z) * valid.to(at::kDouble);
+      at::Tensor want_grad = at::softmax(x64, 1) * (1 + 2 * z * want_lse).unsqueeze(1);
+      want_grad.scatter_add_(1, safe, at::full({rows, 1}, -1.0, at::kDouble));
+      want_grad.mul_(valid.to(at::kDouble).unsqueeze(1));
+      CAPTURE(cols, z);
+      REQUIRE(got.scalar_type() == at::kBFloat16);
+      CHECK(at::allclose(lse.to(at::kDouble), want_lse, 1e-6, 1e-5));
+      CHECK(at::allclose(loss.to(at::kDouble), want_loss, 1e-6, 2e-5));
+      // Each gradient element within one bf16 rounding (2^-8 relative) of fp64's, plus fp32's error.
+      const at::Tensor err = (got.to(at::kDouble) - want_grad).abs();
+      CHECK((err <= want_grad.abs() * (1.0 / 256) + 1e-7).all().item<bool>());
+      // And equal to the fp32 loop's gradient (on the same widened values) rounded once to bf16.
+      at::Tensor g32 = x64.to(at::kFloat), l32 = at::empty({rows}), s32 = at::empty({rows});
+      cpu::cross_entropy_rows(m(g32), labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(l32), m(s32),
+                              rows, cols, true);
+      CHECK(at::equal(got, g32.to(at::kBFloat16)));
+      CHECK(at::equal(loss, l32));
+      CHECK(at::equal(lse, s32));
+      CHECK(got[1].to(at::kFloat).abs().max().item<float>() == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("accumulate_bf16 adds the widened bf16 values into fp32", "[ops][cpu_loops]") {
+  at::manual_seed(34);
+  for (int64_t n : {1, 15, 16, 70001}) {
+    const at::Tensor src = at::randn({n}).to(at::kBFloat16), base = at::randn({n});
+    at::Tensor acc = base.clone();
+    cpu::accumulate_bf16(m(acc), reinterpret_cast<const uint16_t*>(src.const_data_ptr<at::BFloat16>()), n);
+    CAPTURE(n);
+    CHECK(at::equal(acc, base + src.to(at::kFloat)));  // one fp32 addition per element, as ATen's
   }
 }
 

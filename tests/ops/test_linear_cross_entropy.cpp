@@ -117,6 +117,9 @@ TEST_CASE("under CPU bf16 autocast the head runs in fp32 or bf16 as chosen, both
   const at::Tensor hidden = at::randn({2, 24, 32}), weight = at::randn({300, 32}) * 0.1;
   const at::Tensor labels = random_labels({2, 24}, 300);
   const Ref want = reference(hidden, weight, labels, 1e-3, LossReduction::kMean, 1.0);
+  // Both chunk paths for each: the fused CPU rows (fp32 or bf16 logits) and ATen's ops.
+  const bool aten_chunks = GENERATE(false, true);
+  kiln::ops::testing::force_cpu_cross_entropy_aten(aten_chunks);
   double loss_fp32 = 0;
   for (int fp32 : {1, 0}) {
     kiln::ops::testing::force_cpu_head_fp32(fp32);
@@ -143,8 +146,38 @@ TEST_CASE("under CPU bf16 autocast the head runs in fp32 or bf16 as chosen, both
     } else {
       CHECK(std::abs(loss.item<double>() - loss_fp32) > 1e-6);  // the bf16 path did run in bf16
     }
+    CAPTURE(aten_chunks);
   }
   kiln::ops::testing::force_cpu_head_fp32(-1);
+  kiln::ops::testing::force_cpu_cross_entropy_aten(false);
+}
+
+TEST_CASE("the bf16 CPU head: the fused rows give ATen's chunk path to bf16 rounding", "[ops][linear_ce]") {
+  // The same bf16 head (forced) with the fused rows and with ATen's log_softmax path: the loss to
+  // fp32 rounding (both reduce in fp32), the gradients to bf16's (each rounds once, ~2^-8).
+  at::manual_seed(6);
+  kiln::ops::testing::force_cpu_head_fp32(0);
+  const at::Tensor hidden = at::randn({3, 40, 48}), weight = at::randn({1000, 48}) * 0.1;
+  const at::Tensor labels = random_labels({3, 40}, 1000);
+  at::Tensor loss[2], gh[2], gw[2];
+  for (int aten : {0, 1}) {
+    kiln::ops::testing::force_cpu_cross_entropy_aten(aten == 1);
+    const at::Tensor h = hidden.clone().requires_grad_(true), w = weight.clone().requires_grad_(true);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    loss[aten] = kiln::ops::linear_cross_entropy(h, w, labels, {.z_loss = 1e-3, .chunk_tokens = 32}).loss;
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    loss[aten].backward();
+    gh[aten] = h.grad();
+    gw[aten] = w.grad();
+    CHECK(gw[aten].scalar_type() == at::kFloat);
+  }
+  kiln::ops::testing::force_cpu_cross_entropy_aten(false);
+  kiln::ops::testing::force_cpu_head_fp32(-1);
+  CHECK(max_abs_diff(loss[0], loss[1]) < 1e-5 * loss[1].abs().item<double>());
+  CHECK(max_abs_diff(gh[0], gh[1]) < gh[1].abs().max().item<double>() / 64);
+  CHECK(max_abs_diff(gw[0], gw[1]) < gw[1].abs().max().item<double>() / 64);
 }
 
 TEST_CASE("the aten backend of linear cross-entropy is the full-logits reference", "[ops][linear_ce]") {

@@ -118,50 +118,6 @@ KILN_BODY void swiglu_backward_range_body(const float* g, const float* u, const 
   }
 }
 
-KILN_BODY void cross_entropy_rows_lv_body(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
-                                          float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* x = logits + r * cols;
-    // Pass 1: the row's maximum (a NaN wins, so that it reaches the loss).
-    float lane[kLanes];
-    for (int l = 0; l < kLanes; ++l) lane[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + kLanes <= cols; j += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lane[l] = lane[l] > x[j + l] ? lane[l] : x[j + l];
-    }
-    float m = -INFINITY;
-    for (; j < cols; ++j) m = m > x[j] ? m : x[j];
-    for (int l = 0; l < kLanes; ++l) m = m > lane[l] ? m : lane[l];
-    // Pass 2: sum of exp(x - m), 16 fixed lanes.
-    for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
-    j = 0;
-    for (; j + kLanes <= cols; j += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lane[l] += exp_inline(x[j + l] - m);
-    }
-    float s = 0.0f;
-    for (; j < cols; ++j) s += exp_inline(x[j] - m);
-    for (int l = 0; l < kLanes; ++l) s += lane[l];
-    // log in double, then rounded: the correctly rounded float on any libm.
-    const float logs = static_cast<float>(std::log(static_cast<double>(s)));
-    const int64_t t = labels[r];
-    const bool valid = t != ignore_index;
-    const float xt = x[valid ? t : 0];
-    const float nll = logs - (xt - m);
-    const float l_se = xt + nll;
-    lse[r] = l_se;
-    loss[r] = valid ? nll + z_loss * (l_se * l_se) : 0.0f;
-    if (write_grad == 0) continue;
-    // Pass 3: the gradient, in place.
-    if (!valid) {
-      for (int64_t c = 0; c < cols; ++c) x[c] = 0.0f;
-      continue;
-    }
-    const float scale = 1.0f + 2.0f * z_loss * l_se;
-    for (int64_t c = 0; c < cols; ++c) x[c] = exp_inline((x[c] - m) - logs) * scale;
-    x[t] -= 1.0f;
-  }
-}
-
 KILN_BODY float from_bf16(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float x;
@@ -192,6 +148,90 @@ KILN_BODY void swiglu_backward_bf16_range_body(const uint16_t* g, const uint16_t
     dg[i] = to_bf16(d * ui * s * (1.0f + gi * (1.0f - s)));
     du[i] = to_bf16(d * (gi * s));
   }
+}
+
+// Elements of the cross-entropy rows: fp32 as is, bf16 (uint16 bits) widened on load and rounded
+// once on store.
+KILN_BODY float load_elem(float x) {
+  return x;
+}
+KILN_BODY float load_elem(uint16_t x) {
+  return from_bf16(x);
+}
+KILN_BODY void store_elem(float* p, float v) {
+  *p = v;
+}
+KILN_BODY void store_elem(uint16_t* p, float v) {
+  *p = to_bf16(v);
+}
+
+// The rows in fp32 arithmetic whatever T; the gradient written over the row in T.
+template <typename T>
+KILN_BODY void cross_entropy_rows_core(T* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
+                                       float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = logits + r * cols;
+    // Pass 1: the row's maximum (a NaN wins, so that it reaches the loss).
+    float lane[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float v = load_elem(x[j + l]);
+        lane[l] = lane[l] > v ? lane[l] : v;
+      }
+    }
+    float m = -INFINITY;
+    for (; j < cols; ++j) {
+      const float v = load_elem(x[j]);
+      m = m > v ? m : v;
+    }
+    for (int l = 0; l < kLanes; ++l) m = m > lane[l] ? m : lane[l];
+    // Pass 2: sum of exp(x - m), 16 fixed lanes.
+    for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+    j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] += exp_inline(load_elem(x[j + l]) - m);
+    }
+    float s = 0.0f;
+    for (; j < cols; ++j) s += exp_inline(load_elem(x[j]) - m);
+    for (int l = 0; l < kLanes; ++l) s += lane[l];
+    // log in double, then rounded: the correctly rounded float on any libm.
+    const float logs = static_cast<float>(std::log(static_cast<double>(s)));
+    const int64_t t = labels[r];
+    const bool valid = t != ignore_index;
+    const float xt = load_elem(x[valid ? t : 0]);
+    const float nll = logs - (xt - m);
+    const float l_se = xt + nll;
+    lse[r] = l_se;
+    loss[r] = valid ? nll + z_loss * (l_se * l_se) : 0.0f;
+    if (write_grad == 0) continue;
+    // Pass 3: the gradient, in place.
+    if (!valid) {
+      for (int64_t c = 0; c < cols; ++c) store_elem(x + c, 0.0f);
+      continue;
+    }
+    const float scale = 1.0f + 2.0f * z_loss * l_se;
+    for (int64_t c = 0; c < cols; ++c) store_elem(x + c, exp_inline((load_elem(x[c]) - m) - logs) * scale);
+    // The target's element from its own value (in bf16 the stored softmax is already rounded).
+    store_elem(x + t, exp_inline((xt - m) - logs) * scale - 1.0f);
+  }
+}
+
+KILN_BODY void cross_entropy_rows_lv_body(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
+                                          float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
+  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad);
+}
+
+KILN_BODY void cross_entropy_rows_bf16_lv_body(uint16_t* logits, const int64_t* labels, int64_t ignore_index,
+                                               float z_loss, float* loss, float* lse, int64_t rows, int64_t cols,
+                                               int write_grad) {
+  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad);
+}
+
+// acc += widened src.
+KILN_BODY void accumulate_bf16_range_body(float* acc, const uint16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += from_bf16(src[i]);
 }
 
 // x rounded to the nearest bf16 and widened back (to_bf16 above).
@@ -274,6 +314,9 @@ void swiglu_backward_bf16_range(const uint16_t* g, const uint16_t* u, const uint
                                 int64_t n);
 void cross_entropy_rows_lv(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
                            float* lse, int64_t rows, int64_t cols, int write_grad);
+void cross_entropy_rows_bf16_lv(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
+                                float* loss, float* lse, int64_t rows, int64_t cols, int write_grad);
+void accumulate_bf16_range(float* acc, const uint16_t* src, int64_t n);
 void round_bf16_range(const float* in, float* out, int64_t n);
 void round_fp16_range(const float* in, float* out, int64_t n);
 
@@ -296,6 +339,11 @@ KILN_LEVELS(cross_entropy_rows_lv,
             (float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
              int64_t rows, int64_t cols, int write_grad),
             (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
+KILN_LEVELS(cross_entropy_rows_bf16_lv,
+            (uint16_t * logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
+             int64_t rows, int64_t cols, int write_grad),
+            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
+KILN_LEVELS(accumulate_bf16_range, (float* acc, const uint16_t* src, int64_t n), (acc, src, n))
 KILN_LEVELS(round_bf16_range, (const float* in, float* out, int64_t n), (in, out, n))
 KILN_LEVELS(round_fp16_range, (const float* in, float* out, int64_t n), (in, out, n))
 
@@ -368,6 +416,19 @@ void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_ind
     cross_entropy_rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols,
                           write_grad ? 1 : 0);
   });
+}
+
+void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                             float* lse, int64_t rows, int64_t cols, bool write_grad) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
+  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
+    cross_entropy_rows_bf16_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols,
+                               write_grad ? 1 : 0);
+  });
+}
+
+void accumulate_bf16(float* acc, const uint16_t* src, int64_t n) {
+  parallel_ranges(n, kGrain, [&](int64_t b, int64_t e) { accumulate_bf16_range(acc + b, src + b, e - b); });
 }
 
 void round_to_bf16(const float* in, float* out, int64_t n) {

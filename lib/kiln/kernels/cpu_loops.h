@@ -45,6 +45,16 @@ void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* 
 void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
                         float* lse, int64_t rows, int64_t cols, bool write_grad);
 
+// The same on bf16 logits (uint16 bits): each element widened to fp32, the arithmetic above in
+// fp32, the gradient rounded once to bf16 over the logits (what ATen's fp32 log-softmax of bf16
+// logits and a cast of its gradient back to bf16 compute, without the fp32 [rows, cols] copies).
+void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                             float* lse, int64_t rows, int64_t cols, bool write_grad);
+
+// acc[i] += src[i] widened from bf16: accumulates a bf16 GEMM's product into an fp32 sum without
+// the fp32 temporary a mixed-dtype add_ allocates.
+void accumulate_bf16(float* acc, const uint16_t* src, int64_t n);
+
 // out = in rounded to the nearest bf16 / fp16 (ties to even) and widened back to fp32, in place
 // when out == in: the values a bf16 / fp16 GEMM reads (ops/linear.cpp).
 void round_to_bf16(const float* in, float* out, int64_t n);

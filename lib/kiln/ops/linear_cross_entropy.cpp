@@ -65,15 +65,23 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
 // fp32 logits on the CPU: kernels/cpu_loops.h's fused row loop (max, sum of exponentials, the
 // gradient written over the logits: three passes over a row held in cache, no [n, V] buffer
 // besides the logits) instead of log_softmax + exp_ + mul_ + scatter_add_.
+// bf16 logits: the same loop in fp32 arithmetic, the gradient rounded once to bf16 in place.
 ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                            bool write_grad) {
   const int64_t n = logits.size(0), vocab = logits.size(1);
   ChunkResult r;
-  r.loss = at::empty({n}, logits.options());
-  r.lse = at::empty({n}, logits.options());
-  kernels::cpu::cross_entropy_rows(logits.mutable_data_ptr<float>(), labels.const_data_ptr<int64_t>(), ignore_index,
-                                   static_cast<float>(z_loss), r.loss.mutable_data_ptr<float>(),
-                                   r.lse.mutable_data_ptr<float>(), n, vocab, write_grad);
+  r.loss = at::empty({n}, logits.options().dtype(at::kFloat));
+  r.lse = at::empty({n}, logits.options().dtype(at::kFloat));
+  if (logits.scalar_type() == at::kBFloat16) {
+    kernels::cpu::cross_entropy_rows_bf16(reinterpret_cast<uint16_t*>(logits.mutable_data_ptr<at::BFloat16>()),
+                                          labels.const_data_ptr<int64_t>(), ignore_index, static_cast<float>(z_loss),
+                                          r.loss.mutable_data_ptr<float>(), r.lse.mutable_data_ptr<float>(), n, vocab,
+                                          write_grad);
+  } else {
+    kernels::cpu::cross_entropy_rows(logits.mutable_data_ptr<float>(), labels.const_data_ptr<int64_t>(), ignore_index,
+                                     static_cast<float>(z_loss), r.loss.mutable_data_ptr<float>(),
+                                     r.lse.mutable_data_ptr<float>(), n, vocab, write_grad);
+  }
   if (write_grad) r.grad = std::move(logits);
   return r;
 }
@@ -109,10 +117,17 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
   // Same dtype: the first chunk's product is written into the accumulator (no zero fill of the
   // [V, H] fp32 buffer, one pass over 65 MB fewer at V 32000, H 512); the others add into it.
   const bool same_dtype = !mixed_cuda && acc == hidden.scalar_type();
+  // bf16 on the CPU: each chunk's bf16 weight gradient goes into one reused bf16 buffer and is
+  // widened into the fp32 sum by a loop (a mixed-dtype add_ would allocate an fp32 [V, H] copy per
+  // chunk, and its page faults cost more than the add); the first chunk's is widened into it.
+  const bool cpu_bf16 = hidden.is_cpu() && hidden.scalar_type() == at::kBFloat16 && acc == at::kFloat &&
+                        cpu_cross_entropy_uses_loop(at::kBFloat16);
+  at::Tensor dw_chunk;
   if (with_grad) {
     *grad_hidden = at::empty_like(hidden);
-    grad_w_acc = same_dtype ? at::empty(weight.sizes(), weight.options().dtype(acc))
-                            : at::zeros(weight.sizes(), weight.options().dtype(acc));
+    grad_w_acc = same_dtype || cpu_bf16 ? at::empty(weight.sizes(), weight.options().dtype(acc))
+                                        : at::zeros(weight.sizes(), weight.options().dtype(acc));
+    if (cpu_bf16) dw_chunk = at::empty(weight.sizes(), weight.options());
   }
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
@@ -129,6 +144,15 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     mm_into(gh, r.grad, weight);  // [n, V] x [V, H]
     if (same_dtype) {
       mm_into(grad_w_acc, r.grad.t(), h, /*accumulate=*/start != 0);
+    } else if (cpu_bf16) {
+      at::mm_out(dw_chunk, r.grad.t(), h);  // bf16 x bf16 (oneDNN), rounded to bf16 as autocast's
+      if (start == 0) {
+        grad_w_acc.copy_(dw_chunk);
+      } else {
+        kernels::cpu::accumulate_bf16(grad_w_acc.mutable_data_ptr<float>(),
+                                      reinterpret_cast<const uint16_t*>(dw_chunk.const_data_ptr<at::BFloat16>()),
+                                      grad_w_acc.numel());
+      }
     } else if (mixed_cuda) {
       at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);  // bf16 x bf16 accumulated into fp32
     } else {
@@ -203,7 +227,7 @@ bool cpu_cross_entropy_uses_loop(at::ScalarType logits) {
     const char* v = std::getenv("KILN_CPU_CE_LOOP");
     return v != nullptr && std::string(v) == "0";
   }();
-  return logits == at::kFloat && !disabled && !forced_cpu_cross_entropy_aten.load();
+  return (logits == at::kFloat || logits == at::kBFloat16) && !disabled && !forced_cpu_cross_entropy_aten.load();
 }
 
 void testing::force_cpu_head_fp32(int mode) {

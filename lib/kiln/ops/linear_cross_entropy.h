@@ -70,7 +70,10 @@ at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cp
 // Whether a chunk's CPU logits of this dtype take the fused fp32 row loop of kernels/cpu_loops.h
 // (max, sum of exponentials and the gradient in place over the logits; one [n, V] fp32 buffer per
 // chunk) rather than ATen's log_softmax, exp_, mul_ and scatter_add_ (the logits plus an fp32
-// log-probability buffer). fp32 only; KILN_CPU_CE_LOOP=0 turns it off (A/B benchmarks);
+// log-probability buffer). fp32 and bf16 logits (the bf16 loop computes in fp32 and rounds the
+// gradient once to bf16, as ATen's fp32 log-softmax followed by a cast does; the head's bf16 weight
+// gradient per chunk then goes into the fp32 sum through kernels::cpu::accumulate_bf16, not a
+// mixed-dtype add_ with its fp32 temporary). KILN_CPU_CE_LOOP=0 turns both off (A/B benchmarks);
 // profile/memory.cpp follows this.
 bool cpu_cross_entropy_uses_loop(at::ScalarType logits);
 

@@ -83,13 +83,19 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
         static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size, !o.cuda));
     const double hb = head_low_precision ? cb : 4.0;
     // The chunk: its logits, plus ATen's fp32 log-probabilities unless the fused CPU loop writes
-    // the gradient over fp32 logits in place (ops::cpu_cross_entropy_uses_loop).
+    // the gradient over the logits in place (ops::cpu_cross_entropy_uses_loop): fp32 logits, or
+    // bf16 ones (compute_bytes 2 is taken as bf16, as the head rule above takes it), whose chunks'
+    // weight gradients then pass through one reused bf16 [V, H] buffer instead of a bf16 product
+    // and an fp32 copy of it per chunk.
     const bool cpu_loop = !o.cuda && !head_low_precision && ops::cpu_cross_entropy_uses_loop(at::kFloat);
-    head = tokens * (8.0 + 2.0 * hb) * h + (head_low_precision ? 4.0 + cb : 4.0) * vocab * h +
+    const bool cpu_loop_low = !o.cuda && head_low_precision && ops::cpu_cross_entropy_uses_loop(at::kBFloat16);
+    head = tokens * (8.0 + 2.0 * hb) * h +
+           (head_low_precision ? 4.0 + cb + (cpu_loop_low ? cb : 0.0) : 4.0) * vocab * h +
            chunk * vocab *
-               (head_low_precision ? cb + 8.0
-                : cpu_loop         ? 4.0
-                                   : 8.0);
+               (cpu_loop_low         ? cb
+                : head_low_precision ? cb + 8.0
+                : cpu_loop           ? 4.0
+                                     : 8.0);
   }
   // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward
   // keeps using it. Matmul weights: all but the input embedding (unless tied to the head) and norms.
