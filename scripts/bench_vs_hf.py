@@ -516,6 +516,26 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reexec_in_setup_venv() -> None:
+    """Started by a python3 without torch or transformers (the README's bare `scripts/bench_vs_hf.py`
+    on a machine whose system Python lacks them): run again under scripts/setup.sh's venv
+    ($KILN_PYTHON, else $KILN_HOME/venv/bin/python), once."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        return
+    except ImportError:
+        pass
+    home = os.environ.get("KILN_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    py = os.environ.get("KILN_PYTHON") or os.path.join(home, "venv", "bin", "python")
+    if os.environ.get("KILN_BENCH_REEXEC") or not os.access(py, os.X_OK) or \
+            os.path.abspath(py) == os.path.abspath(sys.executable):
+        raise SystemExit(f"bench_vs_hf: {sys.executable} has no torch/transformers; run scripts/setup.sh "
+                         f"(it makes {py}) or start this script with a Python that has them")
+    os.environ["KILN_BENCH_REEXEC"] = "1"
+    os.execv(py, [py, os.path.abspath(__file__), *sys.argv[1:]])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -545,6 +565,7 @@ def main() -> int:
     default = DEFAULT_CUDA if args.device == "cuda" else DEFAULT_CPU if args.full else QUICK_CPU
     configs = parse_configs(args.configs or default)
 
+    reexec_in_setup_venv()
     import torch
     import transformers
     bench = Bench(args)
