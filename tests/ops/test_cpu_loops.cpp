@@ -125,6 +125,26 @@ TEST_CASE("every ISA level of the CPU loops gives the baseline's bits", "[ops][c
   CHECK(((base[base.size() - 3].to(at::kDouble) - want).abs() <= want.abs() * 1e-6 + 1e-30).all().item<bool>());
 }
 
+namespace {
+// The fp64 reference of the cross-entropy rows (labels -100 ignored): lse, nll + z lse^2 and
+// (softmax (1 + 2 z lse) - onehot) for valid rows, zero for ignored ones.
+struct CeRef {
+  at::Tensor lse, loss, grad;
+};
+CeRef ce_reference(const at::Tensor& x64, const at::Tensor& labels, double z) {
+  const at::Tensor lse = at::logsumexp(x64, 1);
+  const at::Tensor valid = labels.ne(-100);
+  const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);
+  const at::Tensor nll = lse - x64.gather(1, safe).squeeze(1);
+  const at::Tensor loss = (nll + lse.square() * z) * valid.to(at::kDouble);
+  at::Tensor grad = at::softmax(x64, 1) * (1 + 2 * z * lse).unsqueeze(1);
+  grad.scatter_add_(1, safe, at::full({x64.size(0), 1}, -1.0, at::kDouble));
+  grad.mul_(valid.to(at::kDouble).unsqueeze(1));
+  return {lse, loss, grad};
+}
+
+}  // namespace
+
 TEST_CASE("the CPU cross-entropy rows give fp64's loss, lse and gradient", "[ops][cpu_loops]") {
   at::manual_seed(32);
   for (int64_t cols : {1, 7, 16, 33, 4000}) {
@@ -139,19 +159,11 @@ TEST_CASE("the CPU cross-entropy rows give fp64's loss, lse and gradient", "[ops
       at::Tensor got = x.clone(), loss = at::empty({rows}), lse = at::empty({rows});
       cpu::cross_entropy_rows(m(got), labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(loss), m(lse),
                               rows, cols, true);
-      // fp64 reference: lse, nll + z lse^2, (softmax (1 + 2 z lse) - onehot) for valid rows.
-      const at::Tensor want_lse = at::logsumexp(x64, 1);
-      const at::Tensor valid = labels.ne(-100);
-      const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);
-      const at::Tensor nll = want_lse - x64.gather(1, safe).squeeze(1);
-      const at::Tensor want_loss = (nll + want_lse.square() * z) * valid.to(at::kDouble);
-      at::Tensor want_grad = at::softmax(x64, 1) * (1 + 2 * z * want_lse).unsqueeze(1);
-      want_grad.scatter_add_(1, safe, at::full({rows, 1}, -1.0, at::kDouble));
-      want_grad.mul_(valid.to(at::kDouble).unsqueeze(1));
+      const CeRef want = ce_reference(x64, labels, z);
       CAPTURE(cols, z);
-      CHECK(at::allclose(lse.to(at::kDouble), want_lse, 1e-6, 1e-5));
-      CHECK(at::allclose(loss.to(at::kDouble), want_loss, 1e-6, 2e-5));
-      CHECK(at::allclose(got.to(at::kDouble), want_grad, 1e-5, 1e-7));
+      CHECK(at::allclose(lse.to(at::kDouble), want.lse, 1e-6, 1e-5));
+      CHECK(at::allclose(loss.to(at::kDouble), want.loss, 1e-6, 2e-5));
+      CHECK(at::allclose(got.to(at::kDouble), want.grad, 1e-5, 1e-7));
       CHECK(got[1].abs().max().item<float>() == 0.0f);  // the ignored row: zero gradient, zero loss
       CHECK(loss[1].item<float>() == 0.0f);
       // Without the gradient the logits stay as they were and the loss is the same bits.
@@ -182,21 +194,14 @@ TEST_CASE("the bf16 CPU cross-entropy rows: fp32 arithmetic on the bf16 logits, 
       cpu::cross_entropy_rows_bf16(reinterpret_cast<uint16_t*>(got.mutable_data_ptr<at::BFloat16>()),
                                    labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(loss), m(lse), rows,
                                    cols, true);
-      const at::Tensor want_lse = at::logsumexp(x64, 1);
-      const at::Tensor valid = labels.ne(-100);
-      const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);
-      const at::Tensor nll = want_lse - x64.gather(1, safe).squeeze(1);
-      const at::Tensor want_loss = (nll + want_lse.square() * z) * valid.to(at::kDouble);
-      at::Tensor want_grad = at::softmax(x64, 1) * (1 + 2 * z * want_lse).unsqueeze(1);
-      want_grad.scatter_add_(1, safe, at::full({rows, 1}, -1.0, at::kDouble));
-      want_grad.mul_(valid.to(at::kDouble).unsqueeze(1));
+      const CeRef want = ce_reference(x64, labels, z);
       CAPTURE(cols, z);
       REQUIRE(got.scalar_type() == at::kBFloat16);
-      CHECK(at::allclose(lse.to(at::kDouble), want_lse, 1e-6, 1e-5));
-      CHECK(at::allclose(loss.to(at::kDouble), want_loss, 1e-6, 2e-5));
+      CHECK(at::allclose(lse.to(at::kDouble), want.lse, 1e-6, 1e-5));
+      CHECK(at::allclose(loss.to(at::kDouble), want.loss, 1e-6, 2e-5));
       // Each gradient element within one bf16 rounding (2^-8 relative) of fp64's, plus fp32's error.
-      const at::Tensor err = (got.to(at::kDouble) - want_grad).abs();
-      CHECK((err <= want_grad.abs() * (1.0 / 256) + 1e-7).all().item<bool>());
+      const at::Tensor err = (got.to(at::kDouble) - want.grad).abs();
+      CHECK((err <= want.grad.abs() * (1.0 / 256) + 1e-7).all().item<bool>());
       // And equal to the fp32 loop's gradient (on the same widened values) rounded once to bf16.
       at::Tensor g32 = x64.to(at::kFloat), l32 = at::empty({rows}), s32 = at::empty({rows});
       cpu::cross_entropy_rows(m(g32), labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(l32), m(s32),

@@ -409,22 +409,30 @@ void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* 
   });
 }
 
-void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                        float* lse, int64_t rows, int64_t cols, bool write_grad) {
+namespace {
+// The rows over OpenMP shares of whole rows, for either element type's level-dispatched loop.
+template <typename T>
+void cross_entropy_rows_parallel(void (*rows_lv)(T*, const int64_t*, int64_t, float, float*, float*, int64_t, int64_t,
+                                                 int),
+                                 T* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                                 float* lse, int64_t rows, int64_t cols, bool write_grad) {
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
   parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
-    cross_entropy_rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols,
-                          write_grad ? 1 : 0);
+    rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols, write_grad ? 1 : 0);
   });
+}
+}  // namespace
+
+void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
+                        float* lse, int64_t rows, int64_t cols, bool write_grad) {
+  cross_entropy_rows_parallel(&cross_entropy_rows_lv, logits, labels, ignore_index, z_loss, loss, lse, rows, cols,
+                              write_grad);
 }
 
 void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
                              float* lse, int64_t rows, int64_t cols, bool write_grad) {
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
-  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
-    cross_entropy_rows_bf16_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols,
-                               write_grad ? 1 : 0);
-  });
+  cross_entropy_rows_parallel(&cross_entropy_rows_bf16_lv, logits, labels, ignore_index, z_loss, loss, lse, rows, cols,
+                              write_grad);
 }
 
 void accumulate_bf16(float* acc, const uint16_t* src, int64_t n) {
