@@ -95,6 +95,39 @@ std::vector<at::Tensor> run_loops() {
   at::Tensor acc = at::randn({n});
   cpu::accumulate_bf16(m(acc), bits(dyb), n);
   out.push_back(acc);
+  // RoPE rows, forward in place on a [B, T, H, D] buffer viewed as [B, H, T, D] and backward into a
+  // contiguous tensor, with per-sequence and shared tables, fp32 and bf16, over widths whose halves
+  // reach the lane tails.
+  for (int64_t dim : {2, 34, 64}) {
+    for (int64_t cs_batch : {int64_t{1}, int64_t{2}}) {
+      const at::Tensor base = at::randn({2, 5, 3, dim}), cs = at::randn({cs_batch, 5, dim}),
+                       sn = at::randn({cs_batch, 5, dim});
+      for (bool bf16 : {false, true}) {
+        const at::ScalarType dt = bf16 ? at::kBFloat16 : at::kFloat;
+        at::Tensor x = base.to(dt).transpose(1, 2);  // in place, strided
+        const at::Tensor c = cs.to(dt), s = sn.to(dt);
+        at::Tensor dx = at::empty({2, 3, 5, dim}, dt);
+        cpu::RopeShape shape{2,
+                             3,
+                             5,
+                             dim,
+                             {x.stride(0), x.stride(1), x.stride(2)},
+                             {x.stride(0), x.stride(1), x.stride(2)},
+                             cs_batch == 1 ? 0 : 5 * dim};
+        cpu::RopeShape back = shape;
+        back.dst_stride[0] = dx.stride(0), back.dst_stride[1] = dx.stride(1), back.dst_stride[2] = dx.stride(2);
+        if (bf16) {
+          uint16_t* xb = reinterpret_cast<uint16_t*>(x.mutable_data_ptr<at::BFloat16>());
+          cpu::rope_bf16(xb, xb, bits(c), bits(s), shape, false);
+          cpu::rope_bf16(xb, bits_out(dx), bits(c), bits(s), back, true);
+        } else {
+          cpu::rope(p(x), m(x), p(c), p(s), shape, false);
+          cpu::rope(p(x), m(dx), p(c), p(s), back, true);
+        }
+        out.insert(out.end(), {x, dx});
+      }
+    }
+  }
   out.insert(out.end(), {g, u, y, dg, du});
   return out;
 }

@@ -53,7 +53,8 @@ TEST_CASE("rope's in-place Function matches autograd on the ATen composition", "
       const Grads got = run(x, t, dy, mode);
       CAPTURE(llama3, mode);
       CHECK(max_abs_diff(got.y, want.y) == 0);
-      CHECK(max_abs_diff(got.dx, want.dx) < 1e-6);
+      // The CPU loop rounds each product and sum as ATen's ops do: the backward's bits too.
+      CHECK(max_abs_diff(got.dx, want.dx) == 0);
     }
   }
   const auto t = tables(true, 1, 3, at::kDouble, at::kCPU);
@@ -63,6 +64,38 @@ TEST_CASE("rope's in-place Function matches autograd on the ATen composition", "
               return (kiln::ops::apply_rope_((in[0] * 1).transpose(1, 2), t.cos, t.sin) * dy).sum();
             },
             {at::randn({1, 3, 2, head_dim})}) < 1e-7);
+}
+
+TEST_CASE("rope's CPU loop gives the ATen composition's bits in bf16, and strided heads take ATen", "[ops][rope]") {
+  at::manual_seed(32);
+  const int64_t head_dim = kiln::model::load_llama_config("tiny").resolved_head_dim();
+  // bf16 activations and tables (the trainer's bf16 CPU path), per-sequence and shared tables:
+  // each product and sum rounded to bf16 as ATen's bf16 ops round them.
+  for (int64_t table_batch : {int64_t{2}, int64_t{1}}) {
+    const auto t = tables(false, table_batch, 7, at::kBFloat16, at::kCPU);
+    const at::Tensor x = at::randn({2, 7, 3, head_dim}).to(at::kBFloat16),
+                     dy = at::randn({2, 3, 7, head_dim}).to(at::kBFloat16);
+    const Grads want = run(x, t, dy, 0);
+    for (int mode : {1, 2}) {
+      const Grads got = run(x, t, dy, mode);
+      CAPTURE(table_batch, mode);
+      CHECK(at::equal(got.y, want.y));
+      CHECK(at::equal(got.dx, want.dx));
+    }
+  }
+  // Heads whose D is not unit-stride (every other element of a wider buffer) take the ATen
+  // rotation inside the same Function: same values.
+  const auto t = tables(true, 2, 7, at::kFloat, at::kCPU);
+  const at::Tensor wide = at::randn({2, 3, 7, 2 * head_dim}), dy = at::randn({2, 3, 7, head_dim});
+  const at::Tensor leaf = wide.clone().requires_grad_(true), ref_leaf = wide.clone().requires_grad_(true);
+  const at::Tensor strided = (leaf * 1).slice(3, 0, 2 * head_dim, 2);
+  REQUIRE(strided.stride(3) == 2);
+  const at::Tensor y = kiln::ops::apply_rope_(strided, t.cos, t.sin);
+  const at::Tensor y_ref = kiln::ops::apply_rope_reference((ref_leaf * 1).slice(3, 0, 2 * head_dim, 2), t.cos, t.sin);
+  CHECK(max_abs_diff(y, y_ref) == 0);
+  y.backward(dy);
+  y_ref.backward(dy);
+  CHECK(max_abs_diff(leaf.grad(), ref_leaf.grad()) == 0);
 }
 
 TEST_CASE("rope CUDA kernel matches the reference, forward and backward", "[ops][rope][cuda]") {

@@ -165,6 +165,68 @@ KILN_BODY void store_elem(uint16_t* p, float v) {
   *p = to_bf16(v);
 }
 
+// A value rounded as an op producing T rounds it (fp32: as is).
+KILN_BODY float round_elem(float v, const float*) {
+  return v;
+}
+KILN_BODY float round_elem(float v, const uint16_t*) {
+  return from_bf16(to_bf16(v));
+}
+
+// n (<= 16) pairs of a RoPE row from index j of each half: both halves read before either is
+// written (x may be y).
+template <typename T>
+KILN_BODY void rope_lanes(const T* x, T* y, const T* c, const T* s, int64_t half, int64_t j, int64_t n, int backward) {
+  const T* tag = nullptr;
+  float x1[kLanes], x2[kLanes], y1[kLanes], y2[kLanes];
+  for (int64_t l = 0; l < n; ++l) {
+    x1[l] = load_elem(x[j + l]);
+    x2[l] = load_elem(x[half + j + l]);
+  }
+  if (backward == 0) {
+    for (int64_t l = 0; l < n; ++l) {
+      y1[l] = round_elem(x1[l] * load_elem(c[j + l]), tag) - round_elem(x2[l] * load_elem(s[j + l]), tag);
+      y2[l] = round_elem(x2[l] * load_elem(c[half + j + l]), tag) + round_elem(x1[l] * load_elem(s[half + j + l]), tag);
+    }
+  } else {
+    for (int64_t l = 0; l < n; ++l) {
+      y1[l] = round_elem(x1[l] * load_elem(c[j + l]), tag) + round_elem(x2[l] * load_elem(s[half + j + l]), tag);
+      y2[l] = round_elem(x2[l] * load_elem(c[half + j + l]), tag) - round_elem(x1[l] * load_elem(s[j + l]), tag);
+    }
+  }
+  for (int64_t l = 0; l < n; ++l) {
+    store_elem(y + j + l, y1[l]);
+    store_elem(y + half + j + l, y2[l]);
+  }
+}
+
+// RoPE over rows [r0, r1) of the B*H*T rows (cpu_loops.h): rows of D contiguous elements.
+template <typename T>
+KILN_BODY void rope_rows_core(const T* src, T* dst, const T* cos, const T* sin, const RopeShape& sh, int64_t r0,
+                              int64_t r1, int backward) {
+  const int64_t half = sh.dim / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t t = r % sh.seq, h = (r / sh.seq) % sh.heads, b = r / (sh.seq * sh.heads);
+    const T* x = src + b * sh.src_stride[0] + h * sh.src_stride[1] + t * sh.src_stride[2];
+    T* y = dst + b * sh.dst_stride[0] + h * sh.dst_stride[1] + t * sh.dst_stride[2];
+    const T* c = cos + b * sh.cs_batch_stride + t * sh.dim;
+    const T* s = sin + b * sh.cs_batch_stride + t * sh.dim;
+    int64_t j = 0;
+    for (; j + kLanes <= half; j += kLanes) rope_lanes(x, y, c, s, half, j, kLanes, backward);
+    if (j < half) rope_lanes(x, y, c, s, half, j, half - j, backward);
+  }
+}
+
+KILN_BODY void rope_rows_body(const float* src, float* dst, const float* cos, const float* sin, const RopeShape* sh,
+                              int64_t r0, int64_t r1, int backward) {
+  rope_rows_core(src, dst, cos, sin, *sh, r0, r1, backward);
+}
+
+KILN_BODY void rope_rows_bf16_body(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin,
+                                   const RopeShape* sh, int64_t r0, int64_t r1, int backward) {
+  rope_rows_core(src, dst, cos, sin, *sh, r0, r1, backward);
+}
+
 // The rows in fp32 arithmetic whatever T; the gradient written over the row in T.
 template <typename T>
 KILN_BODY void cross_entropy_rows_core(T* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
@@ -317,6 +379,10 @@ void cross_entropy_rows_lv(float* logits, const int64_t* labels, int64_t ignore_
 void cross_entropy_rows_bf16_lv(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
                                 float* loss, float* lse, int64_t rows, int64_t cols, int write_grad);
 void accumulate_bf16_range(float* acc, const uint16_t* src, int64_t n);
+void rope_rows(const float* src, float* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
+               int64_t r1, int backward);
+void rope_rows_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape* sh,
+                    int64_t r0, int64_t r1, int backward);
 void round_bf16_range(const float* in, float* out, int64_t n);
 void round_fp16_range(const float* in, float* out, int64_t n);
 
@@ -343,6 +409,14 @@ KILN_LEVELS(cross_entropy_rows_bf16_lv,
             (uint16_t * logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
              int64_t rows, int64_t cols, int write_grad),
             (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
+KILN_LEVELS(rope_rows,
+            (const float* src, float* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
+             int64_t r1, int backward),
+            (src, dst, cos, sin, sh, r0, r1, backward))
+KILN_LEVELS(rope_rows_bf16,
+            (const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape* sh,
+             int64_t r0, int64_t r1, int backward),
+            (src, dst, cos, sin, sh, r0, r1, backward))
 KILN_LEVELS(accumulate_bf16_range, (float* acc, const uint16_t* src, int64_t n), (acc, src, n))
 KILN_LEVELS(round_bf16_range, (const float* in, float* out, int64_t n), (in, out, n))
 KILN_LEVELS(round_fp16_range, (const float* in, float* out, int64_t n), (in, out, n))
@@ -433,6 +507,21 @@ void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ig
                              float* lse, int64_t rows, int64_t cols, bool write_grad) {
   cross_entropy_rows_parallel(&cross_entropy_rows_bf16_lv, logits, labels, ignore_index, z_loss, loss, lse, rows, cols,
                               write_grad);
+}
+
+void rope(const float* src, float* dst, const float* cos, const float* sin, const RopeShape& shape, bool backward) {
+  const int64_t rows = shape.batch * shape.heads * shape.seq;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
+  parallel_ranges(rows, grain,
+                  [&](int64_t b, int64_t e) { rope_rows(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
+}
+
+void rope_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape& shape,
+               bool backward) {
+  const int64_t rows = shape.batch * shape.heads * shape.seq;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
+  parallel_ranges(rows, grain,
+                  [&](int64_t b, int64_t e) { rope_rows_bf16(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
 }
 
 void accumulate_bf16(float* acc, const uint16_t* src, int64_t n) {

@@ -35,6 +35,26 @@ void swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int6
 void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du,
                           int64_t n);
 
+// Rotary embedding ("rotate half" pairs (i, i + D/2)) over x viewed as [B, H, T, D] with unit stride
+// on D: src and dst hold one element's offsets as b * stride[0] + h * stride[1] + t * stride[2] + i
+// (dst may be src, with the same strides: in place). cos, sin: [B or 1, T, D] contiguous,
+// cs_batch_stride = T * D or 0 (one table for every sequence). With x1 = x[i], x2 = x[i + D/2]:
+//   forward:  dst[i] = x1 cos[i] - x2 sin[i],        dst[i + D/2] = x2 cos[i + D/2] + x1 sin[i + D/2]
+//   backward: dst[i] = x1 cos[i] + x2 sin[i + D/2],  dst[i + D/2] = x2 cos[i + D/2] - x1 sin[i]
+// (the backward is the transposed rotation: the gradient of the forward). Each product and the sum
+// rounded as ATen's x * cos + rotate_half(x) * sin rounds them, so the fp32 results are its bits.
+struct RopeShape {
+  int64_t batch, heads, seq, dim;
+  int64_t src_stride[3], dst_stride[3];
+  int64_t cs_batch_stride;
+};
+void rope(const float* src, float* dst, const float* cos, const float* sin, const RopeShape& shape, bool backward);
+
+// The same on bf16 (uint16 bits), rounded as ATen's bf16 ops round: each product to bf16, then the
+// sum (its bits too).
+void rope_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape& shape,
+               bool backward);
+
 // Cross-entropy over the rows of logits [rows, cols] (the chunked loss head's step on one chunk).
 // Per row, with t = labels[r] (index 0 stands in for an ignored row): m = max, logs =
 // log(sum exp(x - m)), nll = logs - (x[t] - m), lse[r] = x[t] + nll, loss[r] = nll + z_loss lse^2,

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/dispatch.h"
 
 namespace kiln::ops {
@@ -19,6 +20,33 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// CPU fp32/bf16 with unit stride on D and tables of x's dtype: the fused loop of
+// kernels/cpu_loops.h (one pass; ATen's composition makes six, each into a fresh tensor).
+bool use_cpu_loop(const at::Tensor& x, const at::Tensor& cos) {
+  return x.is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+         cos.scalar_type() == x.scalar_type() && x.stride(3) == 1 && x.size(3) % 2 == 0;
+}
+
+// src [B, H, T, D] rotated into dst (which may be src) by the CPU loop; cos, sin contiguous.
+void rope_cpu_loop(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
+                   bool backward) {
+  kernels::cpu::RopeShape shape{.batch = src.size(0),
+                                .heads = src.size(1),
+                                .seq = src.size(2),
+                                .dim = src.size(3),
+                                .src_stride = {src.stride(0), src.stride(1), src.stride(2)},
+                                .dst_stride = {dst.stride(0), dst.stride(1), dst.stride(2)},
+                                .cs_batch_stride = cos.size(0) == 1 ? 0 : cos.size(1) * cos.size(2)};
+  if (src.scalar_type() == at::kFloat) {
+    kernels::cpu::rope(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), cos.const_data_ptr<float>(),
+                       sin.const_data_ptr<float>(), shape, backward);
+    return;
+  }
+  auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>()); };
+  kernels::cpu::rope_bf16(bits(src), reinterpret_cast<uint16_t*>(dst.mutable_data_ptr<at::BFloat16>()), bits(cos),
+                          bits(sin), shape, backward);
+}
+
 // x [B, H, T, D] rotated in place; transposed rotation when backward.
 void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
 #ifdef KILN_WITH_CUDA
@@ -27,6 +55,10 @@ void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool b
     return;
   }
 #endif
+  if (use_cpu_loop(x, cos)) {
+    rope_cpu_loop(x, x, cos, sin, backward);
+    return;
+  }
   const int64_t half = x.size(-1) / 2;
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
@@ -45,7 +77,13 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
-    at::Tensor dx = grads[0].clone(at::MemoryFormat::Contiguous);
+    const at::Tensor& dy = grads[0];
+    if (use_cpu_loop(dy, s[0])) {  // read the incoming gradient once, write a fresh one
+      at::Tensor dx = at::empty(dy.sizes(), dy.options());
+      rope_cpu_loop(dy, dx, s[0], s[1], true);
+      return {dx, at::Tensor(), at::Tensor()};
+    }
+    at::Tensor dx = dy.clone(at::MemoryFormat::Contiguous);
     rotate_(dx, s[0], s[1], true);
     return {dx, at::Tensor(), at::Tensor()};
   }
