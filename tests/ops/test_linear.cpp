@@ -178,6 +178,44 @@ TEST_CASE("ops::mm_into: CPU fp32 GEMMs through oneDNN and through ATen, every o
   kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
 }
 
+TEST_CASE("the fp32 GEMM rule sends small and 16-127-row products to ATen, larger ones by the CPU rule",
+          "[ops][linear]") {
+  using kiln::ops::cpu_fp32_gemm_uses_onednn;
+  using kiln::ops::onednn_fp32_gemm_suits;
+  // The shape rule itself: 2^21 multiply-adds, rows >= 128 or < 16.
+  CHECK_FALSE(onednn_fp32_gemm_suits(16, 64, 64));     // the overhead shape's GEMMs
+  CHECK_FALSE(onednn_fp32_gemm_suits(127, 128, 129));  // 2.1M, 16 <= m < 128
+  CHECK_FALSE(onednn_fp32_gemm_suits(64, 512, 1376));  // x W^T measured 0.97x at m 64
+  CHECK(onednn_fp32_gemm_suits(128, 128, 128));        // 2^21 exactly
+  CHECK_FALSE(onednn_fp32_gemm_suits(128, 128, 127));
+  CHECK(onednn_fp32_gemm_suits(1024, 128, 384));    // the tiny preset's MLP
+  CHECK(onednn_fp32_gemm_suits(1, 2048, 8192));     // one row of a 1B model's MLP (decoding)
+  CHECK(onednn_fp32_gemm_suits(32000, 1024, 512));  // a head's weight gradient
+  CHECK_FALSE(onednn_fp32_gemm_suits(15, 64, 64));
+  CHECK(onednn_fp32_gemm_suits(int64_t{1} << 40, int64_t{1} << 20, int64_t{1} << 20));  // no int64 overflow
+  // Under the rule, per GEMM: the shape and this CPU's rule. Forced, every shape.
+  for (int mode : {-1, 0, 1}) {
+    kiln::ops::testing::force_cpu_fp32_gemm_onednn(mode);
+    CAPTURE(mode);
+    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{16, 64, 64}, {64, 512, 1376}, {1024, 128, 384}}) {
+      CAPTURE(m, k, n);
+      const bool want = mode == -1 ? onednn_fp32_gemm_suits(m, k, n) && cpu_fp32_gemm_uses_onednn()
+                                   : mode == 1 && kiln::ops::onednn_fp32_gemm_available();
+      CHECK(cpu_fp32_gemm_uses_onednn(m, k, n) == want);
+    }
+  }
+  // A small product under the rule is at::mm's (ATen's BLAS), bitwise, on any CPU; an fp32 linear
+  // of that size is at::linear itself.
+  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
+  at::manual_seed(16);
+  const at::Tensor a = at::randn({16, 64}), b = at::randn({64, 64});
+  at::Tensor out = at::empty({16, 64});
+  kiln::ops::mm_into(out, a, b);
+  CHECK(at::equal(out, at::mm(a, b)));
+  const at::Tensor x = at::randn({1, 16, 64}), w = at::randn({192, 64}), bias = at::randn({192});
+  CHECK(at::equal(kiln::ops::linear(x, w, bias), at::linear(x, w, bias)));
+}
+
 TEST_CASE("an fp32 CPU linear through oneDNN matches at::linear's autograd, bias or not", "[ops][linear]") {
   at::manual_seed(15);
   kiln::ops::testing::force_cpu_fp32_gemm_onednn(1);

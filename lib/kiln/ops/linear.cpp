@@ -43,7 +43,23 @@ std::atomic<int> forced_cpu_fp32_gemm_onednn{-1};
 bool onednn_mm_applies(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   return a.is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
          out.scalar_type() == at::kFloat && a.dim() == 2 && b.dim() == 2 && out.is_contiguous() && a.numel() > 0 &&
-         b.numel() > 0 && cpu_fp32_gemm_uses_onednn();
+         b.numel() > 0 && cpu_fp32_gemm_uses_onednn(a.size(0), a.size(1), b.size(1));
+}
+
+// KILN_CPU_FP32_GEMM, then the testing override: 1 = oneDNN, 0 = ATen's BLAS, -1 = the rule.
+int fp32_gemm_mode() {
+  static const int env = [] {
+    const char* v = std::getenv("KILN_CPU_FP32_GEMM");
+    if (v == nullptr || *v == '\0') return -1;
+    const std::string s(v);
+    TORCH_CHECK(s == "onednn" || s == "aten", "KILN_CPU_FP32_GEMM must be onednn or aten, got '", s, "'");
+    TORCH_CHECK(s == "aten" || onednn_fp32_gemm_available(),
+                "KILN_CPU_FP32_GEMM=onednn, but this LibTorch does not provide oneDNN's matmul "
+                "(at::native::mkldnn_matmul)");
+    return s == "onednn" ? 1 : 0;
+  }();
+  const int forced = forced_cpu_fp32_gemm_onednn.load();
+  return forced >= 0 ? forced : env;
 }
 
 // dst (fp32, contiguous) = src rounded to `compute` and widened back: the values a `compute`
@@ -223,7 +239,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   const at::ScalarType c = a.scalar_type();
   if (c == at::kFloat && a.is_cpu() && b.is_cpu() && b.scalar_type() == c && a.dim() == 2 && b.dim() == 2 &&
       !(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) &&
-      backend(Op::kLinear) != Backend::kAten && cpu_fp32_gemm_uses_onednn()) {
+      backend(Op::kLinear) != Backend::kAten && cpu_fp32_gemm_uses_onednn(a.size(0), a.size(1), b.size(1))) {
     at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
     mm_into(out, a, b);
     return out;
@@ -281,21 +297,24 @@ void testing::force_cpu_fp32_gemm_onednn(int mode) {
 }
 
 bool cpu_fp32_gemm_uses_onednn() {
-  static const int env = [] {
-    const char* v = std::getenv("KILN_CPU_FP32_GEMM");
-    if (v == nullptr || *v == '\0') return -1;
-    const std::string s(v);
-    TORCH_CHECK(s == "onednn" || s == "aten", "KILN_CPU_FP32_GEMM must be onednn or aten, got '", s, "'");
-    TORCH_CHECK(s == "aten" || onednn_fp32_gemm_available(),
-                "KILN_CPU_FP32_GEMM=onednn, but this LibTorch does not provide oneDNN's matmul "
-                "(at::native::mkldnn_matmul)");
-    return s == "onednn" ? 1 : 0;
-  }();
-  const int forced = forced_cpu_fp32_gemm_onednn.load();
-  if (forced >= 0) return forced != 0 && onednn_fp32_gemm_available();
-  if (env >= 0) return env == 1;
+  const int mode = fp32_gemm_mode();
+  if (mode >= 0) return mode == 1 && onednn_fp32_gemm_available();
   static const bool automatic = cpu_is_amd_with_avx512_bf16() && onednn_fp32_gemm_available();
   return automatic;
+}
+
+bool onednn_fp32_gemm_suits(int64_t m, int64_t k, int64_t n) {
+  // In doubles: the product of three sizes can pass int64 (a [V, H] x [H, N] head is not near it).
+  const double macs = static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+  return macs >= static_cast<double>(int64_t{1} << 21) && (m >= 128 || m < 16);
+}
+
+bool cpu_fp32_gemm_uses_onednn(int64_t m, int64_t k, int64_t n) {
+  const int mode = fp32_gemm_mode();
+  if (mode >= 0) return mode == 1 && onednn_fp32_gemm_available();
+  // The shape first: a process whose GEMMs are all small never starts oneDNN (its probe alone
+  // costs about 5.5 MB of resident memory).
+  return onednn_fp32_gemm_suits(m, k, n) && cpu_fp32_gemm_uses_onednn();
 }
 
 bool cpu_has_amx_bf16() {
@@ -353,7 +372,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   }
   if (compute == at::kFloat && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
       (!bias.defined() || bias.scalar_type() == at::kFloat) && weight.dim() == 2 && x.dim() >= 1 &&
-      x.size(-1) == weight.size(1) && cpu_fp32_gemm_uses_onednn()) {
+      x.size(-1) == weight.size(1) &&
+      cpu_fp32_gemm_uses_onednn(x.numel() / std::max<int64_t>(x.size(-1), 1), x.size(-1), weight.size(0))) {
     const bool needs_grad = at::GradMode::is_enabled() &&
                             (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
     if (!needs_grad) return forward_fp32(x, weight, bias);

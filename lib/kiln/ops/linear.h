@@ -47,6 +47,16 @@ void mm_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bo
 // KILN_CPU_FP32_GEMM=onednn or aten overrides the rule.
 bool cpu_fp32_gemm_uses_onednn();
 
+// The same for one GEMM, out [m, n] = a [m, k] b [k, n]: by the rule, oneDNN only where it measured
+// faster than MKL at 2 threads (onednn_fp32_gemm_suits); KILN_CPU_FP32_GEMM or the testing override
+// applies to every shape. ops::linear decides by its forward GEMM, mm_into and ops::mm per call.
+bool cpu_fp32_gemm_uses_onednn(int64_t m, int64_t k, int64_t n);
+
+// The shape rule: m k n >= 2^21 multiply-adds (below, oneDNN's 10-15 us per call loses to MKL),
+// and m >= 128 or m < 16 (between, oneDNN's x W^T kernels measured 0.5-0.97x of MKL's on the Zen 5
+// VM at K 512-2048; docs/kernels.md has the table).
+bool onednn_fp32_gemm_suits(int64_t m, int64_t k, int64_t n);
+
 // This LibTorch exports at::native::mkldnn_matmul (resolved at load time through a weak
 // reference: a LibTorch without it links and runs, on ATen's BLAS), was built with oneDNN, and
 // the call works here: one small product, probed once (ATen's call refuses fp32 as well where its
