@@ -126,6 +126,21 @@ std::vector<at::Tensor> run_loops() {
         }
         out.insert(out.end(), {x, dx});
       }
+      // Autocast's mixed forms: bf16 in, fp32 out; fp32 gradient in, bf16 out.
+      const at::Tensor xb = base.to(at::kBFloat16).transpose(1, 2);
+      at::Tensor y32 = at::empty({2, 3, 5, dim}), dxb = at::empty({2, 3, 5, dim}, at::kBFloat16);
+      cpu::RopeShape mixed{2,
+                           3,
+                           5,
+                           dim,
+                           {xb.stride(0), xb.stride(1), xb.stride(2)},
+                           {y32.stride(0), y32.stride(1), y32.stride(2)},
+                           cs_batch == 1 ? 0 : 5 * dim};
+      cpu::rope_bf16_to_fp32(bits(xb), m(y32), p(cs), p(sn), mixed);
+      cpu::RopeShape mixed_back = mixed;
+      for (int i = 0; i < 3; ++i) mixed_back.src_stride[i] = y32.stride(i);
+      cpu::rope_backward_fp32_to_bf16(p(y32), bits_out(dxb), p(cs), p(sn), mixed_back);
+      out.insert(out.end(), {y32, dxb});
     }
   }
   out.insert(out.end(), {g, u, y, dg, du});

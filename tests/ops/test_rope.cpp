@@ -83,6 +83,22 @@ TEST_CASE("rope's CPU loop gives the ATen composition's bits in bf16, and stride
       CHECK(at::equal(got.dx, want.dx));
     }
   }
+  // Autocast's mixed case: bf16 projections with fp32 tables. The reference promotes y to fp32 and
+  // autograd rounds each term of dx to bf16; the mixed loop gives the same bits.
+  for (int64_t table_batch : {int64_t{2}, int64_t{1}}) {
+    const auto t32 = tables(true, table_batch, 7, at::kFloat, at::kCPU);
+    const at::Tensor x = at::randn({2, 7, 3, head_dim}).to(at::kBFloat16), dy = at::randn({2, 3, 7, head_dim});
+    const Grads want = run(x, t32, dy, 0);
+    REQUIRE(want.y.scalar_type() == at::kFloat);
+    REQUIRE(want.dx.scalar_type() == at::kBFloat16);
+    for (int mode : {1, 2}) {
+      const Grads got = run(x, t32, dy, mode);
+      CAPTURE(table_batch, mode);
+      REQUIRE(got.y.scalar_type() == at::kFloat);
+      CHECK(at::equal(got.y, want.y));
+      CHECK(at::equal(got.dx, want.dx));
+    }
+  }
   // Heads whose D is not unit-stride (every other element of a wider buffer) take the ATen
   // rotation inside the same Function: same values.
   const auto t = tables(true, 2, 7, at::kFloat, at::kCPU);

@@ -174,10 +174,11 @@ KILN_BODY float round_elem(float v, const uint16_t*) {
 }
 
 // n (<= 16) pairs of a RoPE row from index j of each half: both halves read before either is
-// written (x may be y).
-template <typename T>
-KILN_BODY void rope_lanes(const T* x, T* y, const T* c, const T* s, int64_t half, int64_t j, int64_t n, int backward) {
-  const T* tag = nullptr;
+// written (x may be y). S, C, D: the element types of x, the tables and y; each product and the
+// sum are rounded to D (an op producing D rounds there).
+template <typename S, typename C, typename D>
+KILN_BODY void rope_lanes(const S* x, D* y, const C* c, const C* s, int64_t half, int64_t j, int64_t n, int backward) {
+  const D* tag = nullptr;
   float x1[kLanes], x2[kLanes], y1[kLanes], y2[kLanes];
   for (int64_t l = 0; l < n; ++l) {
     x1[l] = load_elem(x[j + l]);
@@ -201,16 +202,16 @@ KILN_BODY void rope_lanes(const T* x, T* y, const T* c, const T* s, int64_t half
 }
 
 // RoPE over rows [r0, r1) of the B*H*T rows (cpu_loops.h): rows of D contiguous elements.
-template <typename T>
-KILN_BODY void rope_rows_core(const T* src, T* dst, const T* cos, const T* sin, const RopeShape& sh, int64_t r0,
+template <typename S, typename C, typename D>
+KILN_BODY void rope_rows_core(const S* src, D* dst, const C* cos, const C* sin, const RopeShape& sh, int64_t r0,
                               int64_t r1, int backward) {
   const int64_t half = sh.dim / 2;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t t = r % sh.seq, h = (r / sh.seq) % sh.heads, b = r / (sh.seq * sh.heads);
-    const T* x = src + b * sh.src_stride[0] + h * sh.src_stride[1] + t * sh.src_stride[2];
-    T* y = dst + b * sh.dst_stride[0] + h * sh.dst_stride[1] + t * sh.dst_stride[2];
-    const T* c = cos + b * sh.cs_batch_stride + t * sh.dim;
-    const T* s = sin + b * sh.cs_batch_stride + t * sh.dim;
+    const S* x = src + b * sh.src_stride[0] + h * sh.src_stride[1] + t * sh.src_stride[2];
+    D* y = dst + b * sh.dst_stride[0] + h * sh.dst_stride[1] + t * sh.dst_stride[2];
+    const C* c = cos + b * sh.cs_batch_stride + t * sh.dim;
+    const C* s = sin + b * sh.cs_batch_stride + t * sh.dim;
     int64_t j = 0;
     for (; j + kLanes <= half; j += kLanes) rope_lanes(x, y, c, s, half, j, kLanes, backward);
     if (j < half) rope_lanes(x, y, c, s, half, j, half - j, backward);
@@ -225,6 +226,16 @@ KILN_BODY void rope_rows_body(const float* src, float* dst, const float* cos, co
 KILN_BODY void rope_rows_bf16_body(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin,
                                    const RopeShape* sh, int64_t r0, int64_t r1, int backward) {
   rope_rows_core(src, dst, cos, sin, *sh, r0, r1, backward);
+}
+
+KILN_BODY void rope_rows_bf16_fp32_body(const uint16_t* src, float* dst, const float* cos, const float* sin,
+                                        const RopeShape* sh, int64_t r0, int64_t r1) {
+  rope_rows_core(src, dst, cos, sin, *sh, r0, r1, 0);
+}
+
+KILN_BODY void rope_rows_fp32_bf16_body(const float* src, uint16_t* dst, const float* cos, const float* sin,
+                                        const RopeShape* sh, int64_t r0, int64_t r1) {
+  rope_rows_core(src, dst, cos, sin, *sh, r0, r1, 1);
 }
 
 // The rows in fp32 arithmetic whatever T; the gradient written over the row in T.
@@ -383,6 +394,10 @@ void rope_rows(const float* src, float* dst, const float* cos, const float* sin,
                int64_t r1, int backward);
 void rope_rows_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape* sh,
                     int64_t r0, int64_t r1, int backward);
+void rope_rows_bf16_fp32(const uint16_t* src, float* dst, const float* cos, const float* sin, const RopeShape* sh,
+                         int64_t r0, int64_t r1);
+void rope_rows_fp32_bf16(const float* src, uint16_t* dst, const float* cos, const float* sin, const RopeShape* sh,
+                         int64_t r0, int64_t r1);
 void round_bf16_range(const float* in, float* out, int64_t n);
 void round_fp16_range(const float* in, float* out, int64_t n);
 
@@ -417,6 +432,14 @@ KILN_LEVELS(rope_rows_bf16,
             (const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape* sh,
              int64_t r0, int64_t r1, int backward),
             (src, dst, cos, sin, sh, r0, r1, backward))
+KILN_LEVELS(rope_rows_bf16_fp32,
+            (const uint16_t* src, float* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
+             int64_t r1),
+            (src, dst, cos, sin, sh, r0, r1))
+KILN_LEVELS(rope_rows_fp32_bf16,
+            (const float* src, uint16_t* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
+             int64_t r1),
+            (src, dst, cos, sin, sh, r0, r1))
 KILN_LEVELS(accumulate_bf16_range, (float* acc, const uint16_t* src, int64_t n), (acc, src, n))
 KILN_LEVELS(round_bf16_range, (const float* in, float* out, int64_t n), (in, out, n))
 KILN_LEVELS(round_fp16_range, (const float* in, float* out, int64_t n), (in, out, n))
@@ -522,6 +545,19 @@ void rope_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const ui
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
   parallel_ranges(rows, grain,
                   [&](int64_t b, int64_t e) { rope_rows_bf16(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
+}
+
+void rope_bf16_to_fp32(const uint16_t* src, float* dst, const float* cos, const float* sin, const RopeShape& shape) {
+  const int64_t rows = shape.batch * shape.heads * shape.seq;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
+  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) { rope_rows_bf16_fp32(src, dst, cos, sin, &shape, b, e); });
+}
+
+void rope_backward_fp32_to_bf16(const float* src, uint16_t* dst, const float* cos, const float* sin,
+                                const RopeShape& shape) {
+  const int64_t rows = shape.batch * shape.heads * shape.seq;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
+  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) { rope_rows_fp32_bf16(src, dst, cos, sin, &shape, b, e); });
 }
 
 void accumulate_bf16(float* acc, const uint16_t* src, int64_t n) {

@@ -55,6 +55,14 @@ void rope(const float* src, float* dst, const float* cos, const float* sin, cons
 void rope_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape& shape,
                bool backward);
 
+// Autocast's mixed form (bf16 projections, fp32 tables), as ATen's type promotion and autograd
+// compute it: the forward of bf16 x into a fresh fp32 y (fp32 products and sum); the backward of
+// an fp32 dy into a bf16 dx, each product and the sum rounded to bf16 (the reference's gradient
+// is cast to x's dtype per term, and the terms are added in bf16).
+void rope_bf16_to_fp32(const uint16_t* src, float* dst, const float* cos, const float* sin, const RopeShape& shape);
+void rope_backward_fp32_to_bf16(const float* src, uint16_t* dst, const float* cos, const float* sin,
+                                const RopeShape& shape);
+
 // Cross-entropy over the rows of logits [rows, cols] (the chunked loss head's step on one chunk).
 // Per row, with t = labels[r] (index 0 stands in for an ignored row): m = max, logs =
 // log(sum exp(x - m)), nll = logs - (x[t] - m), lse[r] = x[t] + nll, loss[r] = nll + z_loss lse^2,

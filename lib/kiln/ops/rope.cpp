@@ -89,6 +89,46 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// Autocast's mixed case on the CPU (bf16 projections, fp32 tables): the reference promotes the
+// result to fp32, so this is not in place: a fresh fp32 y from the loop, and a bf16 dx with each
+// term rounded as autograd's casts round it (kernels/cpu_loops.h). The same bits as the reference.
+bool use_cpu_mixed_loop(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x.is_cpu() && x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kFloat &&
+         sin.scalar_type() == at::kFloat && x.stride(3) == 1 && x.size(3) % 2 == 0;
+}
+
+kernels::cpu::RopeShape shape_of(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos) {
+  return {.batch = src.size(0),
+          .heads = src.size(1),
+          .seq = src.size(2),
+          .dim = src.size(3),
+          .src_stride = {src.stride(0), src.stride(1), src.stride(2)},
+          .dst_stride = {dst.stride(0), dst.stride(1), dst.stride(2)},
+          .cs_batch_stride = cos.size(0) == 1 ? 0 : cos.size(1) * cos.size(2)};
+}
+
+struct RopeMixedFunction : public torch::autograd::Function<RopeMixedFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    at::Tensor y = at::empty_like(x, x.options().dtype(at::kFloat));  // x's layout, as the reference's
+    if (y.stride(3) != 1) y = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    kernels::cpu::rope_bf16_to_fp32(reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
+                                    y.mutable_data_ptr<float>(), cos.const_data_ptr<float>(),
+                                    sin.const_data_ptr<float>(), shape_of(x, y, cos));
+    ctx->save_for_backward({cos, sin});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    at::Tensor dy = grads[0].to(at::kFloat);
+    if (dy.stride(3) != 1) dy = dy.contiguous();
+    at::Tensor dx = at::empty(dy.sizes(), dy.options().dtype(at::kBFloat16));
+    kernels::cpu::rope_backward_fp32_to_bf16(
+        dy.const_data_ptr<float>(), reinterpret_cast<uint16_t*>(dx.mutable_data_ptr<at::BFloat16>()),
+        s[0].const_data_ptr<float>(), s[1].const_data_ptr<float>(), shape_of(dy, dx, s[0]));
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
 void check(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 4, "apply_rope: x must be [B, H, T, D], got ", x.sizes());
   TORCH_CHECK(x.size(3) % 2 == 0, "apply_rope: head dim must be even, got ", x.size(3));
@@ -109,17 +149,23 @@ at::Tensor apply_rope_reference(const at::Tensor& x, const at::Tensor& cos, cons
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   check(x, cos, sin);
-  if (backend(Op::kRope) == Backend::kAten || cos.scalar_type() != x.scalar_type()) {
-    return apply_rope_reference(x, cos, sin);
-  }
+  if (backend(Op::kRope) == Backend::kAten) return apply_rope_reference(x, cos, sin);
+  if (use_cpu_mixed_loop(x, cos, sin)) return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
+  if (cos.scalar_type() != x.scalar_type()) return apply_rope_reference(x, cos, sin);
   return RopeFunction::apply(x.clone(), cos.contiguous(), sin.contiguous());
 }
 
 at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   check(x, cos, sin);
   // Tables of another dtype (fp32 tables with bf16 activations under autocast) promote the
-  // result in the reference, which an in-place rotation cannot do: take the reference then.
-  if (cos.scalar_type() != x.scalar_type()) return apply_rope_reference(x, cos, sin);
+  // result in the reference, which an in-place rotation cannot do: a fresh fp32 result then
+  // (the CPU's mixed loop, or the reference).
+  if (cos.scalar_type() != x.scalar_type()) {
+    if (backend(Op::kRope) != Backend::kAten && use_cpu_mixed_loop(x, cos, sin)) {
+      return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
+    }
+    return apply_rope_reference(x, cos, sin);
+  }
   if (backend(Op::kRope) == Backend::kAten) return x.copy_(apply_rope_reference(x, cos, sin));
   return RopeFunction::apply(x, cos.contiguous(), sin.contiguous());
 }
