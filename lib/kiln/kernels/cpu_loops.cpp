@@ -532,32 +532,32 @@ void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ig
                               write_grad);
 }
 
+namespace {
+// fn(begin, end) over the B*H*T rows of a RoPE call, in shares of about kGrain elements.
+template <typename Fn>
+void rope_row_shares(const RopeShape& shape, const Fn& fn) {
+  parallel_ranges(shape.batch * shape.heads * shape.seq, std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1)),
+                  fn);
+}
+}  // namespace
+
 void rope(const float* src, float* dst, const float* cos, const float* sin, const RopeShape& shape, bool backward) {
-  const int64_t rows = shape.batch * shape.heads * shape.seq;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
-  parallel_ranges(rows, grain,
-                  [&](int64_t b, int64_t e) { rope_rows(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
+  rope_row_shares(shape, [&](int64_t b, int64_t e) { rope_rows(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
 }
 
 void rope_bf16(const uint16_t* src, uint16_t* dst, const uint16_t* cos, const uint16_t* sin, const RopeShape& shape,
                bool backward) {
-  const int64_t rows = shape.batch * shape.heads * shape.seq;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
-  parallel_ranges(rows, grain,
+  rope_row_shares(shape,
                   [&](int64_t b, int64_t e) { rope_rows_bf16(src, dst, cos, sin, &shape, b, e, backward ? 1 : 0); });
 }
 
 void rope_bf16_to_fp32(const uint16_t* src, float* dst, const float* cos, const float* sin, const RopeShape& shape) {
-  const int64_t rows = shape.batch * shape.heads * shape.seq;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
-  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) { rope_rows_bf16_fp32(src, dst, cos, sin, &shape, b, e); });
+  rope_row_shares(shape, [&](int64_t b, int64_t e) { rope_rows_bf16_fp32(src, dst, cos, sin, &shape, b, e); });
 }
 
 void rope_backward_fp32_to_bf16(const float* src, uint16_t* dst, const float* cos, const float* sin,
                                 const RopeShape& shape) {
-  const int64_t rows = shape.batch * shape.heads * shape.seq;
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(shape.dim, 1));
-  parallel_ranges(rows, grain, [&](int64_t b, int64_t e) { rope_rows_fp32_bf16(src, dst, cos, sin, &shape, b, e); });
+  rope_row_shares(shape, [&](int64_t b, int64_t e) { rope_rows_fp32_bf16(src, dst, cos, sin, &shape, b, e); });
 }
 
 void accumulate_bf16(float* acc, const uint16_t* src, int64_t n) {

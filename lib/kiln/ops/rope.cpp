@@ -27,16 +27,21 @@ bool use_cpu_loop(const at::Tensor& x, const at::Tensor& cos) {
          cos.scalar_type() == x.scalar_type() && x.stride(3) == 1 && x.size(3) % 2 == 0;
 }
 
+// The loops' view of src and dst [B, H, T, D] (unit stride on D) and of contiguous [B or 1, T, D] tables.
+kernels::cpu::RopeShape shape_of(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos) {
+  return {.batch = src.size(0),
+          .heads = src.size(1),
+          .seq = src.size(2),
+          .dim = src.size(3),
+          .src_stride = {src.stride(0), src.stride(1), src.stride(2)},
+          .dst_stride = {dst.stride(0), dst.stride(1), dst.stride(2)},
+          .cs_batch_stride = cos.size(0) == 1 ? 0 : cos.size(1) * cos.size(2)};
+}
+
 // src [B, H, T, D] rotated into dst (which may be src) by the CPU loop; cos, sin contiguous.
 void rope_cpu_loop(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
                    bool backward) {
-  kernels::cpu::RopeShape shape{.batch = src.size(0),
-                                .heads = src.size(1),
-                                .seq = src.size(2),
-                                .dim = src.size(3),
-                                .src_stride = {src.stride(0), src.stride(1), src.stride(2)},
-                                .dst_stride = {dst.stride(0), dst.stride(1), dst.stride(2)},
-                                .cs_batch_stride = cos.size(0) == 1 ? 0 : cos.size(1) * cos.size(2)};
+  const kernels::cpu::RopeShape shape = shape_of(src, dst, cos);
   if (src.scalar_type() == at::kFloat) {
     kernels::cpu::rope(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), cos.const_data_ptr<float>(),
                        sin.const_data_ptr<float>(), shape, backward);
@@ -95,16 +100,6 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 bool use_cpu_mixed_loop(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x.is_cpu() && x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kFloat &&
          sin.scalar_type() == at::kFloat && x.stride(3) == 1 && x.size(3) % 2 == 0;
-}
-
-kernels::cpu::RopeShape shape_of(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& cos) {
-  return {.batch = src.size(0),
-          .heads = src.size(1),
-          .seq = src.size(2),
-          .dim = src.size(3),
-          .src_stride = {src.stride(0), src.stride(1), src.stride(2)},
-          .dst_stride = {dst.stride(0), dst.stride(1), dst.stride(2)},
-          .cs_batch_stride = cos.size(0) == 1 ? 0 : cos.size(1) * cos.size(2)};
 }
 
 struct RopeMixedFunction : public torch::autograd::Function<RopeMixedFunction> {
