@@ -310,8 +310,7 @@ bool onednn_fp32_gemm_suits(int64_t m, int64_t k, int64_t n) {
 }
 
 bool cpu_fp32_gemm_uses_onednn(int64_t m, int64_t k, int64_t n) {
-  const int mode = fp32_gemm_mode();
-  if (mode >= 0) return mode == 1 && onednn_fp32_gemm_available();
+  if (fp32_gemm_mode() >= 0) return cpu_fp32_gemm_uses_onednn();  // forced: every shape
   // The shape first: a process whose GEMMs are all small never starts oneDNN (its probe alone
   // costs about 5.5 MB of resident memory).
   return onednn_fp32_gemm_suits(m, k, n) && cpu_fp32_gemm_uses_onednn();
