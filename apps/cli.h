@@ -5,10 +5,17 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <cxxopts.hpp>
 
 namespace kiln::cli {
+
+// An error's one line for stderr: LibTorch's c10::Error without the C++ backtrace its what() appends.
+inline std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
 
 // options.parse(), with a value that does not parse reported with its option's name: cxxopts
 // says only "Argument 'abc' failed to parse"; this says "--steps: cannot parse 'abc'".

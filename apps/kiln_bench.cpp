@@ -28,8 +28,8 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
@@ -420,7 +420,7 @@ void run_comm(at::TensorOptions opt, int iters, int64_t max_bytes, nlohmann::jso
   }
   if (opt.device().is_cuda()) {  // one GPU per process, as the trainer
     const at::Device mine(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(mine);
+    at::accelerator::setDeviceIndex(mine.index());
     opt = opt.device(mine);
   }
   auto comm = kiln::dist::connect(env, {.cuda = opt.device().is_cuda()});

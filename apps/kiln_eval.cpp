@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     fmt::print("loss {:.6f}\nperplexity {:.4f}\n", r.loss, r.perplexity);
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-eval: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-eval: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
               << "\n";
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-generate: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-generate: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

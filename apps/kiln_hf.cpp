@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     }
     return run(args["command"].as<std::string>(), args);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-hf: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-hf: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

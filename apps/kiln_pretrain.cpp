@@ -6,9 +6,11 @@
 
 #include <fmt/format.h>
 
-#include "kiln/common/malloc_tuning.h"
+#include "cli.h"
+#include "kiln/common/process_settings.h"
 #include "kiln/config/yaml.h"
 #include "kiln/dist/env.h"
+#include "kiln/train/stop_request.h"
 #include "kiln/train/trainer.h"
 
 namespace {
@@ -37,7 +39,8 @@ void print_help() {
     col += static_cast<int>(k.size()) + 1;
   }
   fmt::print(
-      "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint and exit cleanly.\n"
+      "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint of the last completed step and exit 0\n"
+      "(nothing is saved when no step was completed since the start).\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
       "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n"
       "KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds (faster small CPU steps; see docs/training.md).\n");
@@ -56,9 +59,12 @@ std::string rank_prefix() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Opt-in, before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
-  // Silent: an error stays the one line on stderr; --help and docs/training.md say it.
+  // A stop may come at any moment, during set-up too: the handlers first (docs/training.md, "Stopping").
+  kiln::train::install_stop_signal_handlers();
+  // This program's process settings (common/process_settings.h), before the first tensor. Silent:
+  // an error stays the one line on stderr; --help and docs/training.md say them.
   if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
+  kiln::pin_cpu_math_threads();
   std::string config_path = "quickstart";
   bool dry_run = false;
   std::vector<std::string> rest;
@@ -83,6 +89,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
+    if (config.full_determinism) kiln::set_cublas_deterministic_workspace();
     if (dry_run) {  // a plan: the model on the meta device, nothing allocated, no process group
       const auto plan = kiln::train::Trainer::plan_only(config);
       if (plan->rank() == 0) fmt::print("{}\n", plan->banner());
@@ -92,7 +99,6 @@ int main(int argc, char** argv) {
     const bool main_rank = trainer.rank() == 0;  // only rank 0 of a data-parallel job prints
     if (main_rank) fmt::print("{}\n", trainer.banner());
     std::fflush(stdout);
-    kiln::train::Trainer::install_signal_handlers();
     trainer.set_progress_bar(true);
     const auto result = trainer.train();
     if (!main_rank) return 0;
@@ -103,8 +109,11 @@ int main(int argc, char** argv) {
                  result.final_eval->perplexity);
     }
     return 0;
+  } catch (const kiln::train::StopRequested& e) {
+    fmt::print(stderr, "kiln-pretrain: {}{}\n", rank_prefix(), e.what());
+    return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-pretrain: {}error: {}\n", rank_prefix(), e.what());
+    fmt::print(stderr, "kiln-pretrain: {}error: {}\n", rank_prefix(), kiln::cli::error_text(e));
     return 2;
   }
 }

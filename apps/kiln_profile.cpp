@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-profile: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-profile: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-smoke: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-smoke: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
     fmt::print("  wrote {}/meta.json\n", opt.output_dir);
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-tokenize: error: {}\n", e.what());
+    fmt::print(stderr, "kiln-tokenize: error: {}\n", kiln::cli::error_text(e));
     return 2;
   }
 }

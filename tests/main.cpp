@@ -10,6 +10,8 @@
 #include <ATen/Context.h>
 #include <torch/cuda.h>
 
+#include "kiln/common/process_settings.h"
+
 namespace {
 // Every test case starts from the same LibTorch random state, so random inputs (at::randn,
 // at::randint) are the same on every run and in any test order: no test can pass or fail by luck.
@@ -30,6 +32,9 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
+  // As kiln-pretrain: the CPU math libraries split work the same way throughout (the exact-resume
+  // tests compare runs bit for bit).
+  kiln::pin_cpu_math_threads();
   if (require_cuda && !torch::cuda::is_available()) {
     std::printf("no CUDA device: [cuda] tests skipped\n");
     return 77;

@@ -25,7 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "kiln/common/malloc_tuning.h"
+#include "kiln/common/process_settings.h"
 #include "kiln/export.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/version.h"
@@ -53,9 +53,11 @@ KILN_API void set_log_handler(LogHandler handler);
 KILN_API void set_log_level(LogLevel level);
 
 // ---- Process --------------------------------------------------------------------------------
-// kiln::tune_malloc_for_training() (kiln/common/malloc_tuning.h): glibc malloc thresholds that
-// keep a CPU training step's buffers out of page faults. kiln-pretrain and kiln-profile call it
-// first thing; the library never changes a host's allocator on its own.
+// kiln/common/process_settings.h: what kiln-pretrain sets for its whole process and the library
+// never sets on its own: pin_cpu_math_threads() (exact resume on the CPU),
+// set_cublas_deterministic_workspace() (full_determinism on CUDA) and, with KILN_MALLOC_TUNING=1,
+// tune_malloc_for_training() (glibc malloc thresholds that keep a CPU step's buffers out of page
+// faults). A host calls the ones it wants, before its first tensor.
 
 // ---- Models ---------------------------------------------------------------------------------
 struct ModelOptions {

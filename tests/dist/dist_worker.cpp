@@ -11,10 +11,12 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "kiln/common/process_settings.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/train/trainer.h"
 
 int main(int argc, char** argv) {
+  kiln::pin_cpu_math_threads();  // as kiln-pretrain
   std::string dump_dir, config_path = "quickstart";
   std::vector<std::string> rest;
   for (int i = 1; i < argc; ++i) {

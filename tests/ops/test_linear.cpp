@@ -116,11 +116,9 @@ TEST_CASE("without autocast, bf16 and fp16 operands take the same route; fp32 is
     CHECK(ulps(r.dx, r64(g, c).mm(r64(w, c)), c).beyond_one_ulp == 0);
     CHECK(ulps(r.dw, r64(g, c).t().mm(r64(x, c)), c).beyond_one_ulp == 0);
   }
-  // fp32 calls are at::linear itself (bitwise) where the fp32 GEMM stays on ATen's BLAS.
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(0);
+  // fp32 calls are at::linear itself, bitwise.
   const at::Tensor x = at::randn({3, 8, 24}), w = at::randn({16, 24}), b = at::randn({16});
   CHECK(at::equal(kiln::ops::linear(x, w, b), at::linear(x, w, b)));
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
   kiln::ops::testing::force_cpu_linear_fp32(-1);
 }
 
@@ -139,110 +137,42 @@ bool within(const at::Tensor& got, const MmRef& r) {
 }
 }  // namespace
 
-TEST_CASE("ops::mm_into: CPU fp32 GEMMs through oneDNN and through ATen, every operand layout", "[ops][linear]") {
-  if (!kiln::ops::onednn_fp32_gemm_available()) {
-    WARN("this LibTorch has no oneDNN matmul: only ATen's path is checked");
-  }
+TEST_CASE("ops::mm_into and ops::mm: CPU fp32 GEMMs are ATen's, every operand layout", "[ops][linear]") {
   at::manual_seed(14);
-  for (int onednn : {0, 1}) {
-    kiln::ops::testing::force_cpu_fp32_gemm_onednn(onednn);
-    CHECK(kiln::ops::cpu_fp32_gemm_uses_onednn() == (onednn == 1 && kiln::ops::onednn_fp32_gemm_available()));
-    // Shapes of the decoder (odd sizes too) and of the head; a and b plain or transposed views.
-    for (auto [m, k, n] :
-         std::vector<std::array<int64_t, 3>>{{37, 53, 29}, {128, 64, 192}, {64, 96, 1000}, {1, 7, 5}}) {
-      for (bool ta : {false, true}) {
-        for (bool tb : {false, true}) {
-          CAPTURE(onednn, m, k, n, ta, tb);
-          const at::Tensor a = ta ? at::randn({k, m}).t() : at::randn({m, k});
-          const at::Tensor b = tb ? at::randn({n, k}).t() : at::randn({k, n});
-          const MmRef r = mm_ref(a, b);
-          at::Tensor out = at::empty({m, n});
-          kiln::ops::mm_into(out, a, b);
-          CHECK(within(out, r));
-          if (onednn == 0) CHECK(at::equal(out, at::mm(a, b)));  // ATen's path is at::mm itself
-          // Accumulate: out += a b over what is there.
-          const at::Tensor base = at::randn({m, n});
-          at::Tensor acc = base.clone();
-          kiln::ops::mm_into(acc, a, b, /*accumulate=*/true);
-          CHECK(within(acc - base, {r.value, r.bound * 2 + base.abs().to(at::kDouble) * std::ldexp(1.0, -23)}));
-          // Deterministic: the same call gives the same bits (a resumed run retraces a step).
-          at::Tensor again = at::empty({m, n});
-          kiln::ops::mm_into(again, a, b);
-          CHECK(at::equal(again, out));
-          // ops::mm is the same product.
-          CHECK(at::equal(kiln::ops::mm(a, b), out));
-        }
+  // Shapes of the decoder (odd sizes too) and of the head; a and b plain or transposed views.
+  for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{37, 53, 29}, {128, 64, 192}, {64, 96, 1000}, {1, 7, 5}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        CAPTURE(m, k, n, ta, tb);
+        const at::Tensor a = ta ? at::randn({k, m}).t() : at::randn({m, k});
+        const at::Tensor b = tb ? at::randn({n, k}).t() : at::randn({k, n});
+        const MmRef r = mm_ref(a, b);
+        at::Tensor out = at::empty({m, n});
+        kiln::ops::mm_into(out, a, b);
+        CHECK(within(out, r));
+        CHECK(at::equal(out, at::mm(a, b)));  // ATen's path is at::mm itself
+        // Accumulate: out += a b over what is there.
+        const at::Tensor base = at::randn({m, n});
+        at::Tensor acc = base.clone();
+        kiln::ops::mm_into(acc, a, b, /*accumulate=*/true);
+        CHECK(within(acc - base, {r.value, r.bound * 2 + base.abs().to(at::kDouble) * std::ldexp(1.0, -23)}));
+        CHECK(at::equal(acc, at::addmm(base, a, b)));
+        // ops::mm is the same product.
+        CHECK(at::equal(kiln::ops::mm(a, b), out));
       }
     }
   }
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
-}
-
-TEST_CASE("the fp32 GEMM rule sends small and 16-127-row products to ATen, larger ones by the CPU rule",
-          "[ops][linear]") {
-  using kiln::ops::cpu_fp32_gemm_uses_onednn;
-  using kiln::ops::onednn_fp32_gemm_suits;
-  // The shape rule itself: 2^21 multiply-adds, rows >= 128 or < 16.
-  CHECK_FALSE(onednn_fp32_gemm_suits(16, 64, 64));     // the overhead shape's GEMMs
-  CHECK_FALSE(onednn_fp32_gemm_suits(127, 128, 129));  // 2.1M, 16 <= m < 128
-  CHECK_FALSE(onednn_fp32_gemm_suits(64, 512, 1376));  // x W^T measured 0.97x at m 64
-  CHECK(onednn_fp32_gemm_suits(128, 128, 128));        // 2^21 exactly
-  CHECK_FALSE(onednn_fp32_gemm_suits(128, 128, 127));
-  CHECK(onednn_fp32_gemm_suits(1024, 128, 384));    // the tiny preset's MLP
-  CHECK(onednn_fp32_gemm_suits(1, 2048, 8192));     // one row of a 1B model's MLP (decoding)
-  CHECK(onednn_fp32_gemm_suits(32000, 1024, 512));  // a head's weight gradient
-  CHECK_FALSE(onednn_fp32_gemm_suits(15, 64, 64));
-  CHECK(onednn_fp32_gemm_suits(int64_t{1} << 40, int64_t{1} << 20, int64_t{1} << 20));  // no int64 overflow
-  // Under the rule, per GEMM: the shape and this CPU's rule. Forced, every shape.
-  for (int mode : {-1, 0, 1}) {
-    kiln::ops::testing::force_cpu_fp32_gemm_onednn(mode);
-    CAPTURE(mode);
-    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{16, 64, 64}, {64, 512, 1376}, {1024, 128, 384}}) {
-      CAPTURE(m, k, n);
-      const bool want = mode == -1 ? onednn_fp32_gemm_suits(m, k, n) && cpu_fp32_gemm_uses_onednn()
-                                   : mode == 1 && kiln::ops::onednn_fp32_gemm_available();
-      CHECK(cpu_fp32_gemm_uses_onednn(m, k, n) == want);
-    }
-  }
-  // A small product under the rule is at::mm's (ATen's BLAS), bitwise, on any CPU; an fp32 linear
-  // of that size is at::linear itself.
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
-  at::manual_seed(16);
-  const at::Tensor a = at::randn({16, 64}), b = at::randn({64, 64});
-  at::Tensor out = at::empty({16, 64});
-  kiln::ops::mm_into(out, a, b);
-  CHECK(at::equal(out, at::mm(a, b)));
-  const at::Tensor x = at::randn({1, 16, 64}), w = at::randn({192, 64}), bias = at::randn({192});
-  CHECK(at::equal(kiln::ops::linear(x, w, bias), at::linear(x, w, bias)));
-}
-
-TEST_CASE("an fp32 CPU linear through oneDNN matches at::linear's autograd, bias or not", "[ops][linear]") {
-  at::manual_seed(15);
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(1);
-  for (bool bias : {false, true}) {
-    for (bool strided_x : {false, true}) {
-      CAPTURE(bias, strided_x);
-      const at::Tensor w = at::randn({40, 56}) * 0.2, b = at::randn({40}), g = at::randn({3, 9, 40});
-      // A non-contiguous input too (a transposed [B, T] view), as attention's output can be.
-      const at::Tensor x = strided_x ? at::randn({9, 3, 56}).transpose(0, 1) : at::randn({3, 9, 56});
-      const Result r = run(x, w, bias ? b : at::Tensor(), g, at::ScalarType::Undefined);
-      // Reference: fp64 autograd of the same function.
-      const at::Tensor x64 = x.to(at::kDouble).requires_grad_(true), w64 = w.to(at::kDouble).requires_grad_(true);
-      const at::Tensor b64 = b.to(at::kDouble).requires_grad_(true);
-      const at::Tensor y64 = at::linear(x64, w64, bias ? b64 : at::Tensor());
-      (y64 * g.to(at::kDouble)).sum().backward();
-      REQUIRE(r.y.scalar_type() == at::kFloat);
-      REQUIRE(r.y.sizes() == y64.sizes());
-      CHECK(max_abs_diff(r.y.to(at::kDouble), y64.detach()) < 1e-5);
-      CHECK(max_abs_diff(r.dx.to(at::kDouble), x64.grad()) < 1e-5);
-      CHECK(max_abs_diff(r.dw.to(at::kDouble), w64.grad()) < 1e-5);
-      if (bias) CHECK(max_abs_diff(r.db.to(at::kDouble), b64.grad()) < 1e-5);
-      // Without grad the same forward.
-      const at::NoGradGuard no_grad;
-      CHECK(at::equal(kiln::ops::linear(x, w, bias ? b : at::Tensor()), r.y));
-    }
-  }
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
+  // An fp32 linear is at::linear, forward and backward, bitwise.
+  const at::Tensor x = at::randn({3, 9, 56}).requires_grad_(true), w = (at::randn({40, 56}) * 0.2).requires_grad_(true);
+  const at::Tensor y = kiln::ops::linear(x, w);
+  const at::Tensor xr = x.detach().clone().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+  const at::Tensor yr = at::linear(xr, wr);
+  CHECK(at::equal(y, yr));
+  const at::Tensor g = at::randn({3, 9, 40});
+  (y * g).sum().backward();
+  (yr * g).sum().backward();
+  CHECK(at::equal(x.grad(), xr.grad()));
+  CHECK(at::equal(w.grad(), wr.grad()));
 }
 
 TEST_CASE("the aten backend of linear is autocast's at::linear, bitwise", "[ops][linear]") {
@@ -290,11 +220,6 @@ TEST_CASE("the CPU feature tests behind the bf16 GEMM rule agree with /proc/cpui
   CAPTURE(vendor, avx512_bf16, amx_bf16);
   CHECK(kiln::ops::cpu_is_amd_with_avx512_bf16() == (vendor == "AuthenticAMD" && avx512_bf16));
   CHECK(kiln::ops::cpu_has_amx_bf16() == amx_bf16);
-  // The fp32 GEMM rule: oneDNN on AMD with AVX512-BF16 (Zen 4/5), where this LibTorch has it.
-  if (std::getenv("KILN_CPU_FP32_GEMM") == nullptr) {
-    CHECK(kiln::ops::cpu_fp32_gemm_uses_onednn() ==
-          (vendor == "AuthenticAMD" && avx512_bf16 && kiln::ops::onednn_fp32_gemm_available()));
-  }
   // The rule (no override in the test environment): bf16 native with either, fp16 with AMX only.
   if (std::getenv("KILN_CPU_LOW_PRECISION_GEMM") == nullptr) {
     CHECK(kiln::ops::cpu_native_low_precision_gemm(at::kBFloat16) ==

@@ -63,11 +63,7 @@ TEST_CASE("chunked linear cross-entropy matches autograd on the full logits (fp3
   // Both CPU paths of a chunk: the fused fp32 row loop (the default) and ATen's ops.
   const bool aten_chunks = GENERATE(false, true);
   kiln::ops::testing::force_cpu_cross_entropy_aten(aten_chunks);
-  // Both CPU fp32 GEMMs of the head: ATen's BLAS and oneDNN's matmul (where this LibTorch has it).
-  const int onednn = GENERATE(0, 1);
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(onednn);
-  CHECK(kiln::ops::cpu_fp32_gemm_uses_onednn() == (onednn == 1 && kiln::ops::onednn_fp32_gemm_available()));
-  CAPTURE(aten_chunks, onednn);
+  CAPTURE(aten_chunks);
   for (const Case& c : cases) {
     std::vector<int64_t> hshape = c.rows;
     hshape.push_back(c.dim);
@@ -91,7 +87,6 @@ TEST_CASE("chunked linear cross-entropy matches autograd on the full logits (fp3
     CHECK(max_abs_diff(eval.loss, got.loss) < 1e-6 * std::max(1.0, want.loss.abs().item<double>()));
   }
   kiln::ops::testing::force_cpu_cross_entropy_aten(false);
-  kiln::ops::testing::force_cpu_fp32_gemm_onednn(-1);
 }
 
 TEST_CASE("chunked linear cross-entropy passes an fp64 finite-difference check", "[ops][linear_ce]") {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/common/format.h"
+#include "kiln/common/process_settings.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/kiln.h"
@@ -144,15 +145,39 @@ TEST_CASE("fp16 autocast with loss scaling trains on the CPU", "[train]") {
   CHECK(fs::exists(fs::path(c.output_dir) / "checkpoint-4" / "optimizer.safetensors"));
 }
 
-TEST_CASE("a pending signal saves a checkpoint and stops cleanly", "[train]") {
+TEST_CASE("a pending signal stops cleanly; before any step nothing is saved, after one the step is", "[train]") {
   PretrainConfig c = small_run("signal");
+  {
+    Trainer t(c);
+    Trainer::pending_signal().store(SIGTERM);  // as if it came during set-up
+    const auto r = t.train();
+    CHECK(r.interrupted);
+    CHECK(r.global_step == 0);
+    CHECK(r.last_checkpoint.empty());
+    CHECK_FALSE(fs::exists(fs::path(c.output_dir) / "checkpoint-0"));
+    CHECK(Trainer::pending_signal().load() == 0);
+  }
+  // A signal after two completed steps: checkpoint-2 is saved; resumed and stopped again at once,
+  // nothing new is written and the result names the checkpoint the run stands on.
   Trainer t(c);
-  Trainer::pending_signal().store(SIGTERM);
+  t.set_step_callback([](int64_t step) {
+    if (step == 2) Trainer::pending_signal().store(SIGINT);
+  });
   const auto r = t.train();
   CHECK(r.interrupted);
-  CHECK(r.global_step == 0);
-  CHECK(fs::exists(fs::path(c.output_dir) / "checkpoint-0" / "optimizer.safetensors"));
+  CHECK(r.global_step == 2);
+  const fs::path ckpt = fs::path(c.output_dir) / "checkpoint-2";
+  CHECK(fs::exists(ckpt / "optimizer.safetensors"));
   CHECK(Trainer::pending_signal().load() == 0);
+  const auto written = fs::last_write_time(ckpt / "model.safetensors");
+  c.resume_from_checkpoint = "true";
+  Trainer again(c);
+  Trainer::pending_signal().store(SIGTERM);
+  const auto r2 = again.train();
+  CHECK(r2.interrupted);
+  CHECK(r2.global_step == 2);
+  CHECK(r2.last_checkpoint == ckpt.string());
+  CHECK(fs::last_write_time(ckpt / "model.safetensors") == written);
 }
 
 TEST_CASE("val_size holds out random blocks of the train split", "[train]") {
@@ -183,9 +208,23 @@ TEST_CASE("full_determinism turns on PyTorch's deterministic algorithms and cuBL
     const Trainer t(c);
     CHECK(at::globalContext().deterministicAlgorithms());
     CHECK(at::globalContext().deterministicAlgorithmsWarnOnly());
-    REQUIRE(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
   }
   at::globalContext().setDeterministicAlgorithms(before, warn_before);
+  // cuBLAS's fixed workspace is a process setting: the program's (kiln-pretrain's) to set, never
+  // the library's; a user's own value wins.
+  const char* saved = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  const std::string saved_value = saved ? saved : "";
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  CHECK(kiln::set_cublas_deterministic_workspace() == "CUBLAS_WORKSPACE_CONFIG=:4096:8");
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":4096:8");
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  CHECK(kiln::set_cublas_deterministic_workspace().empty());
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":16:8");
+  if (saved) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", saved_value.c_str(), 1);
+  } else {
+    unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  }
 }
 
 namespace {
@@ -550,6 +589,20 @@ TEST_CASE("a trainer on host batches: max_steps required, bad batches named, the
   };
   c.overwrite_output_dir = true;
   CHECK_THAT(kiln::test::error_of([&] { Trainer(c, bad).train(); }), Catch::Matchers::Contains("int64"));
+  // A label outside the vocabulary (the loss head indexes a row by it) is refused where the batch
+  // enters, naming the label; -100 is the ignored label and passes.
+  for (const int64_t label : {int64_t{50000}, int64_t{-7}}) {
+    CAPTURE(label);
+    at::Tensor labels = ids.clone();
+    labels[1][5] = label;
+    labels[0][0] = -100;
+    kiln::train::BatchSource out_of_range = [&]() -> std::optional<kiln::train::MicroBatch> {
+      return kiln::train::MicroBatch{ids, labels, at::Tensor()};
+    };
+    const std::string e = kiln::test::error_of([&] { Trainer(c, out_of_range).train(); });
+    CHECK_THAT(e, Catch::Matchers::Contains("label " + std::to_string(label)));
+    CHECK_THAT(e, Catch::Matchers::Contains("vocab_size"));
+  }
 }
 
 TEST_CASE("a CPU trainer and a CUDA trainer with other kernels run at once without interfering", "[train][cuda]") {

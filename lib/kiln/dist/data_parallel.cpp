@@ -5,9 +5,8 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
+#include "kiln/common/torch_internals.h"
 #include "kiln/optim/grad.h"
 
 namespace kiln::dist {
@@ -19,15 +18,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// Fires once per backward for each parameter, after autograd has summed all of its incoming
-// gradients into .grad (tied or reused weights included).
-struct GradHook final : torch::autograd::PostAccumulateGradHook {
-  GradHook(DataParallel* owner, int64_t index) : owner(owner), index(index) {}
-  void operator()(const torch::autograd::Variable& /*tensor*/) override { owner->on_grad_ready(index); }
-  DataParallel* owner;
-  int64_t index;
-};
 
 }  // namespace
 
@@ -112,9 +102,11 @@ DataParallel::DataParallel(std::shared_ptr<Comm> comm, std::vector<std::pair<std
   missing_.resize(buckets_.size());
   ready_.assign(buckets_.size(), false);
   for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = static_cast<int64_t>(buckets_[b].params.size());
+  // Fires once per backward for each parameter, after autograd has summed all of its incoming
+  // gradients into .grad (tied or reused weights included).
   for (size_t i = 0; i < params_.size(); ++i) {
-    torch::autograd::impl::set_post_acc_grad_hooks(params_[i].param,
-                                                   std::make_unique<GradHook>(this, static_cast<int64_t>(i)));
+    torch_internals::set_post_accumulate_grad_hook(params_[i].param,
+                                                   [this, i] { on_grad_ready(static_cast<int64_t>(i)); });
   }
 }
 
@@ -123,7 +115,7 @@ DataParallel::~DataParallel() {
     in_flight_.clear();  // a collective still running is abandoned (its buffers are kept alive by c10d)
   } catch (...) {
   }
-  for (FlatParam& fp : params_) torch::autograd::impl::set_post_acc_grad_hooks(fp.param, nullptr);
+  for (FlatParam& fp : params_) torch_internals::clear_post_accumulate_grad_hook(fp.param);
 }
 
 void DataParallel::broadcast_parameters() {

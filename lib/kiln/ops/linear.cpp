@@ -1,4 +1,5 @@
 // ops::linear: dispatch and the fp32-GEMM autograd Function for low-precision CPU linears.
+// Every GEMM here is ATen's (at::mm_out / addmm_): kiln calls LibTorch only through its public API.
 #include "kiln/ops/linear.h"
 
 #include <algorithm>
@@ -9,26 +10,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/record_function.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
 #include "kiln/kernels/cpu_loops.h"
+#include "kiln/ops/autocast_off.h"
 #include "kiln/ops/dispatch.h"
-
-// oneDNN's matmul as ATen wraps it (aten/src/ATen/native/mkldnn/Matmul.h, a header the LibTorch
-// distribution does not ship): result = beta * result + alpha * mat1 mat2, 2-D or batched 3-D,
-// fp32/bf16/fp16, operands contiguous or transposed. Exported by libtorch_cpu; a weak reference so
-// that a LibTorch without it still links (the address is then null and kiln stays on ATen's BLAS).
-// The mangled name carries the parameter types, so a changed signature resolves to null as well.
-namespace at::native {
-TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& result, float beta,
-                             float alpha) __attribute__((weak));
-}  // namespace at::native
 
 namespace kiln::ops {
 
@@ -38,29 +27,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<int> forced_cpu_linear_fp32{-1};
-std::atomic<int> forced_cpu_fp32_gemm_onednn{-1};
-
-bool onednn_mm_applies(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-  return a.is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-         out.scalar_type() == at::kFloat && a.dim() == 2 && b.dim() == 2 && out.is_contiguous() && a.numel() > 0 &&
-         b.numel() > 0 && cpu_fp32_gemm_uses_onednn(a.size(0), a.size(1), b.size(1));
-}
-
-// KILN_CPU_FP32_GEMM, then the testing override: 1 = oneDNN, 0 = ATen's BLAS, -1 = the rule.
-int fp32_gemm_mode() {
-  static const int env = [] {
-    const char* v = std::getenv("KILN_CPU_FP32_GEMM");
-    if (v == nullptr || *v == '\0') return -1;
-    const std::string s(v);
-    TORCH_CHECK(s == "onednn" || s == "aten", "KILN_CPU_FP32_GEMM must be onednn or aten, got '", s, "'");
-    TORCH_CHECK(s == "aten" || onednn_fp32_gemm_available(),
-                "KILN_CPU_FP32_GEMM=onednn, but this LibTorch does not provide oneDNN's matmul "
-                "(at::native::mkldnn_matmul)");
-    return s == "onednn" ? 1 : 0;
-  }();
-  const int forced = forced_cpu_fp32_gemm_onednn.load();
-  return forced >= 0 ? forced : env;
-}
 
 // dst (fp32, contiguous) = src rounded to `compute` and widened back: the values a `compute`
 // GEMM reads. An fp32 source is rounded in one pass; a `compute` one is widened exactly.
@@ -70,6 +36,9 @@ void round_into(const at::Tensor& src, at::Tensor& dst, at::ScalarType compute) 
     return;
   }
   const at::Tensor in = src.contiguous();
+  // The loops below write numel floats from dst's first element.
+  TORCH_CHECK(dst.is_contiguous() && dst.scalar_type() == at::kFloat && dst.numel() == in.numel(), "round_into: dst ",
+              dst.sizes(), " must be a contiguous fp32 tensor of ", in.numel(), " elements");
   if (compute == at::kBFloat16) {
     kernels::cpu::round_to_bf16(in.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), in.numel());
   } else {
@@ -147,7 +116,7 @@ struct LinearFp32GemmFunction : public torch::autograd::Function<LinearFp32GemmF
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const AutocastOff no_autocast;
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor& xc = s[0];
     const at::Tensor& weight = s[1];
@@ -178,49 +147,6 @@ struct LinearFp32GemmFunction : public torch::autograd::Function<LinearFp32GemmF
   }
 };
 
-// y = x W^T (+ b) in fp32 through mm_into; x [..., in]. The output has x's shape (not a view).
-at::Tensor forward_fp32(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const int64_t out = weight.size(0), in = weight.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = out;
-  at::Tensor y = at::empty(sizes, x.options());
-  const at::Tensor y2 = y.view({rows, out});
-  if (bias.defined()) y2.copy_(bias.expand({rows, out}));  // the GEMM adds into it (addmm's order)
-  mm_into(y2, x.reshape({rows, in}), weight.t(), bias.defined());
-  return y;
-}
-
-// An fp32 linear whose GEMMs go through mm_into (oneDNN on the CPUs cpu_fp32_gemm_uses_onednn
-// names). Saves what at::linear's autograd saves: the input and the weight.
-struct LinearFp32Function : public torch::autograd::Function<LinearFp32Function> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias_in) {
-    const at::Tensor bias = bias_in.value_or(at::Tensor());
-    ctx->save_for_backward({x, weight, bias});
-    return forward_fp32(x, weight, bias);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list s = ctx->get_saved_variables();
-    const at::Tensor& x = s[0];
-    const at::Tensor& weight = s[1];
-    const at::Tensor& bias = s[2];
-    const int64_t out = weight.size(0), in = weight.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
-    const at::Tensor dy = grads[0].reshape({rows, out}).contiguous();
-    at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-      mm_into(dx.view({rows, in}), dy, weight);
-    }
-    if (ctx->needs_input_grad(1)) {
-      dw = at::empty({out, in}, weight.options());
-      mm_into(dw, dy.t(), x.reshape({rows, in}));
-    }
-    if (bias.defined() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db};
-  }
-};
-
 // The dtype at::linear would compute in: autocast's for floating, non-double operands when
 // autocast covers the device, else the operands' own when they agree; kUndefined otherwise.
 at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight) {
@@ -237,18 +163,11 @@ at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight) {
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   const at::ScalarType c = a.scalar_type();
-  if (c == at::kFloat && a.is_cpu() && b.is_cpu() && b.scalar_type() == c && a.dim() == 2 && b.dim() == 2 &&
-      !(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) &&
-      backend(Op::kLinear) != Backend::kAten && cpu_fp32_gemm_uses_onednn(a.size(0), a.size(1), b.size(1))) {
-    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-    mm_into(out, a, b);
-    return out;
-  }
   if (!a.is_cpu() || !b.is_cpu() || b.scalar_type() != c || backend(Op::kLinear) == Backend::kAten ||
       !cpu_linear_uses_fp32_gemm(c)) {
     return a.mm(b);
   }
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const AutocastOff no_autocast;
   const at::Tensor a32 = a.to(at::kFloat), b32 = b.to(at::kFloat);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a32.options());
   mm_into(out, a32, b32);
@@ -256,64 +175,12 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
 }
 
 void mm_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-  if (onednn_mm_applies(out, a, b)) {
-    TORCH_CHECK(a.size(1) == b.size(0) && out.size(0) == a.size(0) && out.size(1) == b.size(1), "mm_into: ", a.sizes(),
-                " x ", b.sizes(), " into ", out.sizes());
-    // A raw call, not a dispatched op: named for the profiler (kiln-profile --trace, bench_vs_hf
-    // --op-profile) as aten::mm would be.
-    RECORD_FUNCTION("kiln::mm_onednn", std::vector<c10::IValue>({a, b}));
-    at::native::mkldnn_matmul(a, b, out, accumulate ? 1.0f : 0.0f, 1.0f);
-    return;
-  }
   at::Tensor o = out;  // a handle: the ATen out= functions take a non-const reference
   if (accumulate) {
     o.addmm_(a, b);
   } else {
     at::mm_out(o, a, b);
   }
-}
-
-bool onednn_fp32_gemm_available() {
-  // The symbol, a oneDNN build, and one small product that runs and is right: ATen's call refuses
-  // fp32 too where its bf16 device check fails (ONEDNN_MAX_CPU_ISA=AVX2 on any CPU), and then
-  // kiln stays on ATen's BLAS rather than failing mid-step.
-  static const bool available = [] {
-    if (&at::native::mkldnn_matmul == nullptr || !at::hasMKLDNN()) return false;
-    try {
-      const at::NoGradGuard no_grad;
-      const at::Tensor a = at::arange(1, 7, at::kFloat).view({2, 3}), b = at::arange(1, 13, at::kFloat).view({3, 4});
-      const at::Tensor out = at::empty({2, 4}, at::kFloat);
-      at::native::mkldnn_matmul(a, b, out, 0.0f, 1.0f);
-      return at::equal(out, at::mm(a, b));  // small integers: exact either way
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
-  return available;
-}
-
-void testing::force_cpu_fp32_gemm_onednn(int mode) {
-  forced_cpu_fp32_gemm_onednn = mode;
-}
-
-bool cpu_fp32_gemm_uses_onednn() {
-  const int mode = fp32_gemm_mode();
-  if (mode >= 0) return mode == 1 && onednn_fp32_gemm_available();
-  static const bool automatic = cpu_is_amd_with_avx512_bf16() && onednn_fp32_gemm_available();
-  return automatic;
-}
-
-bool onednn_fp32_gemm_suits(int64_t m, int64_t k, int64_t n) {
-  // In doubles: the product of three sizes can pass int64 (a [V, H] x [H, N] head is not near it).
-  const double macs = static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
-  return macs >= static_cast<double>(int64_t{1} << 21) && (m >= 128 || m < 16);
-}
-
-bool cpu_fp32_gemm_uses_onednn(int64_t m, int64_t k, int64_t n) {
-  if (fp32_gemm_mode() >= 0) return cpu_fp32_gemm_uses_onednn();  // forced: every shape
-  // The shape first: a process whose GEMMs are all small never starts oneDNN (its probe alone
-  // costs about 5.5 MB of resident memory).
-  return onednn_fp32_gemm_suits(m, k, n) && cpu_fp32_gemm_uses_onednn();
 }
 
 bool cpu_has_amx_bf16() {
@@ -369,20 +236,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
       (bias.defined() && !at::isFloatingType(bias.scalar_type()))) {
     return at::linear(x, weight, bias);
   }
-  if (compute == at::kFloat && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-      (!bias.defined() || bias.scalar_type() == at::kFloat) && weight.dim() == 2 && x.dim() >= 1 &&
-      x.size(-1) == weight.size(1) &&
-      cpu_fp32_gemm_uses_onednn(x.numel() / std::max<int64_t>(x.size(-1), 1), x.size(-1), weight.size(0))) {
-    const bool needs_grad = at::GradMode::is_enabled() &&
-                            (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-    if (!needs_grad) return forward_fp32(x, weight, bias);
-    return LinearFp32Function::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
-  }
   if (!cpu_linear_uses_fp32_gemm(compute)) return at::linear(x, weight, bias);
   TORCH_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ", x.sizes(),
               " does not match weight ", weight.sizes());
   // The body calls ATen ops that autocast would re-cast; the Function casts its operands itself.
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const AutocastOff no_autocast;
   const bool needs_grad = at::GradMode::is_enabled() &&
                           (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (!needs_grad) return forward_fp32_gemm(x, weight, bias, compute);

@@ -14,10 +14,10 @@
 // caches one per weight until backward); the rounding of the weight is redone in backward. CUDA,
 // AMX CPUs, fp64 and the aten backend call at::linear.
 //
-// An fp32 linear on a CPU where cpu_fp32_gemm_uses_onednn() (AMD Zen 4/5) runs its three GEMMs
-// through oneDNN's matmul instead of ATen's BLAS (MKL), which takes MKL's generic kernels there:
-// on a Zen 5 VM at 2 threads oneDNN's fp32 GEMM ran 1.5-2.4x faster at the decoder's shapes
-// (docs/performance.md). The values are fp32 GEMMs either way; only the order of the sums differs.
+// An fp32 linear is at::linear itself. (kiln once sent CPU fp32 GEMMs to oneDNN's matmul through a
+// hand-declared ATen internal; oneDNN's JIT fp32 GEMM kernels corrupt the heap when a signal
+// arrives while they run, which is how SIGTERM corrupted training runs: docs/training.md,
+// "Stopping". Every GEMM here is ATen's public at::mm_out / addmm_.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,39 +29,15 @@ namespace kiln::ops {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // a [M, K] @ b [K, N] for operands of one dtype, with ops::linear's rule: a bf16/fp16 product on
-// such a CPU runs as an fp32 GEMM of the widened operands, its result rounded to their dtype, and
-// an fp32 one goes through mm_into (oneDNN where cpu_fp32_gemm_uses_onednn()) unless autograd
-// must record it. For code that forms a linear's gradients itself (train/activation_checkpoint.cpp).
+// such a CPU runs as an fp32 GEMM of the widened operands, its result rounded to their dtype;
+// anything else is a.mm(b). For code that forms a linear's gradients itself
+// (train/activation_checkpoint.cpp).
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 
 // out = a b, or out += a b with accumulate: a [M, K] and b [K, N] (contiguous or transposed
-// views), out [M, N] contiguous, one dtype, one device. A CPU fp32 product runs through oneDNN's
-// matmul where cpu_fp32_gemm_uses_onednn(), anything else through at::mm_out / addmm_. It records
-// no autograd: for the bodies of autograd Functions and for no-grad code.
+// views), out [M, N] contiguous, one dtype, one device; at::mm_out / addmm_. It records no
+// autograd: for the bodies of autograd Functions and for no-grad code.
 void mm_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate = false);
-
-// Whether a CPU fp32 GEMM of kiln's (ops::linear, ops::mm, the loss head) runs through oneDNN's
-// matmul rather than ATen's BLAS, by a fixed rule of CPU features, never a timing (a resumed run
-// must take the path the first process took): an AMD CPU with AVX512-BF16 (Zen 4/5), where MKL
-// runs its generic kernels, and a LibTorch built with oneDNN (onednn_fp32_gemm_available()).
-// KILN_CPU_FP32_GEMM=onednn or aten overrides the rule.
-bool cpu_fp32_gemm_uses_onednn();
-
-// The same for one GEMM, out [m, n] = a [m, k] b [k, n]: by the rule, oneDNN only where it measured
-// faster than MKL at 2 threads (onednn_fp32_gemm_suits); KILN_CPU_FP32_GEMM or the testing override
-// applies to every shape. ops::linear decides by its forward GEMM, mm_into and ops::mm per call.
-bool cpu_fp32_gemm_uses_onednn(int64_t m, int64_t k, int64_t n);
-
-// The shape rule: m k n >= 2^21 multiply-adds (below, oneDNN's 10-15 us per call loses to MKL),
-// and m >= 128 or m < 16 (between, oneDNN's x W^T kernels measured 0.5-0.97x of MKL's on the Zen 5
-// VM at K 512-2048; docs/kernels.md has the table).
-bool onednn_fp32_gemm_suits(int64_t m, int64_t k, int64_t n);
-
-// This LibTorch exports at::native::mkldnn_matmul (resolved at load time through a weak
-// reference: a LibTorch without it links and runs, on ATen's BLAS), was built with oneDNN, and
-// the call works here: one small product, probed once (ATen's call refuses fp32 as well where its
-// bf16 device check fails, e.g. under ONEDNN_MAX_CPU_ISA=AVX2).
-bool onednn_fp32_gemm_available();
 
 // Whether ops::linear with the kiln backend takes the fp32-GEMM path for a CPU linear in `compute`
 // (bf16/fp16): not cpu_native_low_precision_gemm(compute), or the testing override.
@@ -89,8 +65,6 @@ namespace testing {
 // The CPU rule of ops::linear: -1 = automatic (cpu_native_low_precision_gemm), 0 = native low-precision GEMM, 1 = fp32
 // GEMM. For tests that run both paths on any machine.
 void force_cpu_linear_fp32(int mode);
-// cpu_fp32_gemm_uses_onednn(): -1 = the rule, 0 = ATen's BLAS, 1 = oneDNN (where available).
-void force_cpu_fp32_gemm_onednn(int mode);
 }  // namespace testing
 
 }  // namespace kiln::ops

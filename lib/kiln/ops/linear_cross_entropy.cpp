@@ -10,10 +10,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kiln/kernels/cpu_loops.h"
+#include "kiln/ops/autocast_off.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 
@@ -133,7 +133,6 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     const int64_t n = std::min(chunk, rows - start);
     const at::Tensor h = hidden.narrow(0, start, n);  // [n, H]
     const at::Tensor y = labels.narrow(0, start, n);  // [n]
-    // The GEMMs through mm_into: oneDNN for CPU fp32 where cpu_fp32_gemm_uses_onednn().
     at::Tensor logits = at::empty({n, weight.size(0)}, hidden.options());
     mm_into(logits, h, weight.t());
     ChunkResult r = chunk_dispatch(std::move(logits), y, ignore_index, z_loss, with_grad, acc);
@@ -306,7 +305,7 @@ LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at
     return finish(loss_sum, z_sum, labels, o);
   }
   // The Function's body calls ATen ops that autocast would re-cast; its inputs are already cast.
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const AutocastOff no_autocast;
   const variable_list out = LinearCrossEntropyFunction::apply(h, w, y, o.ignore_index, o.z_loss, chunk);
   return finish(out[0], out[1], labels, o);
 }

@@ -1,6 +1,10 @@
 // RoPE op: validation, dispatch and the in-place autograd Function.
 #include "kiln/ops/rope.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -20,11 +24,27 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// CPU fp32/bf16 with unit stride on D and tables of x's dtype: the fused loop of
+// No two elements of x share memory (an expanded view would): the loop writes x in place through
+// its strides, row by row. Dimensions of size 1 place nothing.
+bool non_overlapping(const at::Tensor& x) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (x.size(d) > 1) dims.emplace_back(x.stride(d), x.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;  // elements spanned by the dimensions so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * size;
+  }
+  return true;
+}
+
+// CPU fp32/bf16 with unit stride on D, no overlap, and tables of x's dtype: the fused loop of
 // kernels/cpu_loops.h (one pass; ATen's composition makes six, each into a fresh tensor).
 bool use_cpu_loop(const at::Tensor& x, const at::Tensor& cos) {
   return x.is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
-         cos.scalar_type() == x.scalar_type() && x.stride(3) == 1 && x.size(3) % 2 == 0;
+         cos.scalar_type() == x.scalar_type() && x.stride(3) == 1 && x.size(3) % 2 == 0 && non_overlapping(x);
 }
 
 // The loops' view of src and dst [B, H, T, D] (unit stride on D) and of contiguous [B or 1, T, D] tables.
@@ -99,7 +119,7 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 // term rounded as autograd's casts round it (kernels/cpu_loops.h). The same bits as the reference.
 bool use_cpu_mixed_loop(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x.is_cpu() && x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kFloat &&
-         sin.scalar_type() == at::kFloat && x.stride(3) == 1 && x.size(3) % 2 == 0;
+         sin.scalar_type() == at::kFloat && x.stride(3) == 1 && x.size(3) % 2 == 0;  // reads x only
 }
 
 struct RopeMixedFunction : public torch::autograd::Function<RopeMixedFunction> {

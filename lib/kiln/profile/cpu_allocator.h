@@ -12,9 +12,7 @@
 
 #include <cstdint>
 
-namespace c10 {
-struct Allocator;
-}
+#include <c10/core/Allocator.h>
 
 namespace kiln::profile {
 

@@ -43,8 +43,8 @@ DevicePeak measure_cpu_peak() {
   at::NoGradGuard no_grad;
   const int64_t n = 1024;
   const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
-  // ops::mm: the GEMM kiln's fp32 linears run (oneDNN where ops::cpu_fp32_gemm_uses_onednn()), so
-  // that MFU is measured against the peak of the library that does the work.
+  // ops::mm: the GEMM kiln's linears run, so that MFU is measured against the peak of the library
+  // that does the work.
   at::Tensor c = ops::mm(a, b);  // warm up the BLAS threads
   int iters = 0;
   const auto start = std::chrono::steady_clock::now();

@@ -15,12 +15,12 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
+#include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
@@ -207,21 +207,15 @@ struct PointContext {
 // saved as a Chrome trace. Written to a temp name and renamed, as every kiln output.
 template <typename Step>
 void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step) {
-  namespace prof = torch::profiler::impl;
   namespace fs = std::filesystem;
-  std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
-  if (ctx.device.is_cuda()) activities.insert(prof::ActivityType::CUDA);
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
+  torch_internals::KinetoTrace trace(ctx.device.is_cuda());
   for (int64_t i = 0; i < ctx.config.steps; ++i) step();
   synchronize(ctx.device);
-  auto result = torch::autograd::profiler::disableProfiler();
   fs::create_directories(ctx.config.trace_dir);
   const fs::path path =
       fs::path(ctx.config.trace_dir) / fmt::format("trace_T{}_B{}_A{}.json", p.cutoff_len, p.batch_size, p.grad_accum);
   const fs::path tmp = path.string() + ".tmp";
-  result->save(tmp.string());
+  trace.save(tmp.string());
   fs::rename(tmp, path);
 }
 
@@ -386,7 +380,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   const bool cuda = config.device == "cuda" || (config.device == "auto" && torch::cuda::is_available());
   const at::Device device =
       cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)) : at::Device(at::kCPU);
-  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device);
+  if (device.is_cuda()) at::accelerator::setDeviceIndex(device.index());
   std::shared_ptr<dist::Comm> comm;
   if (env.distributed()) {
     comm = dist::connect(env, {.cuda = device.is_cuda()});

@@ -7,8 +7,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/variable.h>
+
+#include "kiln/common/torch_internals.h"
 
 #include "kiln/ops/attention.h"
 #include "kiln/ops/dispatch.h"
@@ -140,18 +140,6 @@ LinearGrads linear_backward(const at::Tensor& dy, const at::Tensor& p, const at:
   return g;
 }
 
-// Back-propagates `grad` from `root` (the gradient edge of a recomputed prologue's output, whose
-// values the caller has already dropped: the prologue's backward needs only its inputs) to the
-// detached leaves `inputs`; returns their gradients. Dropping the output first keeps one tensor
-// of its size fewer at backward's peak than torch::autograd::grad({output}, ...) would.
-variable_list backprop_from(const torch::autograd::Edge& root, const at::Tensor& grad, const variable_list& inputs) {
-  torch::autograd::edge_list outputs;
-  for (const auto& t : inputs) outputs.push_back(torch::autograd::impl::gradient_edge(t));
-  return torch::autograd::Engine::get_default_engine().execute({root}, {grad}, /*keep_graph=*/false,
-                                                               /*create_graph=*/false, /*accumulate_grad=*/false,
-                                                               outputs);
-}
-
 std::optional<at::ScalarType> bias_dtype(const c10::IValue& v) {
   const int64_t d = v.toInt();
   return d < 0 ? std::nullopt : std::optional(static_cast<at::ScalarType>(d));
@@ -216,9 +204,12 @@ struct NormLinears : public torch::autograd::Function<NormLinears> {
     }
     if (dp.defined()) {
       dp = dp.view(p.sizes());
-      const torch::autograd::Edge root = torch::autograd::impl::gradient_edge(p);
+      const torch_internals::GradientRoot root(p);
       p = at::Tensor();  // RMSNorm's backward needs x, the weight and 1/rms, not its output
-      const variable_list d = backprop_from(root, dp, {x, norm_weight});
+      // From the recomputed prologue's graph, its output already dropped (RMSNorm's backward needs
+      // only its inputs): one tensor of its size fewer at backward's peak than
+      // torch::autograd::grad({p}, ...) would hold (common/torch_internals.h).
+      const variable_list d = torch_internals::backprop_from(root, dp, {x, norm_weight});
       result[0] = d[0];
       result[1] = d[1];
     }
@@ -261,9 +252,9 @@ struct SwiGluLinear : public torch::autograd::Function<SwiGluLinear> {
     }
     const at::Tensor da = g.dp.view(a.sizes()).to(a.scalar_type());
     g.dp = at::Tensor();
-    const torch::autograd::Edge root = torch::autograd::impl::gradient_edge(a);
+    const torch_internals::GradientRoot root(a);
     a = at::Tensor();  // dW is formed; SwiGLU's backward needs gate and up, not the product
-    const variable_list d = backprop_from(root, da, {gate, up});
+    const variable_list d = torch_internals::backprop_from(root, da, {gate, up});
     return {d[0], d[1], g.dw, g.db};
   }
 };

@@ -7,17 +7,14 @@
 // state (epoch, position) alone restores the exact next batch.
 #include "kiln/train/trainer.h"
 
-#include <dlfcn.h>
 #include <cmath>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/DeviceAccelerator.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -49,6 +46,7 @@
 #include "kiln/train/progress.h"
 #include "kiln/train/run_outputs.h"
 #include "kiln/train/step.h"
+#include "kiln/train/stop_request.h"
 #include "kiln/train/tensorboard.h"
 #include "kiln/train/training_data.h"
 
@@ -58,12 +56,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::atomic<int> g_pending_signal{0};
-
-void on_signal(int sig) {
-  g_pending_signal.store(sig);
-}
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path);
@@ -88,10 +80,32 @@ void check_host_batch(const MicroBatch& b, int64_t vocab_size) {
     throw std::invalid_argument(
         fmt::format("host batch: token id {} is outside the model's vocab_size {}", lo < 0 ? lo : hi, vocab_size));
   }
+  // A label is a target id or -100 (ignored): the loss head indexes a row of logits by it.
+  const at::Tensor scored = b.labels.ne(-100);
+  const at::Tensor bad = scored.logical_and(b.labels.lt(0).logical_or(b.labels.ge(vocab_size)));
+  if (bad.any().item<bool>()) {
+    const int64_t first = bad.flatten().nonzero().min().item<int64_t>();
+    throw std::invalid_argument(fmt::format("host batch: label {} is neither -100 nor inside the model's vocab_size {}",
+                                            b.labels.flatten()[first].item<int64_t>(), vocab_size));
+  }
+  if (b.segment_ids.defined() && b.segment_ids.sizes() != b.input_ids.sizes()) {
+    throw std::invalid_argument(fmt::format("host batch: segment_ids {} must match input_ids {}",
+                                            c10::str(b.segment_ids.sizes()), c10::str(b.input_ids.sizes())));
+  }
 }
 
-const char* signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a stop request";
+// The default CPU generator's state, read and set with the generator's mutex held (ATen's rule for
+// random generators) through the public at::globalContext().defaultGenerator.
+at::Tensor cpu_rng_state() {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  const std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
 }
 
 }  // namespace
@@ -122,7 +136,7 @@ struct Trainer::State {
 };
 
 bool Trainer::stop_requested() const {
-  const bool local = g_pending_signal.load() != 0 || (stop_check_ && stop_check_());
+  const bool local = pending_stop_signal().load() != 0 || (stop_check_ && stop_check_());
   if (!comm_) return local;
   return comm_->host_max({local ? 1 : 0})[0] > 0;
 }
@@ -140,15 +154,11 @@ int64_t Trainer::optimizer_state_bytes() const {
 }
 
 std::atomic<int>& Trainer::pending_signal() {
-  return g_pending_signal;
+  return pending_stop_signal();
 }
 
 void Trainer::install_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  install_stop_signal_handlers();
 }
 
 Trainer::Trainer(PretrainConfig config) : Trainer(std::move(config), BatchSource()) {}
@@ -167,38 +177,21 @@ std::unique_ptr<Trainer> Trainer::plan_only(PretrainConfig config) {
   return std::unique_ptr<Trainer>(new Trainer(std::move(config), BatchSource(), PlanOnly{}));
 }
 
-namespace {
-// MKL (LibTorch's CPU BLAS) may use fewer threads than requested when MKL_DYNAMIC is true, its
-// default, and a GEMM split differently sums in another order: a resumed run then drifts from the
-// uninterrupted one by an ulp that training amplifies (seen once in several runs of the kill -9
-// test on a loaded machine: loss 2.5147024 vs 2.5146993 one step after a resume). Intel's
-// reproducibility conditions ask for MKL_DYNAMIC and OMP_DYNAMIC false; both are set here unless
-// the user set them. Looked up at run time: a LibTorch built without MKL has no such symbol.
-// (MKL's C interface is MKL_Set_Dynamic(int); the exported lower-case name is the Fortran one,
-// which takes a pointer.)
-void pin_cpu_math_threads() {
-  static const bool done = [] {
-    if (std::getenv("MKL_DYNAMIC") == nullptr) {
-      if (auto* set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "MKL_Set_Dynamic"))) set(0);
-    }
-    if (std::getenv("OMP_DYNAMIC") == nullptr) {
-      if (auto* set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_dynamic"))) set(0);
-    }
-    return true;
-  }();
-  (void)done;
-}
-}  // namespace
-
 void Trainer::init() {
-  pin_cpu_math_threads();
   config_.validate();
   if (source_ && config_.max_steps <= 0) {
     throw config::ConfigError(config::config_message(
         config_.source, "max_steps", "must be > 0 when the host supplies the batches (there is no epoch to count)"));
   }  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
   if (config_.full_determinism) {
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before cuBLAS's first handle
+    // cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first handle: a process setting, which the
+    // program sets (kiln::set_cublas_deterministic_workspace), never the library.
+    const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+    if ((ws == nullptr || *ws == '\0') && torch::cuda::is_available() && config_.device != "cpu") {
+      logger()->warn(
+          "kiln-pretrain: warning: full_determinism without CUBLAS_WORKSPACE_CONFIG in the environment: cuBLAS "
+          "may not be deterministic (kiln::set_cublas_deterministic_workspace() sets it before the first tensor)");
+    }
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   }
   if (config_.device == "cuda" && !torch::cuda::is_available()) {
@@ -216,7 +209,7 @@ void Trainer::init() {
                                            env.launcher, devices));
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(device_);
+    at::accelerator::setDeviceIndex(device_.index());
   }
   if (plan_only_) {
     env_rank_ = env.rank;  // the job's shape, without joining it
@@ -321,16 +314,22 @@ std::string Trainer::prepare_data_main_first() {
   if (!comm_ || world_size() == 1) return training_shard_dir(config_, is_main());
   std::string dir;
   std::exception_ptr error;
+  int64_t status = 0;  // 1: rank 0 failed; 2: rank 0 stopped on a stop request
   if (is_main()) {
     try {
       dir = training_shard_dir(config_, true);
+    } catch (const StopRequested&) {
+      error = std::current_exception();
+      status = 2;
     } catch (...) {
       error = std::current_exception();
+      status = 1;
     }
   }
-  const bool failed = comm_->host_max({error ? 1 : 0})[0] > 0;
+  const int64_t worst = comm_->host_max({status})[0];
   if (error) std::rethrow_exception(error);
-  if (failed) {
+  if (worst == 2) throw StopRequested(fmt::format("rank {}: rank 0 stopped while preparing the data", rank()));
+  if (worst > 0) {
     throw std::runtime_error(
         fmt::format("rank {}: rank 0 could not prepare the training data (its error is above)", rank()));
   }
@@ -705,19 +704,31 @@ TrainResult Trainer::train() {
   };
 
   const auto stop_pending = [this] { return stop_requested(); };
-  // Acts on a pending SIGINT/SIGTERM: one line, a checkpoint of the last completed step.
+  // Acts on a pending SIGINT/SIGTERM: one line, a checkpoint of the last completed step. When this
+  // run has completed no step (a stop during set-up or the first step), the state to resume from
+  // is the one it started from (the checkpoint it resumed, or a fresh start), so nothing is
+  // written: a preempted job's grace period is not spent saving what is already on disk.
   const auto stop_now = [&](const std::string& where) {
-    const int sig = g_pending_signal.exchange(0);
+    const int sig = pending_stop_signal().exchange(0);
+    const char* who = sig == 0 && comm_ ? "a stop request (of another rank)" : stop_signal_name(sig);
+    result.interrupted = true;
+    if (st.global_step == start_step) {
+      if (is_main()) {
+        bar.clear();
+        logger()->info("kiln-pretrain: {} received {}; no step trained since the start (step {}), nothing to save{}",
+                       who, where, st.global_step,
+                       st.resumed_from.empty() ? "" : fmt::format(" (resume from {})", st.resumed_from));
+      }
+      result.last_checkpoint = st.resumed_from;
+      return;
+    }
     if (is_main()) {
       bar.clear();
-      logger()->info("kiln-pretrain: {} received {}; saving a checkpoint at step {}",
-                     sig == 0 && comm_ ? "a stop request (of another rank)" : signal_name(sig), where, st.global_step);
+      logger()->info("kiln-pretrain: {} received {}; saving a checkpoint at step {}", who, where, st.global_step);
     }
     result.last_checkpoint = save_checkpoint(st.global_step);
-    result.interrupted = true;
   };
 
-  at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
   while (st.global_step < plan_.total_steps) {
     if (stop_pending()) {
       stop_now(fmt::format("at step {}", st.global_step));
@@ -727,7 +738,7 @@ TrainResult Trainer::train() {
     // saved for it resumes with the same batches and random numbers.
     const std::optional<data::LoaderState> loader_at_step =
         loader_ ? std::optional<data::LoaderState>(loader_->state()) : std::nullopt;
-    const at::Tensor rng_at_step = cpu_generator.get_state();
+    const at::Tensor rng_at_step = cpu_rng_state();
     std::vector<MicroBatch> micro;
     int64_t targets = 0, tokens = 0, exhausted = 0;
     for (int64_t i = 0; i < config_.gradient_accumulation_steps; ++i) {
@@ -781,7 +792,7 @@ TrainResult Trainer::train() {
     if (acc.interrupted) {
       zero_grad();
       if (loader_at_step) loader_->restore(*loader_at_step);
-      cpu_generator.set_state(rng_at_step);
+      set_cpu_rng_state(rng_at_step);
       stop_now(fmt::format("during step {} (its partial gradients are dropped)", st.global_step + 1));
       break;
     }
@@ -940,7 +951,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
     const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
     io::save_safetensors((tmp / file).string(), opt);
   }
-  const at::Tensor cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
+  const at::Tensor cpu_rng = cpu_rng_state();
   io::save_safetensors((tmp / rng_state_file(rank(), world_size())).string(), {{"cpu", cpu_rng}});
   if (is_main()) {
     model::save_pretrained(model_, tmp.string());
@@ -1025,8 +1036,7 @@ void Trainer::resume(const std::string& dir) {
   }
   if (const fs::path rng_file = d / rng_state_file(rank(), world_size()); fs::exists(rng_file)) {
     io::SafetensorsFile rng(rng_file.string());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng.tensor("cpu").clone());
+    set_cpu_rng_state(rng.tensor("cpu").clone());
   }
   if (loader_) {
     data::LoaderState loader_state = data::LoaderState::from_json(read_text(d / "loader_state.json"));

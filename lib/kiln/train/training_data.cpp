@@ -11,6 +11,7 @@
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/named_datasets.h"
 #include "kiln/train/progress.h"
+#include "kiln/train/stop_request.h"
 
 namespace kiln::train {
 
@@ -67,6 +68,13 @@ std::string training_shard_dir(const PretrainConfig& config, bool main_process, 
   if (main_process) {
     o.on_info = [](const std::string& line) { logger()->info("{}", line); };
     o.on_progress = [&bar](const data::TokenizeProgress& p) {
+      // Between chunks: a SIGTERM during a long tokenization ends the program within a chunk.
+      if (const int sig = pending_stop_signal().load(); sig != 0) {
+        throw StopRequested(
+            fmt::format("{} received while tokenizing the training data: stopped before training, "
+                        "nothing saved (the partial tokenization was removed)",
+                        stop_signal_name(sig)));
+      }
       if (!bar) bar = std::make_unique<ProgressBar>(std::max<int64_t>(p.bytes_total >> 10, 1), 0, stderr);
       bar->update(p.bytes_done >> 10);
     };

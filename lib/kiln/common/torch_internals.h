@@ -1,0 +1,69 @@
+// The only place kiln uses LibTorch's impl/detail namespaces: three things its public C++ API cannot
+// do. Everything else in kiln calls LibTorch through `at::`/`torch::`/`c10::` functions of installed
+// headers (docs/architecture.md, "LibTorch's public API"; scripts/check_public_api.sh fails the
+// suite if an impl/detail use, a hand-written declaration of a LibTorch symbol or a header LibTorch
+// does not install appears anywhere else in lib/ or apps/).
+//
+// Each function says what it wraps, why no public route does the job, and which test pins the
+// behaviour kiln relies on (tests/common/test_torch_internals.cpp), so that a LibTorch upgrade that
+// changes one fails there, with its name, instead of in a training run.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln::torch_internals {
+
+// ---- Post-accumulate-grad hooks (dist/data_parallel.cpp) ----
+// `fn` runs each time autograd has finished accumulating into `param.grad()` (after the sum, so
+// .grad holds the micro-batch's total), on the thread running the backward. Wraps
+// torch::autograd::impl::set_post_acc_grad_hooks: Python's Tensor.register_post_accumulate_grad_hook
+// has no C++ counterpart (at::Tensor::register_hook runs *before* accumulation, with the incoming
+// gradient only). Data parallelism needs "this gradient is final" to start its bucket's all-reduce
+// during backward. One hook per parameter; setting another replaces it.
+void set_post_accumulate_grad_hook(const at::Tensor& param, std::function<void()> fn);
+void clear_post_accumulate_grad_hook(const at::Tensor& param);
+
+// ---- Back-propagation from a dropped output (train/activation_checkpoint.cpp) ----
+// The graph edge of `output` (which must require grad), kept without keeping `output` itself.
+class GradientRoot {
+ public:
+  GradientRoot() = default;
+  explicit GradientRoot(const at::Tensor& output);
+  struct Edge;
+
+ private:
+  std::shared_ptr<const Edge> edge_;
+  friend std::vector<at::Tensor> backprop_from(const GradientRoot&, const at::Tensor&, const std::vector<at::Tensor>&);
+};
+
+// d(output)/d(inputs) . grad for the root's graph, as torch::autograd::grad({output}, inputs, {grad})
+// would return it, nothing accumulated into any .grad, the graph freed. The difference from that
+// public call: the output tensor may already be gone, so selective recomputation holds one
+// activation-sized tensor fewer at backward's peak (the memory model counts on it). Wraps
+// torch::autograd::impl::gradient_edge and Engine::execute.
+std::vector<at::Tensor> backprop_from(const GradientRoot& root, const at::Tensor& grad,
+                                      const std::vector<at::Tensor>& inputs);
+
+// ---- A Kineto trace of a code region (profile/sweep.cpp, kiln-profile --trace) ----
+// Starts the Kineto profiler (CPU ops; CUDA kernels too with `cuda`) on construction; save() stops
+// it and writes a Chrome trace to `path`. Wraps torch::autograd::profiler::{prepare,enable,disable}Profiler
+// and torch::profiler::impl's config types: LibTorch's C++ API has no other way to record a Kineto
+// trace (torch.profiler is Python).
+class KinetoTrace {
+ public:
+  explicit KinetoTrace(bool cuda);
+  ~KinetoTrace();  // stops the profiler if save() was not called
+  void save(const std::string& path);
+  KinetoTrace(const KinetoTrace&) = delete;
+  KinetoTrace& operator=(const KinetoTrace&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
+}  // namespace kiln::torch_internals
