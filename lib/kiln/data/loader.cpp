@@ -89,6 +89,7 @@ LoaderState LoaderState::from_json(const std::string& text) {
     key = "rank", s.rank = j.at(key).get<int64_t>();
     key = "shuffle", s.shuffle = j.at(key).get<bool>();
   } catch (const nlohmann::json::exception& e) {
+    if (*key == '\0') throw std::runtime_error(fmt::format("loader state: not valid JSON: {}", e.what()));
     throw std::runtime_error(fmt::format("loader state: field '{}': {}", key, e.what()));
   }
   return s;

@@ -96,28 +96,31 @@ std::vector<NamedDataset> parse_dataset_info(const std::string& json_text, const
       }
       if (c.contains("query")) fail("columns.query: kiln's pretraining reads one text column (columns.prompt)");
     }
-    const fs::path path = fs::path(dataset_dir) / e["file_name"].get<std::string>();
+    const std::string file_name = e["file_name"].get<std::string>();
+    const fs::path path = fs::path(dataset_dir) / file_name;
+    if (file_name.empty()) fail("file_name is empty (a file or folder in dataset_dir)");
     if (fs::is_directory(path)) {
       for (const auto& f : fs::directory_iterator(path)) {
         if (f.is_regular_file()) d.files.push_back(f.path().string());
       }
       std::sort(d.files.begin(), d.files.end());
-      if (d.files.empty()) fail(fmt::format("folder '{}' holds no files", path.string()));
+      if (d.files.empty()) fail(fmt::format("file_name '{}': folder '{}' holds no files", file_name, path.string()));
     } else if (fs::is_regular_file(path)) {
       d.files.push_back(path.string());
     } else {
-      fail(fmt::format("file '{}' not found", path.string()));
+      fail(fmt::format("file_name '{}': '{}' not found", file_name, path.string()));
     }
     const std::string ext = file_type(d.files[0]);
     for (const auto& f : d.files) {
       const std::string x = file_type(f);
       if (!is_input_file(f)) {
         fail(
-            fmt::format("'{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz, .jsonl.zst, .parquet "
-                        "and .txt files",
-                        f));
+            fmt::format("file_name '{}': '{}': kiln reads .json (an array or JSON Lines), .jsonl, .jsonl.gz, "
+                        ".jsonl.zst, .parquet and .txt files",
+                        file_name, f));
       }
-      if (x != ext) fail(fmt::format("'{}': the files of one dataset must have one type ({})", f, ext));
+      if (x != ext)
+        fail(fmt::format("file_name '{}': '{}': the files of one dataset must have one type ({})", file_name, f, ext));
     }
     out.push_back(std::move(d));
   }

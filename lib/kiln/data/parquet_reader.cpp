@@ -71,6 +71,13 @@ void append_strings(const arrow::Array& column, std::vector<std::string>& out, i
   }
 }
 
+// Arrow's messages span lines (the thrift error, then what failed); kiln's errors are one line.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at)) text.replace(at, 1, "; ");
+  return text;
+}
+
 }  // namespace
 
 ParquetTextReader::ParquetTextReader(const std::string& path, const std::string& column, int64_t batch_rows)
@@ -80,7 +87,7 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
   m.column = column;
   auto fail = [&](const std::string& what) { throw std::runtime_error(fmt::format("'{}': {}", path, what)); };
   auto file = arrow::io::ReadableFile::Open(path);
-  if (!file.ok()) fail(fmt::format("cannot open ({})", file.status().message()));
+  if (!file.ok()) fail(fmt::format("cannot open ({})", one_line(file.status().message())));
   try {
     // A buffered stream reads the column's pages a piece at a time rather than a whole column
     // chunk (row group) at once; no pre-buffering, no threads: memory stays one batch's worth.
@@ -89,7 +96,7 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
     props.set_buffer_size(int64_t{1} << 20);
     parquet::arrow::FileReaderBuilder builder;
     const auto opened = builder.Open(*file, props);
-    if (!opened.ok()) fail(fmt::format("not a readable Parquet file ({})", opened.message()));
+    if (!opened.ok()) fail(fmt::format("not a readable Parquet file ({})", one_line(opened.message())));
     if (batch_rows <= 0) {  // about kAutoBatchBytes of text per batch, by the metadata's sizes
       const auto md = builder.raw_reader()->metadata();
       const int64_t bytes = md->num_rows() > 0 ? std::max<int64_t>(1, total_byte_size(*md) / md->num_rows()) : 1;
@@ -101,12 +108,12 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
     arrow_props.set_use_threads(false);
     builder.properties(arrow_props);
     auto built = builder.Build();
-    if (!built.ok()) fail(fmt::format("not a readable Parquet file ({})", built.status().message()));
+    if (!built.ok()) fail(fmt::format("not a readable Parquet file ({})", one_line(built.status().message())));
     m.reader = std::move(*built);
 
     std::shared_ptr<arrow::Schema> schema;
     const auto got = m.reader->GetSchema(&schema);
-    if (!got.ok()) fail(fmt::format("cannot read the schema ({})", got.message()));
+    if (!got.ok()) fail(fmt::format("cannot read the schema ({})", one_line(got.message())));
     const auto field = schema->GetFieldByName(column);
     if (!field) {
       std::string names;
@@ -126,7 +133,7 @@ ParquetTextReader::ParquetTextReader(const std::string& path, const std::string&
     std::vector<int> groups(static_cast<size_t>(m.row_groups));
     std::iota(groups.begin(), groups.end(), 0);
     auto batches = m.reader->GetRecordBatchReader(groups, {leaf});
-    if (!batches.ok()) fail(fmt::format("cannot read column '{}' ({})", column, batches.status().message()));
+    if (!batches.ok()) fail(fmt::format("cannot read column '{}' ({})", column, one_line(batches.status().message())));
     m.batches = std::move(*batches);
   } catch (const parquet::ParquetException& e) {
     fail(fmt::format("not a readable Parquet file ({})", e.what()));
@@ -141,7 +148,8 @@ bool ParquetTextReader::next(std::vector<std::string>& out) {
   try {
     const auto read = m.batches->ReadNext(&batch);
     if (!read.ok())
-      throw std::runtime_error(fmt::format("'{}': cannot read column '{}' ({})", m.path, m.column, read.message()));
+      throw std::runtime_error(
+          fmt::format("'{}': cannot read column '{}' ({})", m.path, m.column, one_line(read.message())));
   } catch (const parquet::ParquetException& e) {
     throw std::runtime_error(fmt::format("'{}': cannot read column '{}' ({})", m.path, m.column, e.what()));
   }

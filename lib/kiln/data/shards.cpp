@@ -197,18 +197,28 @@ std::optional<DataRecord> DataRecord::read(const std::string& checkpoint_dir) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   DataRecord r;
+  const char* key = "";
   try {
     const json j = json::parse(in);
-    r.dataset_dir = j.at("dataset_dir").get<std::string>();
-    const json& t = j.at("tokenizer");
+    key = "dataset_dir";
+    r.dataset_dir = j.at(key).get<std::string>();
+    key = "tokenizer";
+    const json& t = j.at(key);
+    key = "tokenizer.name";
     r.tokenizer = t.at("name").get<std::string>();
+    key = "tokenizer.fingerprint";
     r.tokenizer_fingerprint = std::stoull(t.at("fingerprint").get<std::string>(), nullptr, 16);
+    key = "tokenizer.vocab_size";
     r.vocab_size = t.at("vocab_size").get<int64_t>();
+    key = "tokenizer.bos_id";
     r.bos_id = t.at("bos_id").get<int32_t>();
+    key = "tokenizer.eos_id";
     r.eos_id = t.at("eos_id").get<int32_t>();
+    key = "tokenizer.add_special_tokens";
     r.add_special_tokens = t.at("add_special_tokens").get<bool>();
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{}: malformed: {}", path.string(), e.what()));
+    throw std::runtime_error(
+        fmt::format("{}: malformed{}: {}", path.string(), *key ? fmt::format(" (field {})", key) : "", e.what()));
   }
   return r;
 }

@@ -105,22 +105,41 @@ std::map<std::string, at::Tensor> AdamW::state_dict() const {
 
 void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   at::NoGradGuard no_grad;
-  auto restore = [&](const std::string& key, at::Tensor& dst) {
+  // Everything is checked before anything is copied: a refused state leaves the optimizer as it was.
+  enum class Kind { kMoment, kSecondMoment, kStep };
+  auto checked = [&](const std::string& key, const at::Tensor& dst, Kind kind) -> const at::Tensor& {
     const auto it = state.find(key);
     if (it == state.end()) throw std::invalid_argument("optimizer state: missing '" + key + "'");
-    if (it->second.sizes() != dst.sizes()) {
-      throw std::invalid_argument("optimizer state: '" + key + "' has shape " + c10::str(it->second.sizes()) +
-                                  ", expected " + c10::str(dst.sizes()));
+    const at::Tensor& t = it->second;
+    if (t.sizes() != dst.sizes()) {
+      throw std::invalid_argument("optimizer state: '" + key + "' has shape " + c10::str(t.sizes()) + ", expected " +
+                                  c10::str(dst.sizes()));
     }
-    dst.copy_(it->second);
+    if (!at::isFloatingType(t.scalar_type())) {
+      throw std::invalid_argument("optimizer state: '" + key + "' is " + std::string(c10::toString(t.scalar_type())) +
+                                  ", not a floating-point tensor");
+    }
+    const at::Tensor v = t.to(at::kDouble);
+    const bool ok = kind == Kind::kMoment         ? v.isfinite().all().item<bool>()
+                    : kind == Kind::kSecondMoment ? (v.isfinite() & (v >= 0)).all().item<bool>()
+                                                  : (v.isfinite() & (v >= 0) & (v == v.round())).all().item<bool>();
+    if (!ok) {
+      throw std::invalid_argument("optimizer state: '" + key + "' holds " +
+                                  (kind == Kind::kMoment         ? "non-finite values"
+                                   : kind == Kind::kSecondMoment ? "negative or non-finite values"
+                                                                 : "a step that is not a whole number >= 0"));
+    }
+    return t;
   };
+  std::vector<std::pair<at::Tensor*, const at::Tensor*>> copies;
   for (Group& g : groups_) {
     for (size_t i = 0; i < g.names.size(); ++i) {
-      restore(g.names[i] + ".exp_avg", g.exp_avg[i]);
-      restore(g.names[i] + ".exp_avg_sq", g.exp_avg_sq[i]);
-      restore(g.names[i] + ".step", g.steps[i]);
+      copies.emplace_back(&g.exp_avg[i], &checked(g.names[i] + ".exp_avg", g.exp_avg[i], Kind::kMoment));
+      copies.emplace_back(&g.exp_avg_sq[i], &checked(g.names[i] + ".exp_avg_sq", g.exp_avg_sq[i], Kind::kSecondMoment));
+      copies.emplace_back(&g.steps[i], &checked(g.names[i] + ".step", g.steps[i], Kind::kStep));
     }
   }
+  for (auto& [dst, src] : copies) dst->copy_(*src);
 }
 
 }  // namespace kiln::optim

@@ -986,33 +986,51 @@ void Trainer::resume(const std::string& dir) {
     }
   }
   json ts;
+  const char* key = "";
   try {
     ts = json::parse(read_text(d / "trainer_state.json"));
-    state_->global_step = ts.at("global_step").get<int64_t>();
-    state_->log_history = ts.at("log_history");
-    state_->total_flos = ts.value("total_flos", 0.0);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(
-        fmt::format("{}: invalid trainer state: {}", (d / "trainer_state.json").string(), e.what()));
+    key = "global_step";
+    state_->global_step = ts.at(key).get<int64_t>();
+    if (state_->global_step < 0) throw std::invalid_argument(fmt::format("must be >= 0, got {}", state_->global_step));
+    key = "log_history";
+    if (!ts.at(key).is_array()) throw std::invalid_argument("must be an array");
+    state_->log_history = ts.at(key);
+    key = "total_flos";
+    state_->total_flos = ts.value(key, 0.0);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: invalid trainer state{}: {}", (d / "trainer_state.json").string(),
+                                         *key ? fmt::format(" (field {})", key) : "", e.what()));
   }
   // kiln_state.json; checkpoints of kiln 0.2 kept these keys in trainer_state.json.
+  fs::path state_file = d / "trainer_state.json";
   if (fs::exists(d / kKilnStateFile)) {
+    state_file = d / kKilnStateFile;
     try {
-      ts = json::parse(read_text(d / kKilnStateFile));
+      ts = json::parse(read_text(state_file));
     } catch (const json::exception& e) {
-      throw std::runtime_error(fmt::format("{}: invalid JSON: {}", (d / kKilnStateFile).string(), e.what()));
+      throw std::runtime_error(fmt::format("{}: invalid JSON: {}", state_file.string(), e.what()));
     }
   }
   // The data order and the optimizer shards depend on the world size: resume on the same one.
-  const int64_t saved_world = ts.value("world_size", int64_t{1});
-  const int64_t saved_stage = ts.value("zero_stage", int64_t{0});
+  const auto field = [&](const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+    const auto it = ts.find(key);
+    if (it == ts.end()) return fallback;
+    if (!it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > hi) {
+      throw std::runtime_error(
+          fmt::format("{}: {} must be an integer in [{}, {}], got {}", state_file.string(), key, lo, hi, it->dump()));
+    }
+    return it->get<int64_t>();
+  };
+  if (!ts.is_object()) throw std::runtime_error(fmt::format("{}: expected a JSON object", state_file.string()));
+  const int64_t saved_world = field("world_size", 1, 1, int64_t{1} << 20);
+  const int64_t saved_stage = field("zero_stage", 0, 0, 2);
   const int64_t stage = dp_ ? zero_stage_ : 0;
   if (saved_world != world_size() || (saved_stage != stage && (saved_stage > 0 || stage > 0))) {
     throw std::runtime_error(
-        fmt::format("resume_from_checkpoint: {} was written by {} process{} with zero_stage {}; this run has {} with "
-                    "zero_stage {}. "
-                    "Resume with the same world size and stage (docs/distributed.md)",
-                    dir, saved_world, saved_world == 1 ? "" : "es", saved_stage, world_size(), stage));
+        fmt::format("resume_from_checkpoint: {} was written by {} process{} with zero_stage {} ({}); this run has {} "
+                    "with zero_stage {}. Resume with the same world size and stage (docs/distributed.md)",
+                    dir, saved_world, saved_world == 1 ? "" : "es", saved_stage, state_file.filename().string(),
+                    world_size(), stage));
   }
   const bool sharded = stage > 0;
   const std::string opt_file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
@@ -1031,17 +1049,51 @@ void Trainer::resume(const std::string& dir) {
     throw std::runtime_error(fmt::format("{}: {}", opt.path(), e.what()));
   }
   if (scaler_ && opt.contains("grad_scaler.scale")) {
-    scaler_->mutable_scale().copy_(opt.tensor("grad_scaler.scale"));
-    scaler_->growth_tracker().copy_(opt.tensor("grad_scaler.growth_tracker"));
+    const at::Tensor scale = opt.tensor("grad_scaler.scale"), tracker = opt.tensor("grad_scaler.growth_tracker");
+    const auto one_number = [](const at::Tensor& t) { return t.numel() == 1 && !at::isComplexType(t.scalar_type()); };
+    if (!one_number(scale) || !std::isfinite(scale.item<double>()) || scale.item<double>() <= 0 ||
+        !one_number(tracker) || tracker.item<double>() < 0) {
+      throw std::runtime_error(
+          fmt::format("{}: grad_scaler.scale must be one finite number > 0 and "
+                      "grad_scaler.growth_tracker one number >= 0",
+                      opt.path()));
+    }
+    scaler_->mutable_scale().copy_(scale.reshape(scaler_->scale().sizes()));
+    scaler_->growth_tracker().copy_(tracker.reshape(scaler_->growth_tracker().sizes()));
   }
   if (const fs::path rng_file = d / rng_state_file(rank(), world_size()); fs::exists(rng_file)) {
     io::SafetensorsFile rng(rng_file.string());
-    set_cpu_rng_state(rng.tensor("cpu").clone());
+    try {
+      set_cpu_rng_state(rng.tensor("cpu").clone());
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(fmt::format("{}: tensor 'cpu' is not a CPU generator's state ({})", rng_file.string(),
+                                           e.what_without_backtrace()));
+    }
+  }
+  if (loader_ && state_->shards) {
+    // The checkpoint's data position applies to the data it was written for: the same tokenizer
+    // (a position in other tokens would silently train on a different stream).
+    if (const auto record = data::DataRecord::read(dir)) {
+      const auto& meta = state_->shards->meta();
+      if (record->tokenizer_fingerprint != meta.tokenizer_fingerprint || record->vocab_size != meta.vocab_size) {
+        throw std::runtime_error(fmt::format(
+            "{}: the checkpoint was trained on data of tokenizer {} (vocab_size {}, fingerprint {:016x}); this run's "
+            "data {} has tokenizer {} (vocab_size {}, fingerprint {:016x}): resume on the same data",
+            (d / data::DataRecord::kFile).string(), record->tokenizer, record->vocab_size,
+            record->tokenizer_fingerprint, state_->data_dir, meta.tokenizer, meta.vocab_size,
+            meta.tokenizer_fingerprint));
+      }
+    }
   }
   if (loader_) {
-    data::LoaderState loader_state = data::LoaderState::from_json(read_text(d / "loader_state.json"));
-    loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
-    loader_->restore(loader_state);
+    const fs::path file = d / "loader_state.json";
+    try {
+      data::LoaderState loader_state = data::LoaderState::from_json(read_text(file));
+      loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
+      loader_->restore(loader_state);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
+    }
   }
   if (state_->global_step > plan_.total_steps) {
     throw std::runtime_error(fmt::format("{}: checkpoint is at step {}, past this run's {} steps", dir,
