@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "kiln/common/process_settings.h"
+#include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
 #include "kiln/dist/env.h"
 #include "kiln/train/stop_request.h"
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
       if (plan->rank() == 0) fmt::print("{}\n", plan->banner());
       return 0;
     }
+    // What this run has: the LibTorch build, the CUDA runtime and driver, every GPU (README.md,
+    // "V100 and CUDA 12"). On rank 0 only: the ranks of a node see the same.
+    if (kiln::dist::read_dist_env().rank == 0)
+      fmt::print(stderr, "kiln-pretrain: {}\n", kiln::runtime_info().summary());
     kiln::train::Trainer trainer(config);
     const bool main_rank = trainer.rank() == 0;  // only rank 0 of a data-parallel job prints
     if (main_rank) fmt::print("{}\n", trainer.banner());

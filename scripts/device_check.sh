@@ -3,14 +3,15 @@
 # python3 with torch 2.11 (cu130), but none of kiln's Debian packages and no network:
 #   1. configure against .deps/usr (made here by scripts/bundle_deps.sh and carried along) and
 #      torch's own CMake package, build kiln for this GPU's architecture with -Xptxas -v;
-#   2. run the [cuda] tests, then the CPU op tests (quick);
-#   3. run kiln-bench (the fused ops, kiln vs ATen), then scripts/bench_vs_hf.py: kiln's training
+#   2. run the [cuda] tests, again on the kernels' Volta code paths (KILN_KERNEL_ARCH=70: what a
+#      V100 runs), then the CPU op tests (quick);
+#   3. run kiln-bench (the fused ops, kiln vs ATen; fp16 both ways), then scripts/bench_vs_hf.py: kiln's training
 #      step against transformers' on this GPU, bf16, llama-100m at cutoff_len 1024 (batch 8) and
 #      8192 (batch 1) and llama-3.2-1b at 2048 (batch 4), alternated over up to 3 rounds (no new
 #      round after 100 s), after a parity check of parameter count and loss (and, below 300M
 #      parameters, every gradient); transformers comes from .deps/python when python3 lacks it;
 #   4. run kiln-bench --ops attention (kiln's flash attention vs SDPA flash and cuDNN, T 512..8192,
-#      head dims 64/128, 3 timed iterations);
+#      head dims 64/128, 3 timed iterations; then fp16 at head dim 64 on the Volta kernels);
 #   5. data parallel on NCCL with world size 1 under torchrun (kiln-pretrain, 40 bf16 steps of the
 #      quick start, stage 0 and 2) and kiln-bench --ops comm (NCCL bus bandwidth, 1 MiB..1 GiB).
 # Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 13 files:
@@ -89,6 +90,11 @@ grep -E "Compiling entry|registers|spill" "$out/build.log" >"$out/ptxas.txt" || 
 if [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [cuda] tests" >"$out/tests.log"
   step 120 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" -d yes >>"$out/tests.log" 2>&1 || status=1
+  # The same [cuda] tests on the kernels' Volta (sm_70) code paths: fp16 tiles without cp.async,
+  # shared memory planned for a V100's 96 KiB (bf16 and head dim 128 then take ATen's path).
+  echo "== [cuda] tests, Volta code paths (KILN_KERNEL_ARCH=70)" >>"$out/tests.log"
+  step 120 env KILN_KERNEL_ARCH=70 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" >>"$out/tests.log" 2>&1 ||
+    status=1
   echo "== [ops]~[cuda] tests (CPU)" >>"$out/tests.log"
   step 60 "$build/tests/kiln_tests" "[ops]~[cuda]" >>"$out/tests.log" 2>&1 || status=1
 fi
@@ -96,6 +102,11 @@ fi
 # 3. benchmark of the fused ops
 if [[ -x "$build/bin/kiln-bench" ]]; then
   step 90 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
+  # fp16 both ways: this GPU's own kernels, then the Volta code paths (KILN_KERNEL_ARCH=70).
+  echo "== fp16, this GPU's kernels" >>"$out/bench.md"
+  step 60 "$build/bin/kiln-bench" --dtype fp16 >>"$out/bench.md" 2>&1 || status=1
+  echo "== fp16, the Volta (sm_70) code paths: KILN_KERNEL_ARCH=70" >>"$out/bench.md"
+  step 60 env KILN_KERNEL_ARCH=70 "$build/bin/kiln-bench" --dtype fp16 >>"$out/bench.md" 2>&1 || status=1
 fi
 
 # 3b. kiln vs transformers on the goal's shapes (bench_vs_hf.json is rewritten after every round)
@@ -118,6 +129,9 @@ fi
 if [[ -x "$build/bin/kiln-bench" ]]; then
   step 150 "$build/bin/kiln-bench" --ops attention --iters 3 --json "$out/bench_attention.json" \
     >"$out/bench_attention.md" 2>&1 || status=1
+  echo "== fp16, head dim 64, the Volta (sm_70) flash kernels: KILN_KERNEL_ARCH=70" >>"$out/bench_attention.md"
+  step 60 env KILN_KERNEL_ARCH=70 "$build/bin/kiln-bench" --ops attention --dtype fp16 --head-dims 64 \
+    --seqlens 1024,4096 --iters 3 >>"$out/bench_attention.md" 2>&1 || status=1
 fi
 # 5. NCCL: a world-size-1 data-parallel run (the NCCL path of kiln/dist) and the comm benchmark
 torchrun=("${KILN_DEVICE_PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python)

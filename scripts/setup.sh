@@ -3,16 +3,17 @@
 #
 #  - Debian packages: compiler, build tools, the C++ libraries kiln links and gloo's headers (only
 #    the missing ones).
-#  - LibTorch from the PyPI wheel torch==$KILN_TORCH_VERSION in a virtual environment under
-#    ${KILN_HOME:-$HOME/.cache/kiln}, outside the checkout, so every clone reuses it.
+#  - LibTorch from a PyPI wheel in a virtual environment under ${KILN_HOME:-$HOME/.cache/kiln},
+#    outside the checkout, so every clone reuses it: torch==2.11.0 (CUDA 13) in venv/, or, for a
+#    V100 or a driver older than CUDA 13, torch==2.10.0 (CUDA 12) in venv-cu12/ with a CUDA 12
+#    nvcc (scripts/choose_torch.sh, scripts/fetch_cuda12.sh). KILN_CUDA=12|13 forces the choice.
 #    Skipped when the caller points Torch_DIR at their own LibTorch.
 #
 # Prints nothing but progress; the build reads the LibTorch location from scripts/env.sh.
 set -euo pipefail
 
 KILN_HOME="${KILN_HOME:-$HOME/.cache/kiln}"
-KILN_TORCH_VERSION="${KILN_TORCH_VERSION:-2.11.0}"
-venv="$KILN_HOME/venv"
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -36,6 +37,25 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# --- Which LibTorch: the CUDA 13 build (torch 2.11.0) or, for a V100 or a driver older than
+# CUDA 13, the CUDA 12 build (torch 2.10.0) with a CUDA 12 nvcc (scripts/choose_torch.sh says how
+# it chooses; KILN_CUDA=12|13 forces it). The choice is recorded for scripts/env.sh.
+choice="$("$root/scripts/choose_torch.sh")"
+eval "$choice"
+if [[ "$KILN_FETCH_CUDA12" == 1 ]]; then
+  say "no CUDA 12 nvcc on this machine: fetching one into $KILN_HOME/cuda-12"
+  "$root/scripts/fetch_cuda12.sh" >/dev/null
+fi
+venv="$KILN_VENV"
+mkdir -p "$KILN_HOME"
+{
+  echo "# Written by scripts/setup.sh: the LibTorch and nvcc of this machine ($KILN_CHOICE_WHY)."
+  echo "KILN_CUDA_MAJOR=$KILN_CUDA_MAJOR"
+  echo "KILN_VENV=$venv"
+  echo "KILN_SELECTED_CUDACXX=$CUDACXX"
+} >"$KILN_HOME/selected.env.tmp"
+mv "$KILN_HOME/selected.env.tmp" "$KILN_HOME/selected.env"
 
 # --- Python reference environment and LibTorch ------------------------------------------------
 # The virtual environment doubles as the place for the Python *test* references (never loaded by
@@ -80,4 +100,4 @@ if ((${#to_install[@]})); then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "${to_install[@]}"
 fi
 
-say "ready (KILN_HOME=$KILN_HOME)"
+say "ready (KILN_HOME=$KILN_HOME; ${Torch_DIR:+your LibTorch at $Torch_DIR, }torch==$KILN_TORCH_VERSION, CUDA $KILN_CUDA_MAJOR build, nvcc $CUDACXX: $KILN_CHOICE_WHY)"

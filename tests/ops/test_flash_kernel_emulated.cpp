@@ -24,6 +24,7 @@ struct Case {
   bool causal;
   bool segments = false;
   bool deterministic = false;
+  int arch = 80;  // 80: the cp.async kernels; 70: the Volta kernels (fp16, plain loads)
 };
 
 template <typename P>
@@ -39,6 +40,7 @@ P shape_of(const Case& c, const at::Tensor& seg) {
   p.causal = c.causal;
   p.segment_ids = seg.defined() ? seg.data_ptr<int>() : nullptr;
   p.dtype = c.dtype == at::kBFloat16 ? kk::DType::kBFloat16 : kk::DType::kFloat16;
+  p.arch = c.arch;
   return p;
 }
 
@@ -71,7 +73,7 @@ std::vector<at::Tensor> torch_attention(const Inputs& in, const Case& c, at::Sca
 
 void check_case(const Case& c) {
   const Inputs in = make_inputs(c);
-  CAPTURE(c.dtype, c.d, c.hq, c.hkv, c.t, c.s, c.causal, c.segments, c.deterministic);
+  CAPTURE(c.dtype, c.d, c.hq, c.hkv, c.t, c.s, c.causal, c.segments, c.deterministic, c.arch);
   REQUIRE(kk::emulated::flash_supported(shape_of<kk::FlashShape>(c, in.seg)));
 
   auto fp = shape_of<kk::FlashFwdParams>(c, in.seg);
@@ -136,4 +138,29 @@ TEST_CASE("flash-attention CUDA kernels (emulated): segment masks and the determ
   check_case({at::kHalf, 64, 2, 2, 70, 70, false, /*segments=*/true});
   check_case({at::kBFloat16, 64, 4, 2, 100, 100, true, false, /*deterministic=*/true});
   check_case({at::kBFloat16, 128, 2, 1, 65, 65, true, true, /*deterministic=*/true});
+}
+
+TEST_CASE("flash-attention's Volta (sm_70) kernels (emulated): fp16, plain tile loads, the same references",
+          "[ops][flash][emulated]") {
+  // The same tolerance rule and shapes as above (several tiles, ragged ends, GQA, causal and not,
+  // segment masks, both dQ modes), through the variant a V100 runs.
+  check_case({at::kHalf, 64, 4, 2, 100, 100, true, false, false, 70});
+  check_case({at::kHalf, 64, 4, 1, 17, 80, false, false, false, 70});
+  check_case({at::kHalf, 64, 2, 1, 90, 90, true, /*segments=*/true, false, 70});
+  check_case({at::kHalf, 64, 4, 2, 100, 100, true, false, /*deterministic=*/true, 70});
+  check_case({at::kHalf, 128, 2, 2, 70, 70, true, false, false, 70});  // runs where a block may hold 144 KiB
+  // Volta has no bf16 tensor cores, and nothing older than Volta has the fp16 tiles used here.
+  const Case bf16{at::kBFloat16, 64, 2, 1, 64, 64, true, false, false, 70};
+  CHECK_FALSE(kk::emulated::flash_supported(shape_of<kk::FlashShape>(bf16, at::Tensor())));
+  Case older{at::kHalf, 64, 2, 1, 64, 64, true};
+  older.arch = 61;
+  CHECK_FALSE(kk::emulated::flash_supported(shape_of<kk::FlashShape>(older, at::Tensor())));
+  older.arch = 70;
+  CHECK(kk::emulated::flash_supported(shape_of<kk::FlashShape>(older, at::Tensor())));
+  // The launcher refuses bf16 planned for Volta rather than launching a trap.
+  kk::FlashFwdParams p = shape_of<kk::FlashFwdParams>(bf16, at::Tensor());
+  CHECK_THROWS_WITH(kk::emulated::launch_flash_fwd(p, nullptr), Catch::Contains("compute capability 8.0"));
+  // Head dim 64 fits a V100's 96 KiB per block, 128 does not (the op then runs ATen's attention).
+  CHECK(kk::emulated::flash_smem_bytes(64) <= 96 * 1024);
+  CHECK(kk::emulated::flash_smem_bytes(128) > 96 * 1024);
 }

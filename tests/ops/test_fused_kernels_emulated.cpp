@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/emulated.h"
+#include "kiln/ops/cuda_arch.h"
 #include "support.h"
 
 using kiln::test::max_abs_diff;
@@ -186,4 +187,18 @@ TEST_CASE("cross-entropy kernel (emulated): loss, lse and the in-place gradient 
       }
     }
   }
+}
+
+TEST_CASE("the kernels plan a V100's 96 KiB of shared memory per block below sm_80", "[ops][emulated]") {
+  // sharedMemPerBlockOptin as the devices report it: V100 96 KiB, A100 163 KiB, H100/H200 227 KiB.
+  CHECK(kiln::ops::planned_smem_optin(70, 98304) == 98304);
+  CHECK(kiln::ops::planned_smem_optin(90, 232448) == 232448);
+  CHECK(kiln::ops::planned_smem_optin(80, 166912) == 166912);
+  // KILN_KERNEL_ARCH=70 on an H100 plans for the V100: flash attention's head-dim-128 blocks
+  // (144 KiB) then do not fit and the op runs ATen's attention, as on a V100.
+  CHECK(kiln::ops::planned_smem_optin(70, 232448) == 98304);
+  CHECK(kiln::kernels::emulated::flash_smem_bytes(128) >
+        static_cast<size_t>(kiln::ops::planned_smem_optin(70, 232448)));
+  // RMSNorm's backward: one fp32 accumulator per column, within the planned opt-in.
+  CHECK(kiln::kernels::emulated::rmsnorm_bwd_smem_bytes(2048) <= kiln::ops::planned_smem_optin(70, 98304));
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <ATen/Context.h>
@@ -629,4 +630,24 @@ TEST_CASE("a CPU trainer and a CUDA trainer with other kernels run at once witho
   const auto together_gpu = losses(gpu.output_dir);
   REQUIRE(together_gpu.size() == alone_gpu.size());
   for (size_t i = 0; i < alone_gpu.size(); ++i) CHECK(together_gpu[i] == Approx(alone_gpu[i]).epsilon(2e-2));
+}
+
+TEST_CASE("bf16 on a GPU below compute capability 8.0 is refused naming the GPU and pointing at fp16", "[train]") {
+  PretrainConfig c = small_run("gpu_dtype");
+  c.source = "run.yaml";
+  c.bf16 = true;
+  // Faked capabilities: a V100 (7.0) and a T4 (7.5) refuse bf16; an A100 (8.0) takes it.
+  for (const auto& [gpu, major, minor] :
+       std::vector<std::tuple<std::string, int, int>>{{"Tesla V100-SXM2-32GB", 7, 0}, {"Tesla T4", 7, 5}}) {
+    const std::string e = kiln::test::error_of([&] { kiln::train::check_dtype_for_gpu(c, gpu, major, minor); });
+    CAPTURE(gpu, e);
+    CHECK_THAT(e, Catch::Matchers::Contains("run.yaml") && Catch::Matchers::Contains("bf16") &&
+                      Catch::Matchers::Contains(gpu) &&
+                      Catch::Matchers::Contains(fmt::format("compute capability {}.{}", major, minor)) &&
+                      Catch::Matchers::Contains("fp16: true"));
+  }
+  CHECK_NOTHROW(kiln::train::check_dtype_for_gpu(c, "NVIDIA A100-SXM4-80GB", 8, 0));
+  c.bf16 = false;
+  c.fp16 = true;
+  CHECK_NOTHROW(kiln::train::check_dtype_for_gpu(c, "Tesla V100-SXM2-32GB", 7, 0));
 }

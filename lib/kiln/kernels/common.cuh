@@ -13,6 +13,9 @@ using Stream = CUstream_st*;
 
 enum class DType : int { kFloat32, kBFloat16, kFloat16 };
 
+// True when this build holds machine code or PTX the current CUDA device can run (arch_probe.cu).
+bool kernel_image_for_current_device();
+
 }  // namespace kiln::kernels
 
 // Kernel sources are also compiled as host C++ against kernels/emulation.h (tests without a GPU):

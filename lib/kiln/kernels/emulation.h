@@ -9,10 +9,11 @@
 // that waits yields to a scheduler that resumes only fibers whose barrier has opened, and a
 // block in which every live fiber waits is reported as a deadlock (a divergent barrier). Warp
 // shuffles exchange through per-warp slots. `__shared__` variables become function statics,
-// shared by the block's fibers (blocks never overlap). WMMA fragments hold the whole 16 x 16 tile
-// in every lane, in logical row-major order; load/store/mma are warp-collective, and each
-// collective begins with a warp barrier, which orders it after every lane's previous collective
-// as the hardware's convergence does. Accumulation is fp32, as on the tensor cores.
+// shared by the block's fibers (blocks never overlap). cp.async copies land only at the
+// cp.async.wait_group that retires them (a read before it sees the old bytes). WMMA fragments hold the whole 16 x 16
+// tile in every lane, in logical row-major order; load/store/mma are warp-collective, and each collective begins with a
+// warp barrier, which orders it after every lane's previous collective as the hardware's convergence does. Accumulation
+// is fp32, as on the tensor cores.
 //
 // Use: include this header, then the .cu source, in a translation unit of its own (the macros
 // below must not leak into LibTorch's headers). The kernels then live in
@@ -33,6 +34,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -48,6 +51,14 @@ struct Barrier {
   unsigned generation = 0;
 };
 
+// A cp.async in flight: its source is read when issued, its destination written only when a
+// cp.async.wait_group retires its group, so a kernel that reads a tile before waiting for it
+// reads what was there before (the hardware may be that slow), not the new data.
+struct PendingCopy {
+  void* dst;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t context{};
   std::unique_ptr<char[]> stack;
@@ -55,6 +66,8 @@ struct Fiber {
   bool done = false;
   const Barrier* waiting = nullptr;  // resumed once waiting->generation != wait_generation
   unsigned wait_generation = 0;
+  std::vector<PendingCopy> open_group;              // issued since the last commit
+  std::vector<std::vector<PendingCopy>> committed;  // oldest first
 };
 
 struct Block {
@@ -108,6 +121,25 @@ inline float shuffle_xor(float value, int mask) {
   block->shuffle_slots[warp][parity * 32 + l] = value;
   sync_warp();  // a slot of this parity is rewritten only after the next barrier, which every reader passed
   return block->shuffle_slots[warp][parity * 32 + (l ^ static_cast<unsigned>(mask))];
+}
+
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  PendingCopy c{dst, {}};
+  if (valid) std::memcpy(c.bytes, src, 16);  // not valid: zero-filled, nothing read
+  current_fiber().open_group.push_back(c);
+}
+inline void cp_async_commit() {
+  Fiber& f = current_fiber();
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+// Retires this thread's committed groups until at most `pending` are in flight.
+inline void cp_async_wait(int pending) {
+  Fiber& f = current_fiber();
+  while (f.committed.size() > static_cast<size_t>(pending)) {
+    for (const PendingCopy& c : f.committed.front()) std::memcpy(c.dst, c.bytes, 16);
+    f.committed.erase(f.committed.begin());
+  }
 }
 
 inline void fiber_entry() {
@@ -199,6 +231,9 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 }
 inline float __shfl_xor_sync(unsigned, float value, int mask) {
   return ::kiln::emu::shuffle_xor(value, mask);
+}
+[[noreturn]] inline void __trap() {  // a variant the launcher never selects was launched
+  std::abort();
 }
 inline float __expf(float x) {
   return std::exp(x);

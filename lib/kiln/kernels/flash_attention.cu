@@ -1,6 +1,15 @@
 // Flash attention, FlashAttention-2 style, on WMMA tensor-core tiles (the C++ face of mma.sync:
 // bf16/fp16 in, fp32 accumulate), with cp.async copies from global into shared memory.
 //
+// Two variants of every kernel (template flag kAsync), chosen at launch from FlashShape::arch:
+//   sm_80 and later: tiles copied with cp.async, the next key tile in flight while one is used;
+//   sm_70 (Volta): the same tiles and carve-up with plain 16-byte loads and stores (Volta has no
+//     cp.async), fp16 only (its tensor cores have no bf16; WMMA's 16x16x16 fp16 shape with fp32
+//     accumulation is Volta's own). At head_dim 64 the blocks need 88 KiB of shared memory, within
+//     the 96 KiB a V100 block may opt in to; at 128 they need 144 KiB, so there the ATen path runs.
+// A variant that does not exist on the architecture being compiled (cp.async or bf16 below
+// sm_80) compiles to a trap, and the launcher never selects it there.
+//
 // Forward: one CTA = 64 query rows of one (batch, query head); 4 warps of 16 rows each. Per key
 //   tile of 64 (double-buffered: tile j + 1 is in flight while tile j is used):
 //   S = Q K^T (fp32, shared memory), per-row online softmax by the warp (running max m,
@@ -27,6 +36,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace KILN_KERNELS_NS {
@@ -43,37 +54,64 @@ constexpr int kLd = D + 8;  // 16-bit [64 x D] tiles (Q, K, V, dO)
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// ---- cp.async (sm_80+); a plain copy on older architectures, which the launcher refuses anyway.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+// Whether the variant (T, kAsync) exists on the architecture this pass compiles for.
+template <typename T, bool kAsync>
+__host__ __device__ constexpr bool variant_compiled() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return !kAsync && std::is_same_v<T, __half>;
 #else
+  return true;
+#endif
+}
+
+// ---- Tile copies. kAsync: cp.async (sm_80+), completed by cp_async_wait; the emulation defers
+// each copy to that wait as the hardware may, so a missing wait shows as garbage. Otherwise a
+// plain 16-byte load and store, complete at once.
+template <bool kAsync>
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  if constexpr (kAsync) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, the 16 bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+    return;
+#elif defined(KILN_CUDA_EMULATION)
+    ::kiln::emu::cp_async16(smem, gmem, valid);
+    return;
+#endif
+  }
   *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
-#endif
 }
+template <bool kAsync>
 __device__ __forceinline__ void cp_async_commit() {
+  if constexpr (kAsync) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(KILN_CUDA_EMULATION)
+    ::kiln::emu::cp_async_commit();
 #endif
+  }
 }
-template <int kPending>
+template <bool kAsync, int kPending>
 __device__ __forceinline__ void cp_async_wait() {
+  if constexpr (kAsync) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#elif defined(KILN_CUDA_EMULATION)
+    ::kiln::emu::cp_async_wait(kPending);
 #endif
+  }
 }
 
 // Starts copying rows [row0, row0 + 64) of a [rows, D] matrix into a [64 x kLd<D>] tile; rows
 // past `rows` become zero.
-template <typename T, int D>
+template <typename T, int D, bool kAsync>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* src, int row0, int rows) {
   constexpr int kVec = 8, kChunks = D / kVec;  // 16 bytes of 16-bit values
   for (int i = threadIdx.x; i < kBlock * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks * kVec;
     const bool valid = row0 + r < rows;
-    cp_async16(dst + r * kLd<D> + c, valid ? src + size_t(row0 + r) * D + c : src, valid);
+    cp_async16<kAsync>(dst + r * kLd<D> + c, valid ? src + size_t(row0 + r) * D + c : src, valid);
   }
 }
 
@@ -173,8 +211,8 @@ constexpr size_t fwd_smem_bytes() {
          + 3 * rounded(kBlock * 4);                      // segment ids: queries, keys x2
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
+template <typename T, int D, bool kAsync>
+__device__ __forceinline__ void flash_fwd_body(const FlashFwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -203,10 +241,10 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
   const int offset = p.seq_k - p.seq_q;  // causal alignment: query i sees keys <= i + offset
   const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
 
-  load_tile_async<T, D>(q_s, q, q0, p.seq_q);
-  load_tile_async<T, D>(k_s2, k, 0, p.seq_k);
-  load_tile_async<T, D>(v_s2, v, 0, p.seq_k);
-  cp_async_commit();
+  load_tile_async<T, D, kAsync>(q_s, q, q0, p.seq_q);
+  load_tile_async<T, D, kAsync>(k_s2, k, 0, p.seq_k);
+  load_tile_async<T, D, kAsync>(v_s2, v, 0, p.seq_k);
+  cp_async_commit<kAsync>();
   load_segments(qseg_s, seg, q0, p.seq_q, -1);
   load_segments(kseg_s2, seg, 0, p.seq_k, -2);
   for (int i = lane; i < kRows * D; i += 32) o_w[i] = 0.f;
@@ -221,12 +259,12 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
     T* v_s = v_s2 + buf * kBlock * kLdT;
     const int* kseg_s = kseg_s2 + buf * kBlock;
     if (k0 + kBlock < k_end) {  // prefetch the next tile into the other buffer
-      load_tile_async<T, D>(k_s2 + next * kBlock * kLdT, k, k0 + kBlock, p.seq_k);
-      load_tile_async<T, D>(v_s2 + next * kBlock * kLdT, v, k0 + kBlock, p.seq_k);
+      load_tile_async<T, D, kAsync>(k_s2 + next * kBlock * kLdT, k, k0 + kBlock, p.seq_k);
+      load_tile_async<T, D, kAsync>(v_s2 + next * kBlock * kLdT, v, k0 + kBlock, p.seq_k);
       load_segments(kseg_s2 + next * kBlock, seg, k0 + kBlock, p.seq_k, -2);
     }
-    cp_async_commit();
-    cp_async_wait<1>();  // everything but the prefetch has landed
+    cp_async_commit<kAsync>();
+    cp_async_wait<kAsync, 1>();  // everything but the prefetch has landed
     __syncthreads();
 
     mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);  // S = Q_w K^T
@@ -278,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
-  cp_async_wait<0>();
+  cp_async_wait<kAsync, 0>();
 
   // out = O / l, lse = m + log(l), for the rows that exist; a row that saw no key gets out = 0
   // and lse = +inf (so the backward's exp(s - lse) is 0 there).
@@ -353,8 +391,8 @@ struct BwdSmem {
   }
 };
 
-template <typename T, int D, bool kAtomicDQ>
-__global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdParams p) {
+template <typename T, int D, bool kAtomicDQ, bool kAsync>
+__device__ __forceinline__ void flash_bwd_dkdv_body(const FlashBwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -375,9 +413,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdPar
   const int* seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
   const int offset = p.seq_k - p.seq_q;
 
-  load_tile_async<T, D>(k_s, static_cast<const T*>(p.k) + kv_off, k0, p.seq_k);
-  load_tile_async<T, D>(v_s, static_cast<const T*>(p.v) + kv_off, k0, p.seq_k);
-  cp_async_commit();
+  load_tile_async<T, D, kAsync>(k_s, static_cast<const T*>(p.k) + kv_off, k0, p.seq_k);
+  load_tile_async<T, D, kAsync>(v_s, static_cast<const T*>(p.v) + kv_off, k0, p.seq_k);
+  cp_async_commit<kAsync>();
   load_segments(kseg_s, seg, k0, p.seq_k, -2);
 
   Acc dk[D / 16], dv[D / 16];
@@ -397,16 +435,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdPar
     const float* delta = p.delta + bhq * p.seq_q;
     for (int q0 = q_begin; q0 < p.seq_q; q0 += kBlock) {
       __syncthreads();  // the previous tile's Q, dO and dS are no longer read
-      load_tile_async<T, D>(q_s, q, q0, p.seq_q);
-      load_tile_async<T, D>(do_s, dout, q0, p.seq_q);
-      cp_async_commit();
+      load_tile_async<T, D, kAsync>(q_s, q, q0, p.seq_q);
+      load_tile_async<T, D, kAsync>(do_s, dout, q0, p.seq_q);
+      cp_async_commit<kAsync>();
       if (threadIdx.x < kBlock) {
         const int qi = q0 + threadIdx.x;
         lse_s[threadIdx.x] = qi < p.seq_q ? lse[qi] : 0.f;
         delta_s[threadIdx.x] = qi < p.seq_q ? delta[qi] : 0.f;
       }
       load_segments(qseg_s, seg, q0, p.seq_q, -1);
-      cp_async_wait<0>();
+      cp_async_wait<kAsync, 0>();
       __syncthreads();
 
       mma_abt<T, D>(st_w, k_s + warp * kRows * kLdT, kLdT, q_s, kLdT);    // S^T = K_w Q^T
@@ -458,8 +496,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdPar
 }
 
 // Deterministic dQ: one CTA per 64 queries of one (batch, query head), over the key tiles in order.
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p) {
+template <typename T, int D, bool kAsync>
+__device__ __forceinline__ void flash_bwd_dq_body(const FlashBwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -483,9 +521,9 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p
   const int offset = p.seq_k - p.seq_q;
   const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
 
-  load_tile_async<T, D>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
-  load_tile_async<T, D>(do_s, static_cast<const T*>(p.dout) + q_off, q0, p.seq_q);
-  cp_async_commit();
+  load_tile_async<T, D, kAsync>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
+  load_tile_async<T, D, kAsync>(do_s, static_cast<const T*>(p.dout) + q_off, q0, p.seq_q);
+  cp_async_commit<kAsync>();
   if (threadIdx.x < kBlock) {
     const int qi = q0 + threadIdx.x;
     lse_s[threadIdx.x] = qi < p.seq_q ? p.lse[size_t(bh) * p.seq_q + qi] : 0.f;
@@ -499,11 +537,11 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p
 
   for (int k0 = 0; k0 < k_end; k0 += kBlock) {
     __syncthreads();  // the previous K, V tiles are no longer read
-    load_tile_async<T, D>(k_s, k, k0, p.seq_k);
-    load_tile_async<T, D>(v_s, v, k0, p.seq_k);
-    cp_async_commit();
+    load_tile_async<T, D, kAsync>(k_s, k, k0, p.seq_k);
+    load_tile_async<T, D, kAsync>(v_s, v, k0, p.seq_k);
+    cp_async_commit<kAsync>();
     load_segments(kseg_s, seg, k0, p.seq_k, -2);
-    cp_async_wait<0>();
+    cp_async_wait<kAsync, 0>();
     __syncthreads();
 
     mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);    // S = Q_w K^T
@@ -520,8 +558,38 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p
     __syncwarp();
     mma_acc<T, D, wmma::row_major>(dq, ds_w, kLdP, k_s, kLdT);  // dQ_w += dS K
   }
-  cp_async_wait<0>();
+  cp_async_wait<kAsync, 0>();
   store_rows<T, D>(dq, f_w, p.scale, static_cast<T*>(p.dq) + q_off, q0 + warp * kRows, p.seq_q);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Kernels: each variant that exists on the architecture compiled for, else a trap.
+
+template <typename T, int D, bool kAsync>
+__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
+  if constexpr (variant_compiled<T, kAsync>()) {
+    flash_fwd_body<T, D, kAsync>(p);
+  } else {
+    __trap();
+  }
+}
+
+template <typename T, int D, bool kAtomicDQ, bool kAsync>
+__global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdParams p) {
+  if constexpr (variant_compiled<T, kAsync>()) {
+    flash_bwd_dkdv_body<T, D, kAtomicDQ, kAsync>(p);
+  } else {
+    __trap();
+  }
+}
+
+template <typename T, int D, bool kAsync>
+__global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p) {
+  if constexpr (variant_compiled<T, kAsync>()) {
+    flash_bwd_dq_body<T, D, kAsync>(p);
+  } else {
+    __trap();
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -530,22 +598,28 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p
 template <typename K>
 void allow_smem(K kernel, size_t bytes) {
 #ifndef KILN_CUDA_EMULATION
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, and say what failed
+    throw std::runtime_error(std::string("flash attention: cannot allow ") + std::to_string(bytes) +
+                             " bytes of shared memory per block: " + cudaGetErrorString(e));
+  }
 #else
   (void)kernel, (void)bytes;
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kAsync>
 void launch_fwd(const FlashFwdParams& p, Stream stream) {
   constexpr size_t bytes = fwd_smem_bytes<D>();
-  const auto kernel = flash_fwd_kernel<T, D>;
+  const auto kernel = flash_fwd_kernel<T, D, kAsync>;
   allow_smem(kernel, bytes);
   const dim3 grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
   KILN_LAUNCH(kernel, grid, kThreads, bytes, stream, p);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kAsync>
 void launch_bwd(const FlashBwdParams& p, Stream stream) {
   const size_t rows = size_t(p.batch) * p.heads_q * p.seq_q;
   const auto delta_kernel = flash_bwd_delta_kernel<T, D>;
@@ -554,15 +628,15 @@ void launch_bwd(const FlashBwdParams& p, Stream stream) {
   constexpr size_t bytes = bwd_smem_bytes<D>();
   const dim3 kv_grid((p.seq_k + kBlock - 1) / kBlock, p.batch * p.heads_kv);
   if (p.deterministic) {
-    const auto dkdv = flash_bwd_dkdv_kernel<T, D, false>;
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, false, kAsync>;
     allow_smem(dkdv, bytes);
     KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
-    const auto dq = flash_bwd_dq_kernel<T, D>;
+    const auto dq = flash_bwd_dq_kernel<T, D, kAsync>;
     allow_smem(dq, bytes);
     const dim3 q_grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
     KILN_LAUNCH(dq, q_grid, kThreads, bytes, stream, p);
   } else {
-    const auto dkdv = flash_bwd_dkdv_kernel<T, D, true>;
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, true, kAsync>;
     allow_smem(dkdv, bytes);
     KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
     const size_t n = rows * D;
@@ -580,26 +654,47 @@ size_t flash_smem_bytes(int head_dim) {
 }
 
 bool flash_supported(const FlashShape& p) {
-  return (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16) && (p.head_dim == 64 || p.head_dim == 128) &&
-         p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.seq_q > 0 &&
-         p.seq_k >= (p.causal ? p.seq_q : 1) && (p.segment_ids == nullptr || p.seq_q == p.seq_k) &&
-         int64_t(p.batch) * p.heads_q <= 65535;  // gridDim.y
+  const bool dtype_ok = p.arch >= 80 ? (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16)
+                                     : p.arch >= 70 && p.dtype == DType::kFloat16;
+  return dtype_ok && (p.head_dim == 64 || p.head_dim == 128) && p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 &&
+         p.heads_q % p.heads_kv == 0 && p.seq_q > 0 && p.seq_k >= (p.causal ? p.seq_q : 1) &&
+         (p.segment_ids == nullptr || p.seq_q == p.seq_k) && int64_t(p.batch) * p.heads_q <= 65535;  // gridDim.y
 }
 
-void launch_flash_fwd(const FlashFwdParams& p, Stream stream) {
+namespace {
+// T from the dtype, D from the head dim, kAsync from the architecture: one of eight instantiations.
+template <typename Params, typename Fn>
+void dispatch(const Params& p, Fn&& fn) {
+  const bool async = p.arch >= 80;
+  auto by_d = [&](auto t, auto a) {
+    using T = decltype(t);
+    if (p.head_dim == 64) {
+      fn(T{}, std::integral_constant<int, 64>{}, a);
+    } else {
+      fn(T{}, std::integral_constant<int, 128>{}, a);
+    }
+  };
   if (p.dtype == DType::kBFloat16) {
-    p.head_dim == 64 ? launch_fwd<__nv_bfloat16, 64>(p, stream) : launch_fwd<__nv_bfloat16, 128>(p, stream);
+    if (!async) throw std::invalid_argument("flash attention: bf16 needs compute capability 8.0 (arch < 80 given)");
+    by_d(__nv_bfloat16{}, std::true_type{});
+  } else if (async) {
+    by_d(__half{}, std::true_type{});
   } else {
-    p.head_dim == 64 ? launch_fwd<__half, 64>(p, stream) : launch_fwd<__half, 128>(p, stream);
+    by_d(__half{}, std::false_type{});
   }
+}
+}  // namespace
+
+void launch_flash_fwd(const FlashFwdParams& p, Stream stream) {
+  dispatch(p, [&](auto t, auto d, auto async) {
+    launch_fwd<decltype(t), decltype(d)::value, decltype(async)::value>(p, stream);
+  });
 }
 
 void launch_flash_bwd(const FlashBwdParams& p, Stream stream) {
-  if (p.dtype == DType::kBFloat16) {
-    p.head_dim == 64 ? launch_bwd<__nv_bfloat16, 64>(p, stream) : launch_bwd<__nv_bfloat16, 128>(p, stream);
-  } else {
-    p.head_dim == 64 ? launch_bwd<__half, 64>(p, stream) : launch_bwd<__half, 128>(p, stream);
-  }
+  dispatch(p, [&](auto t, auto d, auto async) {
+    launch_bwd<decltype(t), decltype(d)::value, decltype(async)::value>(p, stream);
+  });
 }
 
 }  // namespace KILN_KERNELS_NS

@@ -16,6 +16,10 @@ struct FlashShape {
   bool causal = true;                // bottom-right aligned: query i sees keys <= seq_k - seq_q + i
   const int* segment_ids = nullptr;  // [B, T] int32, optional (needs seq_q == seq_k): same id or masked
   DType dtype = DType::kBFloat16;    // bf16 or fp16 (fp32 is not supported by the tensor-core path)
+  // The compute capability (major * 10 + minor) the launch plans for: 80 and up, the cp.async
+  // kernels (bf16 or fp16); 70 to 79, the Volta kernels (plain loads, fp16 only); below, none.
+  // The caller may plan for a lower one than the device's (KILN_KERNEL_ARCH, ops/cuda_arch.h).
+  int arch = 80;
 };
 
 struct FlashFwdParams : FlashShape {
@@ -42,13 +46,13 @@ struct FlashBwdParams : FlashShape {
   bool deterministic = false;
 };
 
-// True when the kernels handle this shape (bf16/fp16, head_dim 64 or 128, Hkv dividing Hq,
-// seq_k >= seq_q when causal, seq_q == seq_k with segment ids).
+// True when the kernels handle this shape (bf16/fp16 from arch 80, fp16 from 70, head_dim 64 or
+// 128, Hkv dividing Hq, seq_k >= seq_q when causal, seq_q == seq_k with segment ids).
 bool flash_supported(const FlashShape& shape);
 
-// Dynamic shared memory per block the kernels for this head_dim need (64 or 128): 88 KiB at 64,
-// 144 KiB at 128, so head_dim 128 needs a GPU that opts in to that much (A100, H100; not the
-// 99 KiB of sm_86/sm_89 cards, where the ATen path runs instead).
+// Dynamic shared memory per block the kernels for this head_dim need (64 or 128), either variant:
+// 88 KiB at 64, 144 KiB at 128, so head_dim 128 needs a GPU that opts in to that much (A100,
+// H100; not the 96 KiB of a V100 or the 99 KiB of sm_86/sm_89 cards, where the ATen path runs).
 size_t flash_smem_bytes(int head_dim);
 
 void launch_flash_fwd(const FlashFwdParams& params, Stream stream);

@@ -12,6 +12,10 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 #include "kiln/kernels/rmsnorm.cuh"
 
 namespace KILN_KERNELS_NS {
@@ -19,7 +23,9 @@ namespace {
 
 constexpr int kFwdThreads = 256;
 constexpr int kBwdThreads = 256;
-constexpr int64_t kMaxSmem = 160 * 1024;  // within the opt-in limit of sm_80 (163 KB) and sm_90 (227 KB)
+// The most the backward asks for, within sm_80's opt-in (163 KB); a device's own opt-in (a V100's
+// 96 KiB) lowers it (rmsnorm_bwd_max_smem).
+constexpr int64_t kMaxSmem = 160 * 1024;
 
 template <typename T>
 __device__ __forceinline__ float f(T v) {
@@ -183,8 +189,8 @@ void launch_rmsnorm_fwd(const RmsNormFwdParams& p, Stream stream) {
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols) {
   return cols * static_cast<int64_t>(sizeof(float));
 }
-int64_t rmsnorm_bwd_max_smem() {
-  return kMaxSmem;
+int64_t rmsnorm_bwd_max_smem(int64_t device_optin) {
+  return std::min(kMaxSmem, device_optin);
 }
 
 void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
@@ -194,7 +200,14 @@ void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
     const bool vec = can_vectorise<T>(p.cols, p.cols, {p.x, p.weight, p.dy, p.dh, p.dx});
     auto run = [&](auto kernel) {
 #ifndef KILN_CUDA_EMULATION
-      if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw std::runtime_error("rmsnorm backward: cannot allow " + std::to_string(smem) +
+                                   " bytes of shared memory per block: " + cudaGetErrorString(e));
+        }
+      }
 #endif
       KILN_LAUNCH(kernel, static_cast<unsigned>(p.blocks), kBwdThreads, smem, stream, p);
     };

@@ -38,9 +38,9 @@ struct RmsNormBwdParams {
 };
 
 // Dynamic shared memory the backward needs (one fp32 dweight accumulator per column); the op
-// falls back to ATen when it exceeds rmsnorm_bwd_max_smem().
+// falls back to ATen when it exceeds rmsnorm_bwd_max_smem(the device's opt-in per block).
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
-int64_t rmsnorm_bwd_max_smem();
+int64_t rmsnorm_bwd_max_smem(int64_t device_optin);
 void launch_rmsnorm_bwd(const RmsNormBwdParams& params, Stream stream);
 
 }  // namespace kiln::kernels

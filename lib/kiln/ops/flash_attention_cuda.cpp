@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kiln/kernels/flash_attention.cuh"
+#include "kiln/ops/cuda_arch.h"
 #include "kiln/ops/cuda_util.h"
 #include "kiln/ops/flash_attention.h"
 
@@ -24,6 +25,7 @@ P params_for(const at::Tensor& q, const at::Tensor& k, const FlashAttentionParam
   p.scale = static_cast<float>(scale);
   p.causal = params.causal;
   p.dtype = kernel_dtype(q.scalar_type());
+  p.arch = kernel_target(q.device()).arch;
   return p;
 }
 
@@ -47,14 +49,17 @@ bool flash_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tens
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return false;
   if (q.size(0) > INT32_MAX || q.size(1) > INT32_MAX || q.size(2) > INT32_MAX || k.size(2) > INT32_MAX) return false;
   if (q.size(3) != 64 && q.size(3) != 128) return false;
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
-  if (prop->major < 8) return false;  // mma.sync bf16, cp.async
-  if (prop->sharedMemPerBlockOptin < kernels::flash_smem_bytes(static_cast<int>(q.size(3)))) return false;
+  // sm_80+: the cp.async kernels; sm_70: the Volta kernels (fp16); the blocks' shared memory
+  // within what the device (or, planning for Volta, a V100) lets a block opt in to.
+  const KernelTarget& target = kernel_target(q.device());
+  if (!target.image) return false;
+  if (target.smem_optin < static_cast<int64_t>(kernels::flash_smem_bytes(static_cast<int>(q.size(3))))) return false;
   // 16-byte rows for cp.async (the glue makes inputs contiguous; a storage offset may still misalign)
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->is_contiguous() && !aligned16(*t)) return false;
   }
   kernels::FlashShape shape = params_for<kernels::FlashShape>(q, k, params, 1.0);
+  shape.arch = target.arch;
   static const int kDummy = 0;
   shape.segment_ids = params.segment_ids.defined() ? &kDummy : nullptr;
   return kernels::flash_supported(shape);

@@ -23,6 +23,7 @@ namespace kiln::ops {
 // ops/linear_cross_entropy_cuda.cpp: the kernel on one chunk. logits [n, V] contiguous, in place.
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                               bool write_grad, at::Tensor& loss, at::Tensor& lse);
+bool cross_entropy_cuda_applies(const at::Tensor& logits);
 #endif
 
 namespace {
@@ -89,7 +90,7 @@ ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t 
 ChunkResult chunk_dispatch(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                            bool write_grad, at::ScalarType acc) {
 #ifdef KILN_WITH_CUDA
-  if (logits.is_cuda() && backend(Op::kLinearCrossEntropy) == Backend::kKiln && logits.scalar_type() != at::kDouble) {
+  if (logits.is_cuda() && backend(Op::kLinearCrossEntropy) == Backend::kKiln && cross_entropy_cuda_applies(logits)) {
     ChunkResult r;
     cross_entropy_chunk_cuda(logits, labels, ignore_index, z_loss, write_grad, r.loss, r.lse);
     if (write_grad) r.grad = logits;

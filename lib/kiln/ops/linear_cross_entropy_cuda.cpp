@@ -5,9 +5,16 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kiln/kernels/cross_entropy.cuh"
+#include "kiln/ops/cuda_arch.h"
 #include "kiln/ops/cuda_util.h"
 
 namespace kiln::ops {
+
+bool cross_entropy_cuda_applies(const at::Tensor& logits) {
+  if (!logits.is_cuda() || !kernel_supports(logits.scalar_type())) return false;
+  const KernelTarget& t = kernel_target(logits.device());
+  return t.image && t.arch >= 70;
+}
 
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                               bool write_grad, at::Tensor& loss, at::Tensor& lse) {

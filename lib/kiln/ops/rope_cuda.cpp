@@ -5,12 +5,15 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kiln/kernels/rope.cuh"
+#include "kiln/ops/cuda_arch.h"
 #include "kiln/ops/cuda_util.h"
 
 namespace kiln::ops {
 
 bool rope_cuda_applies(const at::Tensor& x) {
-  return x.is_cuda() && kernel_supports(x.scalar_type()) && x.stride(3) == 1;
+  if (!x.is_cuda() || !kernel_supports(x.scalar_type()) || x.stride(3) != 1) return false;
+  const KernelTarget& t = kernel_target(x.device());
+  return t.image && t.arch >= 70;
 }
 
 void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {

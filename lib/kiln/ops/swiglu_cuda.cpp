@@ -7,12 +7,15 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kiln/kernels/swiglu.cuh"
+#include "kiln/ops/cuda_arch.h"
 #include "kiln/ops/cuda_util.h"
 
 namespace kiln::ops {
 
 bool swiglu_cuda_applies(const at::Tensor& gate) {
-  return gate.is_cuda() && kernel_supports(gate.scalar_type());
+  if (!gate.is_cuda() || !kernel_supports(gate.scalar_type())) return false;
+  const KernelTarget& t = kernel_target(gate.device());
+  return t.image && t.arch >= 70;
 }
 
 at::Tensor swiglu_cuda_forward(const at::Tensor& gate, const at::Tensor& up) {

@@ -22,6 +22,7 @@
 
 #include "kiln/common/format.h"
 #include "kiln/common/log.h"
+#include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/loader.h"
@@ -109,6 +110,16 @@ void set_cpu_rng_state(const at::Tensor& state) {
 }
 
 }  // namespace
+
+void check_dtype_for_gpu(const PretrainConfig& config, const std::string& gpu_name, int major, int minor) {
+  if (config.bf16 && major < 8) {
+    throw config::ConfigError(config::config_message(
+        config.source, "bf16",
+        fmt::format("true, but {} (compute capability {}.{}) has no bf16 arithmetic (it needs 8.0, an A100 or "
+                    "later): use fp16: true, which trains with a dynamic loss scaler as Hugging Face's fp16 runs do",
+                    gpu_name, major, minor)));
+  }
+}
 
 std::string latest_checkpoint(const std::string& output_dir) {
   const auto all = list_checkpoints(output_dir);
@@ -210,6 +221,8 @@ void Trainer::init() {
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
     at::accelerator::setDeviceIndex(device_.index());
+    const GpuInfo gpu = gpu_info(device_.index());
+    check_dtype_for_gpu(config_, gpu.name, gpu.major, gpu.minor);
   }
   if (plan_only_) {
     env_rank_ = env.rank;  // the job's shape, without joining it

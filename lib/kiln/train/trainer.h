@@ -172,4 +172,9 @@ class Trainer {
 // "output/checkpoint-1200" for the highest N in `output_dir`, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
 
+// The config's compute dtype on a GPU of compute capability major.minor: bf16 needs 8.0 (Ampere);
+// a V100 (7.0) or a Turing card (7.5) has no bf16 arithmetic, so `bf16: true` there is refused when
+// the config is read, naming the GPU and pointing at fp16 with loss scaling. Throws ConfigError.
+void check_dtype_for_gpu(const PretrainConfig& config, const std::string& gpu_name, int major, int minor);
+
 }  // namespace kiln::train
