@@ -97,9 +97,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     // What this run has: the LibTorch build, the CUDA runtime and driver, every GPU (README.md,
-    // "V100 and CUDA 12"). On rank 0 only: the ranks of a node see the same.
-    if (kiln::dist::read_dist_env().rank == 0)
-      fmt::print(stderr, "kiln-pretrain: {}\n", kiln::runtime_info().summary());
+    // "V100 and CUDA 12"), on stdout before the banner (stderr stays one line on an error). On
+    // rank 0 only: the ranks of a node see the same.
+    if (kiln::dist::read_dist_env().rank == 0) fmt::print("kiln-pretrain: {}\n", kiln::runtime_info().summary());
     kiln::train::Trainer trainer(config);
     const bool main_rank = trainer.rank() == 0;  // only rank 0 of a data-parallel job prints
     if (main_rank) fmt::print("{}\n", trainer.banner());

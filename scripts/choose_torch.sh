@@ -34,7 +34,7 @@ elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1;
   major=13
   why="no GPU: the CUDA 13 build"
 else
-  driver_cuda="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\.[0-9]*\).*/\1/p' | head -1)"
+  driver_cuda="$( (nvidia-smi 2>/dev/null || true) | sed -n 's/.*CUDA Version: *\([0-9]*\.[0-9]*\).*/\1/p' | head -1)"
   lowest=""
   lowest_name=""
   while IFS=, read -r name cap; do
@@ -45,6 +45,7 @@ else
         *V100*) cap=7.0 ;; *P100*) cap=6.0 ;; *T4*|*RTX\ 20*|*Quadro\ RTX*) cap=7.5 ;; *) cap=8.0 ;;
       esac
     fi
+    [[ -n "$name" ]] || continue
     cc=$(( ${cap%.*} * 10 + ${cap#*.} ))
     if [[ -z "$lowest" || $cc -lt $lowest ]]; then
       lowest=$cc

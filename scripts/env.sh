@@ -4,9 +4,11 @@
 KILN_HOME="${KILN_HOME:-$HOME/.cache/kiln}"
 KILN_VENV="$KILN_HOME/venv"
 KILN_SELECTED_CUDACXX=""
-if [[ -f "$KILN_HOME/selected.env" ]]; then
+selected="$KILN_HOME/selected.env"
+[[ -n "${KILN_CUDA:-}" && -f "$KILN_HOME/selected-cu$KILN_CUDA.env" ]] && selected="$KILN_HOME/selected-cu$KILN_CUDA.env"
+if [[ -f "$selected" ]]; then
   # shellcheck source=/dev/null
-  source "$KILN_HOME/selected.env"
+  source "$selected"
 fi
 KILN_PYTHON="${KILN_PYTHON:-$KILN_VENV/bin/python}"
 if [[ -z "${Torch_DIR:-}" ]]; then

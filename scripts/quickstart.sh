@@ -7,7 +7,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
-bin="${KILN_BUILD_DIR:-$root/build}/bin"
+bin="${KILN_BUILD_DIR:-$root/build${KILN_CUDA:+-cu$KILN_CUDA}}/bin"
 "$bin/kiln-pretrain" --output_dir output/quickstart "$@"
 ckpt="$(ls -d output/quickstart/checkpoint-* | sort -t- -k2 -n | tail -n 1)"
 echo "--- sample from $ckpt (kiln-generate --greedy):"

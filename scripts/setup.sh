@@ -55,6 +55,9 @@ mkdir -p "$KILN_HOME"
   echo "KILN_VENV=$venv"
   echo "KILN_SELECTED_CUDACXX=$CUDACXX"
 } >"$KILN_HOME/selected.env.tmp"
+# selected-cu<major>.env for builds that name their major (KILN_CUDA=12 scripts/test.sh), and
+# selected.env for the ones that do not: the machine's own choice, or the last one forced.
+cp "$KILN_HOME/selected.env.tmp" "$KILN_HOME/selected-cu$KILN_CUDA_MAJOR.env"
 mv "$KILN_HOME/selected.env.tmp" "$KILN_HOME/selected.env"
 
 # --- Python reference environment and LibTorch ------------------------------------------------

@@ -340,14 +340,19 @@ class Soak:
             for s in budget:
                 budget[s] -= per_chain[s]
             self.chain(per_chain, ref)
+            # A chain that reached max_steps before its last stop gives the rest back: the counts
+            # asked for are the stops made.
+            for s in budget:
+                budget[s] += per_chain[s]
         if self.a.ddp:
             ref_ddp = self.reference(ddp=True)
             left = self.a.ddp
             while left > 0 and len(self.failures) <= 20:
                 n = min(left, 3)
                 kills = self.rng.randint(0, min(1, n))
-                self.chain({signal.SIGTERM: n - kills, signal.SIGKILL: kills}, ref_ddp, ddp=True)
-                left -= n
+                per_chain = {signal.SIGTERM: n - kills, signal.SIGKILL: kills}
+                self.chain(per_chain, ref_ddp, ddp=True)
+                left -= n - sum(per_chain.values())
         if self.a.tokenize:
             self.tokenize_stops(self.a.tokenize)
         counts = {}

@@ -31,5 +31,5 @@ if [[ "${1:-}" == "--sanitize" ]]; then
 fi
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
-cd "${KILN_BUILD_DIR:-$root/build}"
+cd "${KILN_BUILD_DIR:-$root/build${KILN_CUDA:+-cu$KILN_CUDA}}"
 ctest --output-on-failure --timeout 1200 "$@"

@@ -255,8 +255,8 @@ TEST_CASE("fuzzed YAML configs load or are refused naming the file and the key",
   }
 }
 
-TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and output_dir keeps every byte",
-          "[fuzz][train]") {
+namespace {
+void fuzz_resume(int trials_per_file, const std::string& name_of_run) {
   // A real checkpoint of two steps to resume from.
   kiln::train::PretrainConfig c;
   c.model = "tiny";
@@ -266,7 +266,7 @@ TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and o
   c.save_steps = 2;
   c.logging_steps = 1;
   c.device = "cpu";
-  c.output_dir = kiln::test::scratch_dir("fuzz_resume").string();
+  c.output_dir = kiln::test::scratch_dir(name_of_run).string();
   kiln::train::Trainer(c).train();
   const fs::path ckpt = fs::path(c.output_dir) / "checkpoint-2";
   REQUIRE(fs::exists(ckpt / "trainer_state.json"));
@@ -281,7 +281,7 @@ TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and o
     Tally t{"checkpoint " + name};
     const std::string valid = slurp(ckpt / name);
     REQUIRE(!valid.empty());
-    for (int trial = 0; trial < 40; ++trial) {
+    for (int trial = 0; trial < trials_per_file; ++trial) {
       const bool json = name.ends_with(".json");
       const Mutation m = json ? kiln::test::mutate_json(valid, rng) : kiln::test::mutate_bytes(valid, rng);
       spit(ckpt / name, m.text);
@@ -293,6 +293,18 @@ TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and o
   }
   // Nothing a refused (or accepted but unused) resume did touched the folder.
   CHECK(snapshot(c.output_dir) == before);
+}
+}  // namespace
+
+// Each mutation constructs a resuming Trainer (about a quarter of a second on 2 cores): the default
+// suite runs 40 per file, the [slow] run 200 (the figures in docs/training.md).
+TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and output_dir keeps every byte",
+          "[fuzz][train]") {
+  fuzz_resume(40, "fuzz_resume");
+}
+
+TEST_CASE("fuzzed files of a checkpoint, 200 mutations each", "[fuzz][train][slow]") {
+  fuzz_resume(200, "fuzz_resume_long");
 }
 
 TEST_CASE("a fuzzed optimizer shard of a data-parallel checkpoint is refused naming the file", "[fuzz][io]") {

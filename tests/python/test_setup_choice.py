@@ -1,6 +1,6 @@
 """scripts/choose_torch.sh (run by scripts/setup.sh): which LibTorch build and which nvcc, from what
 nvidia-smi says. References: nvidia-smi outputs recorded from a V100 on an R535 driver (CUDA 12.2),
-an A100 on R550 (12.4) and an H100 on R580 (13.0) (tests/data/fixtures/nvidia-smi), and NVIDIA's
+an A100 on R550 (12.4) and an H100 on R580 (13.0) (tests/python/fixtures/nvidia-smi), and NVIDIA's
 published limits: CUDA 13 dropped sm_70, and its builds need an R580 driver, while cu128 runs on R525+.
 """
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "data" / "fixtures" / "nvidia-smi"
+FIXTURES = ROOT / "tests" / "python" / "fixtures" / "nvidia-smi"
 
 
 def fake_tools(tmp_path, gpu=None, nvcc_majors=()):

@@ -1109,8 +1109,8 @@ void Trainer::resume(const std::string& dir) {
     }
   }
   if (state_->global_step > plan_.total_steps) {
-    throw std::runtime_error(fmt::format("{}: checkpoint is at step {}, past this run's {} steps", dir,
-                                         state_->global_step, plan_.total_steps));
+    throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps",
+                                         (d / "trainer_state.json").string(), state_->global_step, plan_.total_steps));
   }
 }
 
