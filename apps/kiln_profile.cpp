@@ -9,12 +9,15 @@
 #include <torch/cuda.h>
 
 #include "cli.h"
+#include "kiln/common/device.h"
 #include "kiln/common/malloc_tuning.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/plan.h"
 #include "kiln/dist/env.h"
-#include "kiln/profile/device.h"
-#include "kiln/profile/plan.h"
+#include "kiln/profile/plan_report.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
+#include "kiln/train/kernel_choices.h"
 
 namespace {
 
@@ -32,7 +35,7 @@ std::vector<std::string> split(const std::string& s) {
 
 // kiln-profile --plan: the memory planner, from the analytic models only (nothing is allocated).
 int plan(const cxxopts::ParseResult& args) {
-  kiln::profile::PlanConfig c;
+  kiln::cost::PlanConfig c;
   if (!args.count("model")) throw std::invalid_argument("--plan: give --model");
   c.model = args["model"].as<std::string>();
   if (args.count("cutoff-len"))
@@ -43,14 +46,14 @@ int plan(const cxxopts::ParseResult& args) {
   c.cuda = device != "cpu";
   if (args.count("device-memory")) {
     const std::string m = args["device-memory"].as<std::string>();
-    if (const auto spec = kiln::profile::device_spec(m)) {
+    if (const auto spec = kiln::cost::hardware_spec(m)) {
       c.device_memory_bytes = spec->memory_bytes;
       c.device_name = spec->name;
     } else {
-      c.device_memory_bytes = kiln::profile::parse_bytes(m, "--device-memory");
+      c.device_memory_bytes = kiln::cost::parse_bytes(m, "--device-memory");
     }
   } else if (c.cuda && torch::cuda::is_available()) {
-    c.device_memory_bytes = kiln::profile::device_memory_bytes(at::Device(at::kCUDA, 0));
+    c.device_memory_bytes = kiln::device::device_memory_bytes(at::Device(at::kCUDA, 0));
   } else {
     throw std::invalid_argument("--plan: give --device-memory (e.g. 80GB or H100-80GB): no GPU here to ask");
   }
@@ -61,7 +64,8 @@ int plan(const cxxopts::ParseResult& args) {
   if (args.count("ddp-bucket-cap-mb")) c.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
   if (args.count("mfu")) c.mfu = args["mfu"].as<double>();
   if (args.count("peak-tflops")) c.peak_tflops = args["peak-tflops"].as<double>();
-  const auto report = kiln::profile::make_plan(c);
+  c.kernel_choices = kiln::train::kernel_choices(c.kernels, c.dtype == "fp32" ? 4 : 2, c.cuda);
+  const auto report = kiln::cost::make_plan(c);
   fmt::print("{}", kiln::profile::plan_markdown(report));
   std::fflush(stdout);
   const std::vector<std::string> formats = args.count("format") ? split(args["format"].as<std::string>())

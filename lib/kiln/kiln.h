@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "kiln/common/log.h"
 #include "kiln/common/process_settings.h"
 #include "kiln/export.h"
 #include "kiln/train/pretrain_config.h"
@@ -42,15 +43,7 @@ class Trainer;
 // "0.2.0": the library's version (the header's is KILN_VERSION_STRING).
 KILN_API std::string version();
 
-// ---- Logging --------------------------------------------------------------------------------
-enum class LogLevel { kDebug, kInfo, kWarning, kError, kOff };
-using LogHandler = std::function<void(LogLevel level, std::string_view message)>;
-// Sends every record of the "kiln" logger to `handler` (from any thread kiln logs on); an empty
-// handler restores the default (the bare message on stderr). The level set by set_log_level
-// (info by default) stays as it was.
-KILN_API void set_log_handler(LogHandler handler);
-// Records below `level` are dropped (kOff: all of them).
-KILN_API void set_log_level(LogLevel level);
+// ---- Logging: kiln/common/log.h (LogLevel, LogHandler, set_log_handler, set_log_level) -----
 
 // ---- Process --------------------------------------------------------------------------------
 // kiln/common/process_settings.h: what kiln-pretrain sets for its whole process and the library

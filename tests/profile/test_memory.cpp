@@ -12,13 +12,14 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include "kiln/cost/flops.h"
+#include "kiln/cost/memory.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/profile/cpu_allocator.h"
-#include "kiln/profile/flops.h"
-#include "kiln/profile/memory.h"
 #include "kiln/profile/sweep.h"
+#include "kiln/train/kernel_choices.h"
 
 using kiln::profile::CountingCpuAllocatorGuard;
 
@@ -170,19 +171,19 @@ TEST_CASE("counting CPU allocator under bf16 matmul, linear and their backward",
 TEST_CASE("memory model: components and phases", "[profile]") {
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double n = 1235814400.0;
-  const auto m = kiln::profile::estimate_training_memory(c, 16, 1024, 2);
+  const auto m = kiln::cost::estimate_training_memory(c, 16, 1024, 2);
   CHECK(m.component("parameters (fp32)") == 4.0 * n);
   CHECK(m.component("optimizer (AdamW, fp32)") == 8.0 * n);
   CHECK(m.peak_phase == "forward/backward boundary");
   // Head: final norm (8 + 2) H plus 16 bytes per vocabulary entry, per token.
   CHECK(m.component("logits and loss") == Approx(16.0 * 1024 * (10.0 * 2048 + 16.0 * 128256)));
   // A single token: the gradients at the end of backward dominate (tied: one extra fp32 copy).
-  const auto one = kiln::profile::estimate_training_memory(c, 1, 1, 2);
+  const auto one = kiln::cost::estimate_training_memory(c, 1, 1, 2);
   CHECK(one.peak_phase == "end of backward");
   CHECK(one.total() == Approx(16.0 * n + 4.0 * 128256 * 2048));
   // Checkpointing keeps less; fp32 keeps more.
-  CHECK(kiln::profile::estimate_training_memory(c, 16, 1024, 2, true).total() < m.total());
-  CHECK(kiln::profile::estimate_training_memory(c, 16, 1024, 4).total() > m.total());
+  CHECK(kiln::cost::estimate_training_memory(c, 16, 1024, 2, true).total() < m.total());
+  CHECK(kiln::cost::estimate_training_memory(c, 16, 1024, 4).total() > m.total());
 }
 
 namespace {
@@ -280,15 +281,17 @@ TEST_CASE("an out-of-memory point is marked OOM and the sweep goes on", "[profil
 }
 
 TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[profile]") {
-  using kiln::profile::estimate_training_memory;
-  using kiln::profile::MemoryOptions;
+  using kiln::cost::estimate_training_memory;
+  using kiln::cost::MemoryOptions;
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double n = static_cast<double>(c.num_parameters());
   auto est = [&](bool dp, int world, int stage) {
-    return estimate_training_memory(
-        c, 1, 2048,
-        MemoryOptions{
-            .compute_bytes = 2, .kernels = "kiln", .data_parallel = dp, .world_size = world, .zero_stage = stage});
+    return estimate_training_memory(c, 1, 2048,
+                                    MemoryOptions{.compute_bytes = 2,
+                                                  .kernels = kiln::train::kernel_choices("kiln", 2, false),
+                                                  .data_parallel = dp,
+                                                  .world_size = world,
+                                                  .zero_stage = stage});
   };
   // bf16 matmuls (as on a GPU or an AMX CPU): autocast's weight copies keep the forward side the peak.
   kiln::ops::testing::force_cpu_head_fp32(0);
@@ -332,8 +335,8 @@ TEST_CASE("memory model within 15% of the counted CPU peak: selective recomputat
 }
 
 TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]") {
-  using kiln::profile::estimate_training_memory;
-  using kiln::profile::MemoryOptions;
+  using kiln::cost::estimate_training_memory;
+  using kiln::cost::MemoryOptions;
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double h = 2048, q = 2048, kv = 512, f = 8192, layers = 16, tokens = 4.0 * 2048;
   auto est = [&](bool checkpointing, bool selective, int every) {
@@ -342,7 +345,7 @@ TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]")
                                                   .activation_checkpointing = checkpointing,
                                                   .checkpoint_every = every,
                                                   .selective = selective,
-                                                  .kernels = "kiln"});
+                                                  .kernels = kiln::train::kernel_choices("kiln", 2, false)});
   };
   const auto none = est(false, false, 1), selective = est(true, true, 1), full = est(true, false, 1);
   // Two fp32 residuals, q/k/v and the attention output in bf16, gate and up in bf16; once the
@@ -353,7 +356,7 @@ TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]")
   CHECK(selective.total() < none.total());
   // `selective` is a policy of its own: without activation_checkpointing it changes nothing.
   CHECK(est(false, true, 1).total() == Approx(none.total()));
-  const auto flops = kiln::profile::flops_per_token(c, 2048);
+  const auto flops = kiln::cost::flops_per_token(c, 2048);
   CHECK(flops.train_selective() > flops.train());
   CHECK(flops.train_selective() < flops.train() * 1.001);  // no matmul is recomputed
 }

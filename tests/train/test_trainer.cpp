@@ -20,13 +20,14 @@
 
 #include "kiln/common/format.h"
 #include "kiln/common/process_settings.h"
+#include "kiln/cost/memory.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/kiln.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/profile/memory.h"
 #include "kiln/train/evaluate.h"
+#include "kiln/train/kernel_choices.h"
 #include "kiln/train/trainer.h"
 #include "support.h"
 
@@ -418,14 +419,14 @@ TEST_CASE("a dry run under a launcher plans the per-rank memory of the job's ZeR
   for (const auto& [k, v] : vars) ::unsetenv(k.c_str());
   const std::string one = Trainer::plan_only(c)->banner();
   const auto per_rank = [&](int stage, int world) {
-    const auto m = kiln::profile::estimate_training_memory(
+    const auto m = kiln::cost::estimate_training_memory(
         kiln::model::load_llama_config("tiny"), c.per_device_train_batch_size, c.cutoff_len,
-        kiln::profile::MemoryOptions{.compute_bytes = 4,
-                                     .kernels = c.kernels,
-                                     .data_parallel = world > 1,
-                                     .world_size = world,
-                                     .zero_stage = stage,
-                                     .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20});
+        kiln::cost::MemoryOptions{.compute_bytes = 4,
+                                  .kernels = kiln::train::kernel_choices(c.kernels, 4, false),
+                                  .data_parallel = world > 1,
+                                  .world_size = world,
+                                  .zero_stage = stage,
+                                  .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20});
     return kiln::human_bytes(m.total());
   };
   for (const int stage : {0, 2}) {

@@ -1,11 +1,11 @@
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 
 #include <mutex>
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include "kiln/kiln.h"
+#include "kiln/common/log.h"
 
 namespace kiln {
 

@@ -1,21 +1,22 @@
-// The library's log: one spdlog logger named "kiln" (docs/embedding.md). kiln never writes to
-// stdout and never prints to stderr except through it.
-//
-// By default the logger writes the bare message to stderr (the kiln-* programs' output). A host
-// process replaces or silences it either through spdlog's registry (spdlog::drop("kiln") and
-// register its own logger of that name, or spdlog::get("kiln")->set_level(spdlog::level::off)),
-// or, without spdlog in its own code, with set_log_handler (kiln/kiln.h).
+// The log's public controls (installed; kiln/kiln.h includes this): a host process routes kiln's
+// records to its own log with set_log_handler, or sets their level. The logger behind them is
+// spdlog's "kiln" logger (kiln/common/logger.h, internal; docs/embedding.md).
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <string_view>
 
-#include <spdlog/spdlog.h>
+#include "kiln/export.h"
 
 namespace kiln {
 
-// The "kiln" logger from spdlog's registry, created on first use if the host registered none.
-std::shared_ptr<spdlog::logger> logger();
+enum class LogLevel { kDebug, kInfo, kWarning, kError, kOff };
+using LogHandler = std::function<void(LogLevel level, std::string_view message)>;
+// Sends every record of the "kiln" logger to `handler` (from any thread kiln logs on); an empty
+// handler restores the default (the bare message on stderr). The level set by set_log_level
+// (info by default) stays as it was.
+KILN_API void set_log_handler(LogHandler handler);
+// Records below `level` are dropped (kOff: all of them).
+KILN_API void set_log_level(LogLevel level);
 
 }  // namespace kiln

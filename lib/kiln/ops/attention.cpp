@@ -9,7 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
 

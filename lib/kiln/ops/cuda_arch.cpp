@@ -11,7 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <fmt/format.h>
 
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/kernels/common.cuh"
 #include "kiln/version.h"
 

@@ -41,7 +41,7 @@ void mm_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bo
 
 // Whether ops::linear with the kiln backend takes the fp32-GEMM path for a CPU linear in `compute`
 // (bf16/fp16): not cpu_native_low_precision_gemm(compute), or the testing override.
-// profile/memory.cpp follows it.
+// The memory model (cost/memory.cpp) gets it through train/kernel_choices.cpp.
 bool cpu_linear_uses_fp32_gemm(at::ScalarType compute);
 
 // Whether this CPU's native GEMM in `compute` (oneDNN) is the faster one, by a fixed rule of CPU

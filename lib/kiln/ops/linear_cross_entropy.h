@@ -54,7 +54,7 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
 // writing all of it) and runs a dozen ops, each a parallel region; with 64-row chunks
 // (Liger's rule for V 32000, H 512, 1024 rows) that cost the CPU 1.7x ATen's full-logits time on
 // 2 threads, with 256 rows it is ATen's time (docs/performance.md). Memory stays far below the
-// full logits (rows x V x 10+ bytes) either way; profile/memory.cpp follows the same rule.
+// full logits (rows x V x 10+ bytes) either way; the memory model gets the same rule (train/kernel_choices.cpp).
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu = false);
 
 // The dtype the head's matmuls run in, given the dtype at::linear would use (`compute`: the
@@ -64,7 +64,7 @@ int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu 
 // weight-gradient product also needs an fp32 conversion before it is accumulated) the head runs
 // in fp32: faster and more precise, from the fp32 master weight (no low-precision copy of it).
 // CUDA, AMX and AMD AVX512-BF16 CPUs keep `compute`. KILN_CPU_HEAD_FP32=0/1 overrides the CPU rule (tests
-// and benchmarks use it to run both paths on any machine); profile/memory.cpp follows this.
+// and benchmarks use it to run both paths on any machine); the memory model gets this (train/kernel_choices.cpp).
 at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu);
 
 // Whether a chunk's CPU logits of this dtype take the fused fp32 row loop of kernels/cpu_loops.h
@@ -74,7 +74,7 @@ at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cp
 // gradient once to bf16, as ATen's fp32 log-softmax followed by a cast does; the head's bf16 weight
 // gradient per chunk then goes into the fp32 sum through kernels::cpu::accumulate_bf16, not a
 // mixed-dtype add_ with its fp32 temporary). KILN_CPU_CE_LOOP=0 turns both off (A/B benchmarks);
-// profile/memory.cpp follows this.
+// The memory model gets this (train/kernel_choices.cpp).
 bool cpu_cross_entropy_uses_loop(at::ScalarType logits);
 
 namespace testing {

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "kiln/profile/flops.h"
+#include "kiln/cost/flops.h"
 
 namespace kiln::profile {
 
@@ -327,7 +327,7 @@ std::string to_json(const SweepReport& report) {
   for (const auto& r : report.rows) {
     json comps = json::object();
     for (const auto& [n, b] : r.predicted.components) comps[n] = b;
-    const auto f = flops_per_token(report.model, r.point.cutoff_len);
+    const auto f = cost::flops_per_token(report.model, r.point.cutoff_len);
     rows.push_back({{"cutoff_len", r.point.cutoff_len},
                     {"batch_size", r.point.batch_size},
                     {"gradient_accumulation_steps", r.point.grad_accum},
@@ -349,7 +349,7 @@ std::string to_json(const SweepReport& report) {
                      {{"matmul_forward", f.matmul_forward},
                       {"attention_forward", f.attention_forward},
                       {"train", f.train()},
-                      {"six_n", six_n_per_token(report.model)}}},
+                      {"six_n", cost::six_n_per_token(report.model)}}},
                     {"comm_wait_share", opt(r.comm_wait_share)},
                     {"buckets_launched", r.buckets_launched ? json(*r.buckets_launched) : json(nullptr)},
                     {"buckets_overlapped", r.buckets_overlapped ? json(*r.buckets_overlapped) : json(nullptr)},

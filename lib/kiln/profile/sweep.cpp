@@ -20,8 +20,11 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
+#include "kiln/common/device.h"
 #include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
+#include "kiln/cost/flops.h"
+#include "kiln/cost/hardware.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/dist/comm.h"
@@ -32,9 +35,8 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/profile/cpu_allocator.h"
-#include "kiln/profile/device.h"
-#include "kiln/profile/flops.h"
 #include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/kernel_choices.h"
 #include "kiln/train/step.h"
 
 namespace kiln::profile {
@@ -210,7 +212,7 @@ void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step)
   namespace fs = std::filesystem;
   torch_internals::KinetoTrace trace(ctx.device.is_cuda());
   for (int64_t i = 0; i < ctx.config.steps; ++i) step();
-  synchronize(ctx.device);
+  device::synchronize(ctx.device);
   fs::create_directories(ctx.config.trace_dir);
   const fs::path path =
       fs::path(ctx.config.trace_dir) / fmt::format("trace_T{}_B{}_A{}.json", p.cutoff_len, p.batch_size, p.grad_accum);
@@ -233,8 +235,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   model->train();
   // RSS baseline: the model is ready, nothing of the step exists yet (device.h read_rss).
   std::optional<int64_t> rss_baseline;
-  if (reset_rss_peak()) {
-    if (const auto rss = read_rss()) rss_baseline = rss->current_bytes;
+  if (device::reset_rss_peak()) {
+    if (const auto rss = device::read_rss()) rss_baseline = rss->current_bytes;
   }
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
@@ -321,19 +323,19 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   };
 
   for (int64_t i = 0; i < ctx.config.warmup; ++i) step();
-  synchronize(ctx.device);
+  device::synchronize(ctx.device);
   comm_seconds = 0;
   const dist::LaunchCounts launched_before = dp ? dp->launch_counts() : dist::LaunchCounts{};
   double seconds = 0, peak = 0;
   for (int64_t i = 0; i < ctx.config.steps; ++i) {
     if (ctx.counter) ctx.counter->reset_peak();
-    reset_peak_memory(ctx.device);
+    device::reset_peak_memory(ctx.device);
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    synchronize(ctx.device);
+    device::synchronize(ctx.device);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    peak = std::max(peak,
-                    ctx.counter ? static_cast<double>(ctx.counter->stats().peak_bytes) : peak_memory_bytes(ctx.device));
+    peak = std::max(peak, ctx.counter ? static_cast<double>(ctx.counter->stats().peak_bytes)
+                                      : device::peak_memory_bytes(ctx.device));
   }
   const int world = ctx.comm ? ctx.comm->world_size() : 1;
   const double tokens = static_cast<double>(p.batch_size * p.grad_accum * p.cutoff_len * world);
@@ -349,11 +351,11 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   }
   row.seconds_per_step = seconds / static_cast<double>(ctx.config.steps);
   row.tokens_per_second = tokens / row.seconds_per_step;
-  row.tflops = flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / world / 1e12;
+  row.tflops = cost::flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / world / 1e12;
   if (ctx.peak_tflops > 0) row.mfu = row.tflops / ctx.peak_tflops;
   row.peak_allocated_bytes = peak;
-  row.peak_reserved_bytes = peak_reserved_bytes(ctx.device);
-  if (const auto rss = read_rss(); rss && rss_baseline)
+  row.peak_reserved_bytes = device::peak_reserved_bytes(ctx.device);
+  if (const auto rss = device::read_rss(); rss && rss_baseline)
     row.rss_peak_over_baseline_bytes = static_cast<double>(rss->peak_bytes - *rss_baseline);
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
 }
@@ -398,7 +400,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.peak_name = "--peak-tflops";
     report.peak_tflops = config.peak_tflops;
     report.peak_source = "--peak-tflops";
-  } else if (const auto peak = device_peak(device, autocast.value_or(at::kFloat))) {
+  } else if (const auto peak = cost::device_peak(device, autocast.value_or(at::kFloat))) {
     report.peak_name = peak->name;
     report.peak_tflops = peak->tflops;
     report.peak_source = peak->source;
@@ -413,7 +415,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
 
   std::unique_ptr<CountingCpuAllocatorGuard> counter;
   if (device.is_cpu()) counter = std::make_unique<CountingCpuAllocatorGuard>(config.memory_cap_bytes);
-  if (device.is_cuda() && config.memory_cap_bytes > 0) set_device_memory_cap(device, config.memory_cap_bytes);
+  if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, config.memory_cap_bytes);
 
   std::shared_ptr<data::TokenShards> shards;
   if (!config.dataset_dir.empty()) shards = data::TokenShards::open(config.dataset_dir);
@@ -432,19 +434,19 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       for (int64_t accum : config.grad_accums) {
         ProfileRow row;
         row.point = {batch, accum, cutoff};
-        row.predicted = estimate_training_memory(
+        row.predicted = cost::estimate_training_memory(
             report.model, batch, cutoff,
-            MemoryOptions{.compute_bytes = autocast ? 2 : 4,
-                          .activation_checkpointing = config.gradient_checkpointing,
-                          .checkpoint_every = static_cast<int>(config.gradient_checkpointing_every),
-                          .selective = config.recomputation() == "selective",
-                          .attention = config.attention,
-                          .cuda = device.is_cuda(),
-                          .kernels = config.kernels,
-                          .data_parallel = comm != nullptr,
-                          .world_size = report.world_size,
-                          .zero_stage = static_cast<int>(config.zero_stage),
-                          .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
+            cost::MemoryOptions{.compute_bytes = autocast ? 2 : 4,
+                                .activation_checkpointing = config.gradient_checkpointing,
+                                .checkpoint_every = static_cast<int>(config.gradient_checkpointing_every),
+                                .selective = config.recomputation() == "selective",
+                                .attention = config.attention,
+                                .cuda = device.is_cuda(),
+                                .kernels = train::kernel_choices(config.kernels, autocast ? 2 : 4, device.is_cuda()),
+                                .data_parallel = comm != nullptr,
+                                .world_size = report.world_size,
+                                .zero_stage = static_cast<int>(config.zero_stage),
+                                .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
         const PointContext ctx{config,  report.model,       device, autocast, counter.get(),
                                dataset, report.peak_tflops, comm};
         try {
@@ -462,14 +464,14 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
           row.status = "error";
           row.message = e.what();
         }
-        release_cached_memory(device);
-        row.peak_rss_bytes = static_cast<double>(peak_rss_bytes());
+        device::release_cached_memory(device);
+        row.peak_rss_bytes = static_cast<double>(device::peak_rss_bytes());
         if (on_row) on_row(row);
         report.rows.push_back(std::move(row));
       }
     }
   }
-  if (device.is_cuda() && config.memory_cap_bytes > 0) set_device_memory_cap(device, 0);
+  if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, 0);
   return report;
 }
 

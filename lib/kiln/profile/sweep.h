@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cost/memory.h"
 #include "kiln/model/llama_config.h"
-#include "kiln/profile/memory.h"
 
 namespace kiln::profile {
 
@@ -90,7 +90,7 @@ struct ProfileRow {
   // Data parallel: gradient buckets launched in the measured steps, and how many of them while
   // backward was still producing gradients (dist::LaunchCounts; 0 with --no-overlap).
   std::optional<int64_t> buckets_launched, buckets_overlapped;
-  MemoryEstimate predicted;
+  cost::MemoryEstimate predicted;
   std::optional<double> dram_throughput;  // fraction of peak DRAM bandwidth (hardware counters)
   std::optional<double> tensor_pipe;      // fraction of tensor-pipe cycles (hardware counters)
   double ratio() const;                   // measured / predicted peak

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
 
 namespace kiln::train {

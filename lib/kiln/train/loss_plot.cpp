@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/io/safetensors.h"
 
 #ifdef KILN_WITH_CAIRO

@@ -56,7 +56,7 @@ struct KILN_API PretrainConfig {
   // RMSNorm, SwiGLU; train/activation_checkpoint.h).
   std::string gradient_checkpointing_policy = "full";
   int64_t gradient_checkpointing_every = 2;
-  // kiln-pretrain --auto-fit: the memory planner (profile/plan.h) picks the micro-batch, the
+  // kiln-pretrain --auto-fit: the memory planner (cost/plan.h) picks the micro-batch, the
   // accumulation and the recomputation for this cutoff_len that keep the global batch
   // (per_device_train_batch_size x gradient_accumulation_steps x world) and fit auto_fit_memory
   // ("" = the device's own memory; a size such as 80GB, or a device name such as A100-80GB).

@@ -20,10 +20,15 @@
 #include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/common/device.h"
 #include "kiln/common/format.h"
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
+#include "kiln/cost/flops.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/memory.h"
+#include "kiln/cost/plan.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
@@ -36,13 +41,10 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/optim/schedule.h"
-#include "kiln/profile/device.h"
-#include "kiln/profile/flops.h"
-#include "kiln/profile/memory.h"
-#include "kiln/profile/plan.h"
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
+#include "kiln/train/kernel_choices.h"
 #include "kiln/train/loss_plot.h"
 #include "kiln/train/progress.h"
 #include "kiln/train/run_outputs.h"
@@ -129,8 +131,8 @@ std::string latest_checkpoint(const std::string& output_dir) {
 struct Trainer::State {
   int64_t global_step = 0;
   json log_history = json::array();
-  profile::FlopsPerToken flops;
-  std::optional<profile::DevicePeak> peak;
+  cost::FlopsPerToken flops;
+  std::optional<cost::DevicePeak> peak;
   std::shared_ptr<data::TokenShards> shards;
   std::string data_dir;
   // Device-side accumulators of the current logging window.
@@ -272,22 +274,23 @@ void Trainer::init() {
 }
 
 void Trainer::apply_auto_fit() {
-  profile::PlanConfig p;
+  cost::PlanConfig p;
   p.source = config_.source;
   p.model_config = model_->config();
   p.cutoff_lens = {config_.cutoff_len};
   p.dtype = config_.bf16 ? "bf16" : config_.fp16 ? "fp16" : "fp32";
   p.kernels = config_.kernels;
   p.cuda = device_.is_cuda();
+  p.kernel_choices = kernel_choices(config_.kernels, config_.bf16 || config_.fp16 ? 2 : 4, p.cuda);
   const std::string& m = config_.auto_fit_memory;
   try {
     if (m.empty()) {
-      p.device_memory_bytes = profile::device_memory_bytes(device_);
-    } else if (const auto spec = profile::device_spec(m)) {
+      p.device_memory_bytes = device::device_memory_bytes(device_);
+    } else if (const auto spec = cost::hardware_spec(m)) {
       p.device_memory_bytes = spec->memory_bytes;
       p.device_name = spec->name;
     } else {
-      p.device_memory_bytes = profile::parse_bytes(m, "auto_fit_memory");
+      p.device_memory_bytes = cost::parse_bytes(m, "auto_fit_memory");
     }
   } catch (const std::invalid_argument& e) {
     throw config::ConfigError(config::config_message(config_.source, "auto_fit_memory", e.what()));
@@ -296,8 +299,8 @@ void Trainer::apply_auto_fit() {
   p.world_size = world_size();
   p.zero_stage = world_size() > 1 ? zero_stage_ : 0;
   p.ddp_bucket_cap_mb = config_.ddp_bucket_cap_mb;
-  const profile::PlanReport plan = profile::make_plan(p);
-  const profile::PlanRow* best = plan.recommended(config_.cutoff_len);
+  const cost::PlanReport plan = cost::make_plan(p);
+  const cost::PlanRow* best = plan.recommended(config_.cutoff_len);
   if (!best) {
     throw config::ConfigError(config::config_message(
         config_.source, "auto_fit",
@@ -431,7 +434,7 @@ void Trainer::setup_optimizer() {
   } else {
     set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
   }
-  state_->flops = profile::flops_per_token(model_->config(), config_.cutoff_len);
+  state_->flops = cost::flops_per_token(model_->config(), config_.cutoff_len);
 
   if (!config_.resume_from_checkpoint.empty()) {
     std::string dir = config_.resume_from_checkpoint;
@@ -454,18 +457,18 @@ void Trainer::setup_optimizer() {
 Trainer::~Trainer() = default;
 
 std::string Trainer::banner() const {
-  const auto memory = profile::estimate_training_memory(
+  const auto memory = cost::estimate_training_memory(
       model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
-      profile::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
-                             .activation_checkpointing = config_.gradient_checkpointing,
-                             .checkpoint_every = std::max(config_.checkpoint_every(), 1),
-                             .selective = config_.selective_recomputation(),
-                             .cuda = device_.is_cuda(),
-                             .kernels = config_.kernels,
-                             .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
-                             .world_size = world_size(),
-                             .zero_stage = zero_stage_,
-                             .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
+      cost::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
+                          .activation_checkpointing = config_.gradient_checkpointing,
+                          .checkpoint_every = std::max(config_.checkpoint_every(), 1),
+                          .selective = config_.selective_recomputation(),
+                          .cuda = device_.is_cuda(),
+                          .kernels = kernel_choices(config_.kernels, autocast_dtype_ ? 2 : 4, device_.is_cuda()),
+                          .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
+                          .world_size = world_size(),
+                          .zero_stage = zero_stage_,
+                          .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
   std::string out = training_banner(plan_, model_->num_parameters());
   out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
                      autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
@@ -591,7 +594,7 @@ TrainResult Trainer::train() {
   const ops::BackendScope kernels(config_.kernels);  // this trainer's kernels, on this thread only
   prepare_output_dir();
   State& st = *state_;
-  if (!st.peak) st.peak = profile::device_peak(device_, autocast_dtype_.value_or(at::kFloat));
+  if (!st.peak) st.peak = cost::device_peak(device_, autocast_dtype_.value_or(at::kFloat));
   std::vector<at::Tensor> params = model_->parameters();
   const auto fopts = at::TensorOptions().device(device_).dtype(at::kFloat);
   auto reset_window = [&] {
@@ -654,7 +657,7 @@ TrainResult Trainer::train() {
                   {"epoch", epoch_at(step)},
                   {"step", step},
                   {"tokens_per_second", tokens_per_s},
-                  {"peak_memory_bytes", profile::peak_memory_bytes(device_)}};
+                  {"peak_memory_bytes", device::peak_memory_bytes(device_)}};
     if (st.peak) {
       // Per device: the job's tokens/s over its world size.
       const double per_device = tokens_per_s / world_size();

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "kiln/common/log.h"
+#include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/named_datasets.h"

@@ -1,4 +1,4 @@
-#include "kiln/profile/device.h"
+#include "kiln/common/device.h"
 
 #include <chrono>
 #include <cstring>
@@ -11,51 +11,25 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "kiln/ops/linear.h"
+namespace kiln::device {
 
-namespace kiln::profile {
-
-namespace {
-struct Row {
-  const char* match;  // substring of the CUDA device name
-  double bf16, fp16, fp32;
-};
-// Dense TFLOP/s from NVIDIA's data sheets (SXM parts; PCIe parts are lower: use --peak-tflops).
-// V100 has no bf16 tensor cores: bf16 runs on the FP32 units.
-constexpr Row kGpus[] = {
-    {"H200", 989.0, 989.0, 67.0},
-    {"H100", 989.0, 989.0, 67.0},
-    {"A100", 312.0, 312.0, 19.5},
-    {"V100", 15.7, 125.0, 15.7},
-};
-}  // namespace
-
-std::optional<DevicePeak> gpu_peak(const std::string& name, at::ScalarType dtype) {
-  for (const Row& r : kGpus) {
-    if (name.find(r.match) == std::string::npos) continue;
-    const double t = dtype == at::kBFloat16 ? r.bf16 : dtype == at::kHalf ? r.fp16 : r.fp32;
-    return DevicePeak{name, t, "datasheet"};
-  }
-  return std::nullopt;
-}
-
-DevicePeak measure_cpu_peak() {
+double measure_cpu_gemm_tflops() {
   at::NoGradGuard no_grad;
   const int64_t n = 1024;
   const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
-  // ops::mm: the GEMM kiln's linears run, so that MFU is measured against the peak of the library
-  // that does the work.
-  at::Tensor c = ops::mm(a, b);  // warm up the BLAS threads
+  // at::mm: the GEMM kiln's fp32 linears run on the CPU (ops::linear), so that MFU is measured
+  // against the peak of the library that does the work.
+  at::Tensor c = at::mm(a, b);  // warm up the BLAS threads
   int iters = 0;
   const auto start = std::chrono::steady_clock::now();
   double seconds = 0;
   while (seconds < 0.5 || iters < 3) {
-    c = ops::mm(a, b);
+    c = at::mm(a, b);
     ++iters;
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const double flops = 2.0 * static_cast<double>(n * n * n) * iters;
-  return DevicePeak{"CPU (" + std::to_string(at::get_num_threads()) + " threads)", flops / seconds / 1e12, "measured"};
+  return flops / seconds / 1e12;
 }
 
 #ifdef KILN_WITH_CUDA
@@ -159,12 +133,12 @@ void set_device_memory_cap(const at::Device& device, int64_t bytes) {
   (void)bytes;
 }
 
-std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype) {
-  if (device.is_cpu()) return measure_cpu_peak();
+std::string name(const at::Device& device) {
 #ifdef KILN_WITH_CUDA
-  if (device.is_cuda()) return gpu_peak(cuda_device_name(device.has_index() ? device.index() : 0), dtype);
+  if (device.is_cuda()) return cuda_device_name(cuda_index(device));
 #endif
-  return std::nullopt;
+  if (device.is_cpu()) return "CPU (" + std::to_string(at::get_num_threads()) + " threads)";
+  return device.str();
 }
 
-}  // namespace kiln::profile
+}  // namespace kiln::device

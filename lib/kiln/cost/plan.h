@@ -16,21 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cost/memory.h"
 #include "kiln/model/llama_config.h"
-#include "kiln/profile/memory.h"
 
-namespace kiln::profile {
+namespace kiln::cost {
 
-// The GPUs the planner knows by name (SXM data sheets): memory in bytes (GB = 1e9 as NVIDIA
-// counts, e.g. "80GB"; the H200's 141 GB), dense peak TFLOP/s for bf16/fp16/fp32.
-struct DeviceSpec {
-  std::string name;
-  double memory_bytes = 0;
-  double bf16 = 0, fp16 = 0, fp32 = 0;
-};
-// "V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB" (case-insensitive).
-std::optional<DeviceSpec> device_spec(const std::string& name);
-const std::vector<DeviceSpec>& device_specs();
 // "80GB", "80 GB", "16GiB", "512MB", "1e9" (bytes) -> bytes; throws std::invalid_argument naming `what`.
 double parse_bytes(const std::string& text, const std::string& what);
 
@@ -39,11 +29,12 @@ struct PlanConfig {
   std::string model = "tiny";                      // preset or model YAML
   std::optional<model::LlamaConfig> model_config;  // instead of `model` (e.g. an HF directory's config.json)
   std::vector<int64_t> cutoff_lens{1024};
-  std::string dtype = "bf16";  // bf16 | fp16 | fp32 compute
-  std::string kernels = "kiln";
+  std::string dtype = "bf16";      // bf16 | fp16 | fp32 compute
+  std::string kernels = "kiln";    // the ops spec, as shown in the report
+  KernelChoices kernel_choices;    // what that spec runs (train/kernel_choices.h fills it)
   bool cuda = true;                // plan for a GPU (adds the allocator's allowance)
   double device_memory_bytes = 0;  // > 0
-  std::string device_name;         // for the peak TFLOP/s (a DeviceSpec name), or empty
+  std::string device_name;         // for the peak TFLOP/s (a cost/hardware.h name), or empty
   double peak_tflops = 0;          // > 0 overrides the device's
   double mfu = 0.4;                // assumed model FLOPs utilisation, (0, 1]
   int64_t target_tokens = 0;       // global batch in tokens per optimizer step, or
@@ -79,13 +70,4 @@ struct PlanReport {
 
 PlanReport make_plan(const PlanConfig& config);
 
-// Markdown: per cutoff_len the recommendation and, per policy, the largest micro-batch that fits.
-std::string plan_markdown(const PlanReport& report);
-std::string plan_csv(const PlanReport& report);
-std::string plan_json(const PlanReport& report);
-std::string plan_html(const PlanReport& report);
-// Writes plan.{md,csv,json,html} (each atomically) for `formats`; returns the paths.
-std::vector<std::string> write_plan_reports(const PlanReport& report, const std::string& dir,
-                                            const std::vector<std::string>& formats);
-
-}  // namespace kiln::profile
+}  // namespace kiln::cost

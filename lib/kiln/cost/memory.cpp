@@ -1,13 +1,11 @@
-#include "kiln/profile/memory.h"
+#include "kiln/cost/memory.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kiln/ops/dispatch.h"
-#include "kiln/ops/linear.h"
-#include "kiln/ops/linear_cross_entropy.h"
+#include <stdexcept>
 
-namespace kiln::profile {
+namespace kiln::cost {
 
 double MemoryEstimate::total() const {
   double t = 0;
@@ -35,11 +33,10 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
 
   // Which ops run kiln's fused implementations: they save other tensors than the ATen
   // composition autograd differentiates (RoPE works in place either way: no term).
-  auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(o.kernels, op) == ops::Backend::kKiln; };
-  const bool fused_norm = kiln_op(ops::Op::kRmsNorm), fused_swiglu = kiln_op(ops::Op::kSwiGlu);
-  const bool fused_head = kiln_op(ops::Op::kLinearCrossEntropy);
-  const bool head_low_precision =
-      autocast && ops::linear_cross_entropy_matmul_dtype(cb == 2 ? at::kBFloat16 : at::kFloat, !o.cuda) != at::kFloat;
+  const KernelChoices& k = o.kernels;
+  const bool fused_norm = k.fused_rmsnorm, fused_swiglu = k.fused_swiglu;
+  const bool fused_head = k.fused_loss_head;
+  const bool head_low_precision = autocast && k.loss_head_low_precision;
 
   // Saved for backward per token (see the header and docs/performance.md).
   double per_layer =
@@ -77,18 +74,18 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     // final norm's part as above, grad_hidden (cb per element), the fp32 weight-gradient
     // accumulator (plus its compute-dtype copy under autocast), and one chunk's logits with
     // their fp32 softmax/gradient.
-    // On a CPU without AMX the head runs in fp32 (ops::linear_cross_entropy_matmul_dtype): fp32
+    // On a CPU without AMX the head runs in fp32 (the ops rule in train/kernel_choices.cpp): fp32
     // copies of the hidden states and of their gradient, no low-precision weight or gradient.
-    const double chunk =
-        static_cast<double>(ops::auto_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size, !o.cuda));
+    if (!k.loss_chunk_tokens) throw std::invalid_argument("KernelChoices: a fused loss head needs loss_chunk_tokens");
+    const double chunk = static_cast<double>(k.loss_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size));
     const double hb = head_low_precision ? cb : 4.0;
     // The chunk: its logits, plus ATen's fp32 log-probabilities unless the fused CPU loop writes
-    // the gradient over the logits in place (ops::cpu_cross_entropy_uses_loop): fp32 logits, or
+    // the gradient over the logits in place (KernelChoices::cpu_loss_loop): fp32 logits, or
     // bf16 ones (compute_bytes 2 is taken as bf16, as the head rule above takes it), whose chunks'
     // weight gradients then pass through one reused bf16 [V, H] buffer instead of a bf16 product
     // and an fp32 copy of it per chunk.
-    const bool cpu_loop = !o.cuda && !head_low_precision && ops::cpu_cross_entropy_uses_loop(at::kFloat);
-    const bool cpu_loop_low = !o.cuda && head_low_precision && ops::cpu_cross_entropy_uses_loop(at::kBFloat16);
+    const bool cpu_loop = !o.cuda && !head_low_precision && k.cpu_loss_loop;
+    const bool cpu_loop_low = !o.cuda && head_low_precision && k.cpu_loss_loop_low_precision;
     head = tokens * (8.0 + 2.0 * hb) * h +
            (head_low_precision ? 4.0 + cb + (cpu_loop_low ? cb : 0.0) : 4.0) * vocab * h +
            chunk * vocab *
@@ -107,8 +104,7 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
                                 (fused_head && autocast && !head_low_precision ? vocab * h : 0.0);
   // The decoder's projections on a CPU without AMX run as fp32 GEMMs from the fp32 master weights
   // (ops::linear), which keep no low-precision copy; only a head through at::linear still makes one.
-  const bool projections_fp32 = autocast && !o.cuda && kiln_op(ops::Op::kLinear) &&
-                                ops::cpu_linear_uses_fp32_gemm(cb == 2 ? at::kBFloat16 : at::kFloat);
+  const bool projections_fp32 = autocast && !o.cuda && k.projections_fp32;
   const double projection_weights = n - norms - vocab * h * (c.tie_word_embeddings ? 1.0 : 2.0);
   const double weight_copies = autocast ? cb * (matmul_weights - (projections_fp32 ? projection_weights : 0.0)) : 0.0;
   // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
@@ -162,4 +158,4 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_
       MemoryOptions{.compute_bytes = compute_bytes, .activation_checkpointing = activation_checkpointing});
 }
 
-}  // namespace kiln::profile
+}  // namespace kiln::cost

@@ -1,6 +1,6 @@
-#include "kiln/profile/flops.h"
+#include "kiln/cost/flops.h"
 
-namespace kiln::profile {
+namespace kiln::cost {
 
 FlopsPerToken flops_per_token(const model::LlamaConfig& c, int64_t seq_len) {
   const double h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.resolved_head_dim());
@@ -18,4 +18,4 @@ double six_n_per_token(const model::LlamaConfig& c) {
   return 6.0 * static_cast<double>(c.num_parameters());
 }
 
-}  // namespace kiln::profile
+}  // namespace kiln::cost

@@ -14,7 +14,7 @@
 
 #include "kiln/model/llama_config.h"
 
-namespace kiln::profile {
+namespace kiln::cost {
 
 struct FlopsPerToken {
   double matmul_forward = 0;
@@ -39,4 +39,4 @@ FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t seq_len)
 // 6 * N per token, N = all trainable parameters (the estimate in the user's notes).
 double six_n_per_token(const model::LlamaConfig& config);
 
-}  // namespace kiln::profile
+}  // namespace kiln::cost

@@ -1,29 +1,22 @@
-// Peak arithmetic rates for MFU: a table of the GPUs kiln targets (dense, no sparsity, from the
-// vendors' data sheets) and, on the CPU, a measured fp32 matmul rate.
+// What the trainer and the profiler ask of the device they run on: its name, its memory and the
+// peaks of its use (the CUDA caching allocator's counters, the process's RSS), synchronisation,
+// and the CPU's measured GEMM rate. The GPUs' data-sheet peaks are cost/hardware.h.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
-namespace kiln::profile {
+namespace kiln::device {
 
-struct DevicePeak {
-  std::string name;    // "NVIDIA H200", "CPU (measured)"
-  double tflops = 0;   // peak for the dtype asked for
-  std::string source;  // "datasheet" or "measured"
-};
+// "CPU (2 threads)" (the threads LibTorch's ops use), or the name CUDA reports ("NVIDIA H200").
+std::string name(const at::Device& device);
 
-// Peak dense TFLOP/s of a GPU by its reported name for `dtype` (bf16/fp16 on tensor cores, fp32
-// on the FP32 units); nullopt for an unknown GPU (pass --peak-tflops).
-std::optional<DevicePeak> gpu_peak(const std::string& device_name, at::ScalarType dtype);
-
-// Measures the CPU's fp32 matmul rate with the threads LibTorch uses (about a second).
-DevicePeak measure_cpu_peak();
-
-// The peak for `device`: the table for a CUDA device, a measurement on the CPU.
-std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype);
+// Measures the CPU's fp32 GEMM rate in TFLOP/s with the threads LibTorch uses (about half a
+// second): the rate behind MFU on the CPU.
+double measure_cpu_gemm_tflops();
 
 // Peak memory so far: the CUDA caching allocator's peak allocated bytes on a GPU, the process's
 // peak resident set size on the CPU.
@@ -53,4 +46,4 @@ void release_cached_memory(const at::Device& device);
 // Caps the CUDA caching allocator at `bytes` of the device (a fraction of its memory); 0 lifts it.
 void set_device_memory_cap(const at::Device& device, int64_t bytes);
 
-}  // namespace kiln::profile
+}  // namespace kiln::device

@@ -4,17 +4,17 @@
 // used once, as the LM head).
 #include <catch2/catch.hpp>
 
-#include "kiln/profile/flops.h"
+#include "kiln/cost/flops.h"
 
 TEST_CASE("matmul FLOPs per token equal 2 x the matmul parameters", "[profile]") {
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const int64_t norm_params = c.num_hidden_layers * 2 * c.hidden_size + c.hidden_size;
-  const auto f = kiln::profile::flops_per_token(c, 1024);
+  const auto f = kiln::cost::flops_per_token(c, 1024);
   CHECK(f.matmul_forward == 2.0 * static_cast<double>(c.num_parameters() - norm_params));
   CHECK(f.matmul_forward / 1e9 == Approx(2.47).epsilon(0.01));  // "2.4 GFLOPs" in the user's notes
   // Attention: QK^T and PV, 2 FLOPs per multiply-add, causal average context (T + 1) / 2.
   CHECK(f.attention_forward == Approx(4.0 * 16 * 2048 * 1025 / 2.0));
   CHECK(f.train() == Approx(3 * f.forward()));
   CHECK(f.train(true) == Approx(4 * f.forward()));
-  CHECK(kiln::profile::six_n_per_token(c) == 6.0 * 1235814400.0);
+  CHECK(kiln::cost::six_n_per_token(c) == 6.0 * 1235814400.0);
 }

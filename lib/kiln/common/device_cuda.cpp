@@ -1,4 +1,4 @@
-// The CUDA side of device.cpp: the device's marketing name (for the peak-rate table) and the
+// The CUDA side of common/device.cpp: the device's marketing name (for the peak-rate table) and the
 // caching allocator's peak counters.
 #include <algorithm>
 #include <string>
@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
-namespace kiln::profile {
+namespace kiln::device {
 
 std::string cuda_device_name(int index) {
   cudaDeviceProp prop{};
@@ -61,4 +61,4 @@ void cuda_set_memory_cap(int index, int64_t bytes) {
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(index));
 }
 
-}  // namespace kiln::profile
+}  // namespace kiln::device

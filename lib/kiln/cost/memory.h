@@ -23,13 +23,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kiln/model/llama_config.h"
 
-namespace kiln::profile {
+namespace kiln::cost {
 
 struct MemoryEstimate {
   std::vector<std::pair<std::string, double>> components;  // (name, bytes) at the peak
@@ -41,6 +42,25 @@ struct MemoryEstimate {
   double component(const std::string& name) const;  // 0 when absent
 };
 
+// Which implementations a step's ops run, as the memory model needs them (kiln's fused ops save
+// other tensors than the ATen compositions autograd differentiates). The cost layer takes them as
+// data: train/kernel_choices.h fills them from ops' own rules for a kernels spec, a compute
+// dtype and a device. The default is ATen's ops throughout.
+struct KernelChoices {
+  bool fused_rmsnorm = false, fused_swiglu = false;
+  bool fused_loss_head = false;          // chunked linear + cross-entropy
+  bool loss_head_low_precision = false;  // its matmuls in the autocast dtype (else fp32 copies)
+  // The fused CPU cross-entropy loop writes the gradient over the chunk's logits in place: over
+  // fp32 logits, over low-precision (bf16) ones.
+  bool cpu_loss_loop = false, cpu_loss_loop_low_precision = false;
+  // The decoder's projections run fp32 GEMMs from the fp32 master weights under autocast (a CPU
+  // without AMX): no low-precision weight copies for them.
+  bool projections_fp32 = false;
+  // Rows of the fused loss head's chunk for a step of `tokens` rows over a [vocab, hidden] head
+  // (needed with fused_loss_head).
+  std::function<int64_t(int64_t tokens, int64_t vocab, int64_t hidden)> loss_chunk_tokens;
+};
+
 struct MemoryOptions {
   int compute_bytes = 4;                  // 2 for bf16/fp16 autocast (fp32 master weights), 4 for fp32
   bool activation_checkpointing = false;  // each layer keeps only its input; one layer recomputed at a time
@@ -48,7 +68,7 @@ struct MemoryOptions {
   bool selective = false;                 // with it: policy selective instead (matmul outputs kept)
   std::string attention = "sdpa";         // sdpa (flash/memory-efficient: no T x T); math (keeps T x T probs)
   bool cuda = false;                      // adds the caching allocator's allowance
-  std::string kernels = "aten";           // ops backends (ops/dispatch.h spec): kiln's fused ops save other tensors
+  KernelChoices kernels;                  // what the ops run (default: ATen's throughout)
   // Data parallelism (kiln/dist/data_parallel.h), per rank. Stages 0 and 1 keep every gradient in
   // one flat buffer for the whole step (the buckets' all-reduce works on it); stage 1 holds 1/world
   // of the AdamW state, stage 2 also 1/world of the gradients plus the buckets being reduced.
@@ -66,4 +86,4 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
                                         int compute_bytes, bool activation_checkpointing = false);
 
-}  // namespace kiln::profile
+}  // namespace kiln::cost

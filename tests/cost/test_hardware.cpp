@@ -1,0 +1,83 @@
+// The one hardware table: the planner's names (--device-memory, auto_fit_memory) and the names CUDA
+// reports (the trainer's MFU) reach the same rows, and the kernel choices the memory model takes
+// as data follow ops' own rules (train/kernel_choices.cpp).
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "kiln/cost/hardware.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear.h"
+#include "kiln/ops/linear_cross_entropy.h"
+#include "kiln/train/kernel_choices.h"
+
+TEST_CASE("planner names and CUDA device names find the same hardware rows", "[profile]") {
+  // Names as nvidia-smi / cudaGetDeviceProperties report them on the SXM parts.
+  const std::pair<const char*, const char*> reported[] = {
+      {"V100-16GB", "Tesla V100-SXM2-16GB"},  {"V100-32GB", "Tesla V100-SXM2-32GB"},
+      {"A100-40GB", "NVIDIA A100-SXM4-40GB"}, {"A100-80GB", "NVIDIA A100-SXM4-80GB"},
+      {"H100-80GB", "NVIDIA H100 80GB HBM3"}, {"H200-141GB", "NVIDIA H200"}};
+  std::set<std::string> names;
+  for (const auto& spec : kiln::cost::hardware_specs()) names.insert(spec.name);
+  CHECK(names.size() == kiln::cost::hardware_specs().size());  // no duplicate row
+  for (const auto& [planner, cuda] : reported) {
+    CAPTURE(planner, cuda);
+    const auto by_name = kiln::cost::hardware_spec(planner);
+    const auto by_device = kiln::cost::hardware_for_device_name(cuda);
+    REQUIRE(by_name);
+    REQUIRE(by_device);
+    CHECK(by_device->family == by_name->family);
+    // Peaks depend on the family only; memory and bandwidth on the part.
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+      CHECK(by_device->peak_tflops(dtype) == by_name->peak_tflops(dtype));
+      const auto peak = kiln::cost::gpu_peak(cuda, dtype);
+      REQUIRE(peak);
+      CHECK(peak->tflops == by_name->peak_tflops(dtype));
+      CHECK(peak->source == "datasheet");
+    }
+    CHECK(by_name->memory_bandwidth > 0);
+    CHECK(by_name->memory_bytes > 0);
+  }
+  // Lower case is the same name; a GPU the table does not know has no peak.
+  CHECK(kiln::cost::hardware_spec("a100-80gb"));
+  CHECK_FALSE(kiln::cost::hardware_spec("A100"));
+  CHECK_FALSE(kiln::cost::gpu_peak("NVIDIA GeForce RTX 4090", at::kBFloat16));
+  // V100 has no bf16 tensor cores: its bf16 peak is its fp32 one, fp16 is the tensor cores'.
+  const auto v100 = *kiln::cost::hardware_spec("V100-32GB");
+  CHECK(v100.peak_tflops("bf16") == v100.peak_tflops("fp32"));
+  CHECK(v100.peak_tflops("fp16") > 4 * v100.peak_tflops("fp32"));
+}
+
+TEST_CASE("kernel choices for the memory model follow ops' rules", "[profile]") {
+  namespace ops = kiln::ops;
+  const auto aten = kiln::train::kernel_choices("aten", 2, false);
+  CHECK_FALSE(aten.fused_rmsnorm);
+  CHECK_FALSE(aten.fused_swiglu);
+  CHECK_FALSE(aten.fused_loss_head);
+  CHECK_FALSE(aten.projections_fp32);
+  const auto mixed = kiln::train::kernel_choices("kiln,rmsnorm=aten", 2, true);
+  CHECK_FALSE(mixed.fused_rmsnorm);
+  CHECK(mixed.fused_swiglu);
+  CHECK(mixed.fused_loss_head);
+  CHECK_FALSE(mixed.projections_fp32);  // a GPU: no CPU rule
+  CHECK_FALSE(mixed.cpu_loss_loop);
+  // Each CPU rule, forced both ways, reaches the choices.
+  for (const int forced : {0, 1}) {
+    CAPTURE(forced);
+    ops::testing::force_cpu_head_fp32(forced);
+    ops::testing::force_cpu_linear_fp32(forced);
+    const auto cpu = kiln::train::kernel_choices("kiln", 2, false);
+    CHECK(cpu.loss_head_low_precision == (ops::linear_cross_entropy_matmul_dtype(at::kBFloat16, true) != at::kFloat));
+    CHECK(cpu.loss_head_low_precision == (forced == 0));
+    CHECK(cpu.projections_fp32 == ops::cpu_linear_uses_fp32_gemm(at::kBFloat16));
+    CHECK(cpu.projections_fp32 == (forced == 1));
+  }
+  ops::testing::force_cpu_head_fp32(-1);
+  ops::testing::force_cpu_linear_fp32(-1);
+  const auto cpu = kiln::train::kernel_choices("kiln", 4, false);
+  REQUIRE(cpu.loss_chunk_tokens);
+  for (const int64_t tokens : {1, 100, 8192, 1 << 20}) {
+    CHECK(cpu.loss_chunk_tokens(tokens, 128256, 2048) == ops::auto_chunk_tokens(tokens, 128256, 2048, true));
+    CHECK(mixed.loss_chunk_tokens(tokens, 128256, 2048) == ops::auto_chunk_tokens(tokens, 128256, 2048, false));
+  }
+}
