@@ -44,6 +44,23 @@ endif()
 unset(CMAKE_CUDA_ARCHITECTURES)
 unset(CMAKE_CUDA_ARCHITECTURES CACHE)
 
+# Caffe2's cuda.cmake takes the CUDA libraries it links (cudart, nvrtc) from CMake's legacy
+# FindCUDA, which looks for nvcc on PATH and then in /usr/local/cuda, not at the compiler this
+# build uses: with a CUDA 12 nvcc elsewhere (the V100 set-up, $KILN_HOME/cuda-12) beside CUDA 13 in
+# /usr/local/cuda, kiln linked CUDA 13's runtime next to LibTorch's CUDA 12 one ("DSO missing from
+# command line"). The toolkit is the one of the nvcc in use (CUDACXX / CMAKE_CUDA_COMPILER).
+set(_kiln_nvcc "${CMAKE_CUDA_COMPILER}")
+if(NOT _kiln_nvcc AND DEFINED ENV{CUDACXX})
+  set(_kiln_nvcc "$ENV{CUDACXX}")
+endif()
+if(_kiln_nvcc)
+  get_filename_component(_kiln_cuda_root "${_kiln_nvcc}" DIRECTORY)
+  get_filename_component(_kiln_cuda_root "${_kiln_cuda_root}" DIRECTORY)
+  if(EXISTS "${_kiln_cuda_root}/include/cuda_runtime.h")
+    set(CUDA_TOOLKIT_ROOT_DIR "${_kiln_cuda_root}" CACHE PATH "CUDA toolkit of the nvcc in use" FORCE)
+  endif()
+endif()
+
 find_package(Torch REQUIRED)
 
 unset(CMAKE_CUDA_ARCHITECTURES) # TorchConfig sets it OFF as a normal variable, shadowing the cache
@@ -80,6 +97,22 @@ add_library(kiln::torch ALIAS kiln_torch)
 # crashes (seen: std::filesystem::remove_all -> SIGSEGV). Listed first, the system library wins.
 target_link_libraries(kiln_torch INTERFACE stdc++ ${TORCH_LIBRARIES})
 target_include_directories(kiln_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+
+# The CUDA runtime and NVRTC kiln links are the ones LibTorch runs with: a wheel's own copies
+# (nvidia/cuda_runtime, nvidia/cuda_nvrtc for CUDA 12 wheels, nvidia/cu13 for CUDA 13 ones), not
+# the toolkit's, which may be older: torch 2.10.0+cu128 needs CUDA 12.5's
+# cudaGetDriverEntryPointByVersion, which Debian's CUDA 12.4 (the V100 set-up's nvcc) lacks.
+foreach(_kiln_lib cudart nvrtc)
+  if(TARGET CUDA::${_kiln_lib})
+    file(GLOB _kiln_wheel_lib "${TORCH_INSTALL_PREFIX}/../nvidia/cuda_runtime/lib/lib${_kiln_lib}.so.[0-9]*"
+         "${TORCH_INSTALL_PREFIX}/../nvidia/cuda_nvrtc/lib/lib${_kiln_lib}.so.[0-9]*"
+         "${TORCH_INSTALL_PREFIX}/../nvidia/cu[0-9]*/lib/lib${_kiln_lib}.so.[0-9]*")
+    if(_kiln_wheel_lib)
+      list(GET _kiln_wheel_lib 0 _kiln_wheel_lib)
+      set_target_properties(CUDA::${_kiln_lib} PROPERTIES IMPORTED_LOCATION "${_kiln_wheel_lib}")
+    endif()
+  endif()
+endforeach()
 
 include(kiln_torch_rpath)
 kiln_torch_link_options(_kiln_torch_link "${TORCH_INSTALL_PREFIX}")
