@@ -1,4 +1,7 @@
-// The pretraining loop behind kiln-pretrain (docs/training.md).
+// The pretraining loop behind kiln-pretrain (docs/training.md). Its files by responsibility:
+// trainer.cpp (the loop and its step), trainer_setup.cpp (device, model, data, optimizer),
+// trainer_outputs.cpp (banner, evaluation, logs, end-of-run files), trainer_checkpoint.cpp (save,
+// resume, HF's trainer state); stop requests are stop_request.h, LLaMA-Factory's keys lf_keys.h.
 //
 // One Trainer owns a run: device, model (fp32 master parameters; bf16/fp16 compute through
 // autocast), data (packed token shards, the embedded corpus by default), AdamW with HF's
@@ -125,7 +128,8 @@ class Trainer {
   static std::atomic<int>& pending_signal();
 
  private:
-  struct State;
+  struct State;  // what a run keeps across train() calls and checkpoints (trainer_internal.h)
+  struct Run;    // one train() call: the loop's parts (trainer.cpp, trainer_outputs.cpp)
   std::string save_checkpoint(int64_t step);  // returns the checkpoint's folder
   void prepare_output_dir();                  // recovery after a kill; sets an abandoned run's checkpoints aside
   void prepare_output_dir_on_main();

@@ -1,0 +1,112 @@
+// The trainer's internals shared by its files (trainer.cpp: the loop and its step;
+// trainer_setup.cpp: device, model, data, optimizer; trainer_outputs.cpp: banner, evaluation,
+// logs, end-of-run files; trainer_checkpoint.cpp: save and resume with HF's state). Not installed.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/cost/flops.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/data/loader.h"
+#include "kiln/optim/schedule.h"
+#include "kiln/train/progress.h"
+#include "kiln/train/tensorboard.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::data {
+class TokenShards;
+}
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string read_text(const fs::path& path);
+// A host batch is checked before it reaches the model, so that a bad one is one clear line.
+void check_host_batch(const MicroBatch& b, int64_t vocab_size);
+// The default CPU generator's state, read and set with the generator's mutex held (ATen's rule for
+// random generators) through the public at::globalContext().defaultGenerator.
+at::Tensor cpu_rng_state();
+void set_cpu_rng_state(const at::Tensor& state);
+
+// What a run keeps across train() calls and checkpoints.
+struct Trainer::State {
+  int64_t global_step = 0;
+  json log_history = json::array();
+  cost::FlopsPerToken flops;
+  std::optional<cost::DevicePeak> peak;
+  std::shared_ptr<data::TokenShards> shards;
+  std::string data_dir;
+  // Device-side accumulators of the current logging window.
+  at::Tensor window_loss_sum, window_good_targets, first_bad_step;
+  int64_t window_steps = 0, window_tokens = 0;  // tokens of every rank
+  double window_comm_seconds = 0;               // the host waited on collectives
+  std::chrono::steady_clock::time_point window_start;
+  std::optional<EvalResult> last_eval;
+  std::string resumed_from;                  // the checkpoint this run started from (never rotated away)
+  std::string auto_fit;                      // what --auto-fit chose, for the banner
+  int64_t last_saved_step = -1;              // a stop request right after a save does not save again
+  double total_flos = 0;                     // model FLOPs of every step trained (HF's total_flos), kept across resumes
+  std::unique_ptr<EventWriter> tensorboard;  // report_to: tensorboard, rank 0
+};
+
+// One train() call: its progress bar, schedule, the metrics window's host-side values and the
+// closing summary's sums. Nested in Trainer, so it works on the trainer's members.
+struct Trainer::Run {
+  explicit Run(Trainer& trainer);
+
+  // Where a step starts: an interrupted step is undone to exactly here, so the checkpoint saved for
+  // it resumes with the same batches and random numbers.
+  struct StepStart {
+    std::optional<data::LoaderState> loader;
+    at::Tensor cpu_rng;
+  };
+  struct StepBatches {
+    std::vector<MicroBatch> micro;
+    int64_t targets = 0, tokens = 0;  // of every rank
+    bool exhausted = false;           // the host's batches ran out (on any rank)
+  };
+  StepStart mark_step_start() const;
+  void undo_step(const StepStart& start);
+  StepBatches draw_batches();
+  // Forward, backward, clipping, the optimizer step and the window's device-side book-keeping;
+  // false when a stop request cut the step short (its partial gradients are dropped).
+  bool train_step(StepBatches& batches);
+  // Acts on a pending stop request: one line, a checkpoint of the last completed step (none when
+  // this call completed no step). `where` says what was cut.
+  void stop(const std::string& where);
+
+  // trainer_outputs.cpp
+  void reset_window();
+  void log_window(int64_t step);   // the logging window's entry and line; nan_policy: stop throws here
+  bool evaluate_at(int64_t step);  // false when a stop request cut the evaluation short
+  void record(const json& entry, bool to_metrics = true);
+  TrainResult finish();  // the closing summary and the files HF and LLaMA-Factory write
+
+  Trainer& t;
+  State& st;
+  TrainResult result;
+  std::vector<at::Tensor> params;
+  at::TensorOptions fopts;
+  optim::ScheduleConfig sched;
+  std::optional<ProgressBar> bar;
+  double last_lr = 0;
+  std::optional<at::Tensor> last_norm;
+  std::chrono::steady_clock::time_point train_start;
+  int64_t start_step = 0;
+  double session_loss_sum = 0;  // over logged windows: loss x steps (HF's train_loss of this call)
+  int64_t session_loss_steps = 0;
+  std::optional<EvalResult> session_eval;
+  json last_eval_entry;
+};
+
+}  // namespace kiln::train

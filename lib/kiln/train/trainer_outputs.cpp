@@ -1,0 +1,300 @@
+// The trainer's outputs: the banner, evaluation, the metrics window's log line and entry, the
+// output folder's recovery, and what HF's Trainer and LLaMA-Factory write at the end of a run.
+#include <cmath>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "kiln/common/device.h"
+#include "kiln/common/format.h"
+#include "kiln/common/logger.h"
+#include "kiln/cost/memory.h"
+#include "kiln/data/loader.h"
+#include "kiln/dist/data_parallel.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/train/checkpoint_dir.h"
+#include "kiln/train/evaluate.h"
+#include "kiln/train/kernel_choices.h"
+#include "kiln/train/loss_plot.h"
+#include "kiln/train/run_outputs.h"
+#include "kiln/train/trainer_internal.h"
+
+namespace kiln::train {
+
+std::string Trainer::banner() const {
+  const auto memory = cost::estimate_training_memory(
+      model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
+      cost::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
+                          .activation_checkpointing = config_.gradient_checkpointing,
+                          .checkpoint_every = std::max(config_.checkpoint_every(), 1),
+                          .selective = config_.selective_recomputation(),
+                          .cuda = device_.is_cuda(),
+                          .kernels = kernel_choices(config_.kernels, autocast_dtype_ ? 2 : 4, device_.is_cuda()),
+                          .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
+                          .world_size = world_size(),
+                          .zero_stage = zero_stage_,
+                          .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
+  std::string out = training_banner(plan_, model_->num_parameters());
+  out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
+                     autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
+                     config_.kernels);
+  if (comm_) {
+    out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
+                       world_size(), comm_->env().launcher, comm_->backend(), rank(), zero_stage_,
+                       config_.ddp_bucket_cap_mb);
+  } else if (plan_only_ && env_launcher_ != "none") {
+    out += fmt::format(
+        "\n  Distributed = {} processes ({}; planned, not joined; this is rank {}), ZeRO stage {}, "
+        "buckets of {} MB",
+        env_world_, env_launcher_, env_rank_, zero_stage_, config_.ddp_bucket_cap_mb);
+  }
+  const bool per_rank = comm_ || (plan_only_ && env_launcher_ != "none");
+  if (source_) {
+    out += "\n  Data = batches supplied by the host program";
+  } else {
+    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
+                       with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
+                       config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
+                       val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
+                                              config_.val_size > 0 ? " held out by val_size" : "")
+                                : "no val split");
+  }
+  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", per_rank ? " per rank" : "",
+                     human_bytes(memory.total()), memory.peak_phase);
+  for (const auto& [name, bytes] : memory.components) {
+    if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
+  }
+  out.back() = ')';
+  if (!state_->auto_fit.empty()) out += "\n  Auto-fit = " + state_->auto_fit;
+  if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
+  return out;
+}
+
+EvalOptions Trainer::eval_options() {
+  EvalOptions o{.batch_size = config_.per_device_eval_batch_size,
+                .device = device_,
+                .autocast_dtype = autocast_dtype_,
+                .neat_packing = config_.neat_packing,
+                .should_stop = [this] { return stop_requested(); },
+                .rank = rank(),
+                .world_size = world_size()};
+  if (comm_) {
+    o.host_sum = [this](std::vector<double> v) { return comm_->host_sum(std::move(v)); };
+    o.host_max = [this](std::vector<int64_t> v) { return comm_->host_max(std::move(v)); };
+  }
+  return o;
+}
+
+EvalResult Trainer::evaluate() {
+  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
+  if (!val_set_) {
+    throw std::runtime_error(source_ ? "evaluate: this trainer's batches come from the host; pass an evaluation source"
+                                     : "evaluate: the dataset has no 'val' split");
+  }
+  const ops::BackendScope kernels(config_.kernels);
+  const bool training = model_->is_training();
+  EvalResult r = evaluate_dataset(model_, val_set_, eval_options());
+  model_->train(training);
+  return r;
+}
+
+EvalResult Trainer::evaluate(const BatchSource& source) {
+  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
+  const ops::BackendScope kernels(config_.kernels);
+  const bool training = model_->is_training();
+  EvalResult r = evaluate_batches(
+      model_,
+      [&]() -> std::optional<MicroBatch> {
+        std::optional<MicroBatch> b = source();
+        if (b) check_host_batch(*b, model_->config().vocab_size);
+        return b;
+      },
+      eval_options());
+  model_->train(training);
+  return r;
+}
+
+void Trainer::log_metrics(const std::string& json_line) {
+  if (callbacks_.on_log) callbacks_.on_log(json_line);
+  if (!is_main()) return;
+  const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
+  std::ofstream out(path, std::ios::app);
+  out << json_line << "\n";
+  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path.string()));
+}
+
+void Trainer::prepare_output_dir() {
+  // Rank 0 alone tidies the (shared) output folder; the others wait for it.
+  if (is_main()) prepare_output_dir_on_main();
+  if (comm_) comm_->barrier();
+}
+
+void Trainer::clean_incomplete_on_main() {
+  const fs::path out(config_.output_dir);
+  const auto cleaned = clean_incomplete_checkpoints(out);
+  if (!cleaned.empty()) {
+    logger()->info("kiln-pretrain: {}: cleaned up {} incomplete checkpoint folder{} of an interrupted save ({})",
+                   out.string(), cleaned.size(), cleaned.size() == 1 ? "" : "s", fmt::join(cleaned, "; "));
+  }
+}
+
+void Trainer::prepare_output_dir_on_main() {
+  const fs::path out(config_.output_dir);
+  fs::create_directories(out);
+  clean_incomplete_on_main();
+  const SetAside aside =
+      set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
+  if (!aside.checkpoints.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : aside.checkpoints) names.push_back(p.filename().string());
+    logger()->info(
+        "kiln-pretrain: {}: {} ({}) of an earlier run, past this run's start at step {}: {}", out.string(),
+        aside.checkpoints.size() == 1 ? "a checkpoint" : "checkpoints", fmt::join(names, ", "), state_->global_step,
+        aside.folder ? fmt::format("moved to {}", aside.folder->string()) : "deleted (overwrite_output_dir)");
+  }
+}
+
+// ---- One train() call's window, evaluations and closing summary ------------------------------
+
+void Trainer::Run::reset_window() {
+  st.window_loss_sum = at::zeros({}, fopts);
+  st.window_good_targets = at::zeros({}, fopts);
+  st.window_steps = 0;
+  st.window_tokens = 0;
+  st.window_comm_seconds = 0;
+  st.window_start = std::chrono::steady_clock::now();
+}
+
+// A log_history entry: into trainer_state.json's history and TensorBoard, and (a training window
+// or an evaluation, not the closing summary) metrics.jsonl and on_log.
+void Trainer::Run::record(const json& entry, bool to_metrics) {
+  st.log_history.push_back(entry);
+  if (to_metrics) t.log_metrics(entry.dump());
+  if (st.tensorboard) st.tensorboard->add_scalars(entry.at("step").get<int64_t>(), tensorboard_scalars(entry));
+}
+
+void Trainer::Run::log_window(int64_t step) {
+  const PretrainConfig& c = t.config_;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.window_start).count();
+  const double first_bad = st.first_bad_step.item<double>();  // the one host sync of the window
+  if (first_bad >= 0 && c.nan_policy == "stop") {
+    throw NonFiniteLossError(
+        fmt::format("non-finite loss or gradient at step {} (nan_policy: stop; the update of that step was skipped). "
+                    "Lower learning_rate, use bf16 instead of fp16, or set nan_policy: skip",
+                    static_cast<int64_t>(first_bad)));
+  }
+  const double good = st.window_good_targets.item<double>();
+  const double loss = good > 0 ? st.window_loss_sum.item<double>() / good : NAN;
+  const double tokens_per_s = static_cast<double>(st.window_tokens) / seconds;
+  json entry = {{"loss", loss},
+                {"grad_norm", last_norm ? last_norm->item<double>() : 0.0},
+                {"learning_rate", last_lr},
+                {"epoch", t.epoch_of(step)},
+                {"step", step},
+                {"tokens_per_second", tokens_per_s},
+                {"peak_memory_bytes", device::peak_memory_bytes(t.device_)}};
+  if (st.peak) {
+    // Per device: the job's tokens/s over its world size.
+    const double per_device = tokens_per_s / t.world_size();
+    entry["tflops"] = st.flops.train() * per_device / 1e12;
+    entry["mfu"] = st.flops.train() * per_device / (st.peak->tflops * 1e12);
+  }
+  // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
+  if (t.dp_ && t.device_.is_cpu()) entry["comm_wait_share"] = st.window_comm_seconds / seconds;
+  if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
+  record(entry);
+  if (std::isfinite(loss)) {
+    session_loss_sum += loss * static_cast<double>(st.window_steps);
+    session_loss_steps += st.window_steps;
+  }
+  result.final_loss = loss;
+  st.first_bad_step.fill_(-1.0);
+  reset_window();
+  if (!t.is_main()) return;
+  bar->clear();
+  logger()->info("{{'loss': {:.4f}, 'grad_norm': {:.4f}, 'learning_rate': {:.3e}, 'epoch': {:.2f}}}  {}/s{}, peak {}",
+                 loss, entry["grad_norm"].get<double>(), last_lr, entry["epoch"].get<double>(),
+                 with_commas(static_cast<int64_t>(tokens_per_s)) + " tokens",
+                 st.peak ? fmt::format(", MFU {:.1f}% of {:.3g} TFLOP/s ({})", entry["mfu"].get<double>() * 100,
+                                       st.peak->tflops, st.peak->name)
+                         : "",
+                 human_bytes(entry["peak_memory_bytes"].get<double>()));
+  bar->print_line();
+}
+
+bool Trainer::Run::evaluate_at(int64_t step) {
+  if (!t.val_set_) return true;
+  const auto eval_start = std::chrono::steady_clock::now();
+  const EvalResult ev = t.evaluate();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+  t.model_->train();
+  if (ev.interrupted) return false;
+  st.last_eval = ev;
+  session_eval = ev;
+  if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(step, ev);
+  // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
+  const double samples = static_cast<double>(t.val_set_->num_blocks());
+  const double batches =
+      std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
+  json entry = {{"eval_loss", ev.loss},
+                {"eval_perplexity", ev.perplexity},
+                {"eval_tokens", ev.tokens},
+                {"eval_runtime", std::round(seconds * 1e4) / 1e4},
+                {"eval_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
+                {"eval_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
+                {"epoch", t.epoch_of(step)},
+                {"step", step}};
+  record(entry);
+  last_eval_entry = entry;
+  if (t.is_main()) {
+    bar->clear();
+    logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity, step);
+  }
+  st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
+  return true;
+}
+
+// HF's closing summary entry, then what Trainer.save_state / save_metrics and LLaMA-Factory's
+// plot_loss write into output_dir (rank 0).
+TrainResult Trainer::Run::finish() {
+  const PretrainConfig& c = t.config_;
+  bar->finish();
+  const double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+  const int64_t steps_trained = st.global_step - start_step;
+  const double samples = static_cast<double>(steps_trained * t.plan_.total_batch_size());
+  json summary = {{"train_runtime", std::round(runtime * 1e4) / 1e4},
+                  {"train_samples_per_second", runtime > 0 ? std::round(samples / runtime * 1e3) / 1e3 : 0.0},
+                  {"train_steps_per_second", runtime > 0 ? std::round(steps_trained / runtime * 1e3) / 1e3 : 0.0},
+                  {"total_flos", st.total_flos},
+                  {"train_loss", session_loss_steps > 0 ? session_loss_sum / static_cast<double>(session_loss_steps)
+                                                        : static_cast<double>(NAN)},
+                  {"epoch", t.epoch_of(st.global_step)},
+                  {"step", st.global_step}};
+  record(summary, /*to_metrics=*/false);
+  if (t.is_main()) {
+    summary.erase("step");
+    io::write_file_atomic((fs::path(c.output_dir) / "trainer_state.json").string(),
+                          trainer_state_text(t.hf_trainer_state(st.global_step)));
+    save_metrics(c.output_dir, "train", summary);
+    if (session_eval) {
+      // LLaMA-Factory's do_eval metrics: the evaluation's entry and its perplexity.
+      json metrics = last_eval_entry;
+      metrics.erase("step");
+      metrics["perplexity"] = session_eval->perplexity;
+      save_metrics(c.output_dir, "eval", metrics);
+    }
+    if (c.plot_loss) {
+      std::vector<std::string> keys = {"loss"};
+      if (t.val_set_) keys.push_back("eval_loss");
+      plot_loss(c.output_dir, st.log_history, keys);
+    }
+  }
+  st.tensorboard.reset();
+  result.global_step = st.global_step;
+  result.final_eval = st.last_eval;
+  return result;
+}
+
+}  // namespace kiln::train

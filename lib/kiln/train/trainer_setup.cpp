@@ -1,0 +1,306 @@
+// The trainer's set-up: device and process group, the model, auto-fit, the data (rank 0 first),
+// the optimizer and loss scaler.
+#include <cstdlib>
+
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "kiln/common/device.h"
+#include "kiln/common/logger.h"
+#include "kiln/common/runtime_info.h"
+#include "kiln/config/yaml.h"
+#include "kiln/cost/memory.h"
+#include "kiln/cost/plan.h"
+#include "kiln/data/default_corpus.h"
+#include "kiln/data/shards.h"
+#include "kiln/dist/comm.h"
+#include "kiln/dist/data_parallel.h"
+#include "kiln/dist/env.h"
+#include "kiln/model/hf.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/grad.h"
+#include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/kernel_choices.h"
+#include "kiln/train/stop_request.h"
+#include "kiln/train/trainer_internal.h"
+#include "kiln/train/training_data.h"
+
+namespace kiln::train {
+
+void check_dtype_for_gpu(const PretrainConfig& config, const std::string& gpu_name, int major, int minor) {
+  if (config.bf16 && major < 8) {
+    throw config::ConfigError(config::config_message(
+        config.source, "bf16",
+        fmt::format("true, but {} (compute capability {}.{}) has no bf16 arithmetic (it needs 8.0, an A100 or "
+                    "later): use fp16: true, which trains with a dynamic loss scaler as Hugging Face's fp16 runs do",
+                    gpu_name, major, minor)));
+  }
+}
+
+void Trainer::init() {
+  config_.validate();
+  if (source_ && config_.max_steps <= 0) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "max_steps", "must be > 0 when the host supplies the batches (there is no epoch to count)"));
+  }  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
+  if (config_.full_determinism) {
+    // cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first handle: a process setting, which the
+    // program sets (kiln::set_cublas_deterministic_workspace), never the library.
+    const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+    if ((ws == nullptr || *ws == '\0') && torch::cuda::is_available() && config_.device != "cpu") {
+      logger()->warn(
+          "kiln-pretrain: warning: full_determinism without CUBLAS_WORKSPACE_CONFIG in the environment: cuBLAS "
+          "may not be deterministic (kiln::set_cublas_deterministic_workspace() sets it before the first tensor)");
+    }
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  if (config_.device == "cuda" && !torch::cuda::is_available()) {
+    throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
+  }
+  zero_stage_ = config_.resolved_zero_stage();
+  // Launched by torchrun or srun: one process per device, LOCAL_RANK picks it (docs/distributed.md).
+  const dist::DistEnv env = dist::read_dist_env();
+  const bool cuda = config_.device == "cuda" || (config_.device == "auto" && torch::cuda::is_available());
+  device_ = at::Device(at::kCPU);
+  if (cuda) {
+    const int64_t devices = static_cast<int64_t>(torch::cuda::device_count());
+    if (env.local_rank >= devices) {
+      throw std::runtime_error(fmt::format("local rank {} ({}) has no GPU of its own: this node has {}", env.local_rank,
+                                           env.launcher, devices));
+    }
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+    at::accelerator::setDeviceIndex(device_.index());
+    const GpuInfo gpu = gpu_info(device_.index());
+    check_dtype_for_gpu(config_, gpu.name, gpu.major, gpu.minor);
+  }
+  if (plan_only_) {
+    env_rank_ = env.rank;  // the job's shape, without joining it
+    env_world_ = env.world_size;
+    env_launcher_ = env.launcher;
+  } else if (env.distributed()) {
+    comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
+  }
+  if (config_.bf16) autocast_dtype_ = at::kBFloat16;
+  if (config_.fp16) autocast_dtype_ = at::kHalf;
+  at::manual_seed(static_cast<uint64_t>(config_.seed));
+
+  // Model: fp32 master parameters on the device (a plan: on the meta device, nothing allocated).
+  if (plan_only_) {
+    const model::LlamaConfig mc =
+        config_.model_name_or_path.empty()
+            ? model::load_llama_config(config_.model)
+            : model::read_hf_config((fs::path(config_.model_name_or_path) / "config.json").string()).config;
+    model_ = model::LlamaForCausalLM(mc, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+  } else if (!config_.model_name_or_path.empty()) {
+    model_ = model::load_pretrained(config_.model_name_or_path, {.dtype = at::kFloat, .device = device_});
+  } else {
+    model_ = model::LlamaForCausalLM(model::load_llama_config(config_.model),
+                                     at::TensorOptions().device(device_).dtype(at::kFloat));
+    model_->init_weights(static_cast<uint64_t>(config_.seed));
+  }
+  model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
+  if (config_.cutoff_len > model_->config().max_position_embeddings && is_main()) {
+    // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
+    logger()->warn(
+        "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
+        "positions past it were not trained",
+        config_.source, config_.cutoff_len, model_->config().max_position_embeddings, model_->config().source);
+  }
+
+  if (config_.auto_fit) apply_auto_fit();
+  if (source_) {
+    // The host's batches: as many examples as max_steps consumes (for the banner's arithmetic).
+    plan_ = plan_steps(
+        config_.max_steps * config_.gradient_accumulation_steps * config_.per_device_train_batch_size * world_size(),
+        config_.per_device_train_batch_size, world_size(), config_.gradient_accumulation_steps,
+        config_.num_train_epochs, config_.max_steps);
+  } else {
+    setup_shard_data();
+  }
+  if (!plan_only_) setup_optimizer();
+}
+
+void Trainer::apply_auto_fit() {
+  cost::PlanConfig p;
+  p.source = config_.source;
+  p.model_config = model_->config();
+  p.cutoff_lens = {config_.cutoff_len};
+  p.dtype = config_.bf16 ? "bf16" : config_.fp16 ? "fp16" : "fp32";
+  p.kernels = config_.kernels;
+  p.cuda = device_.is_cuda();
+  p.kernel_choices = kernel_choices(config_.kernels, config_.bf16 || config_.fp16 ? 2 : 4, p.cuda);
+  const std::string& m = config_.auto_fit_memory;
+  try {
+    if (m.empty()) {
+      p.device_memory_bytes = device::device_memory_bytes(device_);
+    } else if (const auto spec = cost::hardware_spec(m)) {
+      p.device_memory_bytes = spec->memory_bytes;
+      p.device_name = spec->name;
+    } else {
+      p.device_memory_bytes = cost::parse_bytes(m, "auto_fit_memory");
+    }
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(config_.source, "auto_fit_memory", e.what()));
+  }
+  p.target_sequences = config_.per_device_train_batch_size * config_.gradient_accumulation_steps * world_size();
+  p.world_size = world_size();
+  p.zero_stage = world_size() > 1 ? zero_stage_ : 0;
+  p.ddp_bucket_cap_mb = config_.ddp_bucket_cap_mb;
+  const cost::PlanReport plan = cost::make_plan(p);
+  const cost::PlanRow* best = plan.recommended(config_.cutoff_len);
+  if (!best) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "auto_fit",
+        fmt::format("nothing fits {} GB at cutoff_len {}, not even micro-batch 1 with full recomputation",
+                    p.device_memory_bytes / 1e9, config_.cutoff_len)));
+  }
+  config_.per_device_train_batch_size = best->micro_batch;
+  config_.gradient_accumulation_steps = best->grad_accum;
+  const bool selective = best->policy == "selective";
+  config_.gradient_checkpointing = best->every > 0 || selective;
+  config_.gradient_checkpointing_policy = selective ? "selective" : best->every > 1 ? "every_n" : "full";
+  config_.gradient_checkpointing_every = std::max(best->every, 1);
+  state_->auto_fit = fmt::format(
+      "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
+      "of "
+      "{:.2f} GB",
+      best->micro_batch, best->grad_accum, world_size(), world_size() == 1 ? "" : "s", best->global_sequences,
+      p.target_sequences, best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
+}
+
+// Tokenizing (named datasets, the embedded corpus on first use) happens on rank 0 while the other
+// ranks wait, as LLaMA-Factory's main_process_first: then they open what it wrote and never
+// tokenize themselves. The wait is a collective that also carries rank 0's failure, so a bad
+// dataset stops every rank with the error instead of leaving them waiting; like LLaMA-Factory's,
+// it is bounded by ddp_timeout (which its configs set to 180000000 s for this reason).
+std::string Trainer::prepare_data_main_first() {
+  if (!comm_ || world_size() == 1) return training_shard_dir(config_, is_main());
+  std::string dir;
+  std::exception_ptr error;
+  int64_t status = 0;  // 1: rank 0 failed; 2: rank 0 stopped on a stop request
+  if (is_main()) {
+    try {
+      dir = training_shard_dir(config_, true);
+    } catch (const StopRequested&) {
+      error = std::current_exception();
+      status = 2;
+    } catch (...) {
+      error = std::current_exception();
+      status = 1;
+    }
+  }
+  const int64_t worst = comm_->host_max({status})[0];
+  if (error) std::rethrow_exception(error);
+  if (worst == 2) throw StopRequested(fmt::format("rank {}: rank 0 stopped while preparing the data", rank()));
+  if (worst > 0) {
+    throw std::runtime_error(
+        fmt::format("rank {}: rank 0 could not prepare the training data (its error is above)", rank()));
+  }
+  if (is_main()) return dir;
+  return training_shard_dir(config_, false, /*reuse_only=*/true, rank());
+}
+
+void Trainer::setup_shard_data() {
+  // Data: packed blocks of the shard set's train split; its val split for evaluation.
+  state_->data_dir = prepare_data_main_first();
+  state_->shards = data::TokenShards::open(state_->data_dir);
+  const auto& meta = state_->shards->meta();
+  state_->shards->check_ids_below(model_->config().vocab_size,
+                                  fmt::format("the model's vocab_size ({})", model_->config().source));
+  if (meta.vocab_size > model_->config().vocab_size) {
+    throw config::ConfigError(config::config_message(
+        config_.source, "dataset_dir",
+        fmt::format("{}: tokenizer vocabulary {} is larger than the model's vocab_size {} ({})", state_->data_dir,
+                    meta.vocab_size, model_->config().vocab_size, model_->config().source)));
+  }
+  const auto train_split = state_->shards->split("train");
+  const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+  if (blocks == 0) {
+    throw config::ConfigError(
+        config::config_message(config_.source, "cutoff_len",
+                               fmt::format("{} is longer than the whole train split of {} ({} tokens)",
+                                           config_.cutoff_len, state_->data_dir, train_split->num_tokens())));
+  }
+  // Evaluation data: val_size > 0 holds out blocks of the train split chosen at random by the
+  // run's seed (a fraction, or a count; as LLaMA-Factory's split of its packed examples);
+  // otherwise the shard set's own val split, when it has one block or more.
+  int64_t held_out = 0;
+  if (config_.val_size > 0) {
+    held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
+                                    : static_cast<int64_t>(config_.val_size);
+    if (held_out >= blocks) {
+      throw config::ConfigError(config::config_message(
+          config_.source, "val_size",
+          fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
+                      config_.cutoff_len)));
+    }
+    const auto [train_blocks, val_blocks] = data::random_split(blocks, held_out, static_cast<uint64_t>(config_.seed));
+    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, val_blocks);
+    train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, train_blocks);
+  } else if (state_->shards->has_split("val")) {
+    const auto val_split = state_->shards->split("val");
+    if (val_split->num_tokens() >= config_.cutoff_len) {
+      val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
+    }
+  }
+  if (!train_set_) train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len);
+  data::LoaderOptions lo;
+  lo.batch_size = config_.per_device_train_batch_size;
+  lo.seed = static_cast<uint64_t>(config_.seed);
+  lo.segment_ids = config_.neat_packing;
+  lo.rank = rank();
+  lo.world_size = world_size();
+  if (!plan_only_) loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+
+  plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, world_size(),
+                     config_.gradient_accumulation_steps, config_.num_train_epochs, config_.max_steps);
+}
+
+void Trainer::setup_optimizer() {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+  const optim::AdamWConfig adamw{.beta1 = config_.adam_beta1,
+                                 .beta2 = config_.adam_beta2,
+                                 .eps = config_.adam_epsilon,
+                                 .weight_decay = config_.weight_decay};
+  if (comm_) {
+    // Every rank starts from rank 0's weights (a model from a checkpoint is the same everywhere
+    // anyway; a fresh init could differ with a platform's random numbers).
+    dp_ = std::make_unique<dist::DataParallel>(
+        comm_, named,
+        dist::DataParallelOptions{.bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20, .zero_stage = zero_stage_});
+    dp_->broadcast_parameters();
+    optimizer_ = std::make_unique<optim::AdamW>(dp_->optimizer_params(), adamw);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(named, adamw);
+  }
+  if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
+
+  if (config_.selective_recomputation()) {
+    set_selective_recomputation(model_, true);
+  } else {
+    set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
+  }
+  state_->flops = cost::flops_per_token(model_->config(), config_.cutoff_len);
+
+  if (!config_.resume_from_checkpoint.empty()) {
+    std::string dir = config_.resume_from_checkpoint;
+    if (dir == "true" || dir == "True") {
+      // A kill during a re-save can leave the newest checkpoint renamed aside (.checkpoint-N.old
+      // on file systems without an atomic exchange): recover first, then choose.
+      if (is_main()) clean_incomplete_on_main();
+      if (comm_) comm_->barrier();
+      dir = latest_checkpoint(config_.output_dir);
+      if (dir.empty()) {
+        throw config::ConfigError(
+            config::config_message(config_.source, "resume_from_checkpoint",
+                                   fmt::format("'true' but {} holds no checkpoint-N folder", config_.output_dir)));
+      }
+    }
+    resume(dir);
+  }
+}
+
+}  // namespace kiln::train
