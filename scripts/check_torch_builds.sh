@@ -12,6 +12,12 @@ majors=("$@")
 ((${#majors[@]})) || majors=(13 12)
 status=0
 lines=()
+# A forced KILN_CUDA makes set-up record its choice as the default (selected.env); this check must
+# leave the machine's own default as it found it.
+home="${KILN_HOME:-$HOME/.cache/kiln}"
+[[ -f "$home/selected.env" ]] && cp "$home/selected.env" "$home/selected.env.check-torch-builds"
+restore() { [[ -f "$home/selected.env.check-torch-builds" ]] && mv "$home/selected.env.check-torch-builds" "$home/selected.env"; }
+trap restore EXIT
 for m in "${majors[@]}"; do
   build="$root/build-cu$m"
   log="$build.log"
