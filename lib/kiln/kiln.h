@@ -4,13 +4,13 @@
 //   target_link_libraries(app PRIVATE kiln::kiln)
 //   #include <kiln/kiln.h>
 //
-// Everything here is declared in this header and kiln/train/pretrain_config.h (the settings
-// struct); every other header of the source tree is internal, not installed, and its symbols are
-// not exported from libkiln.so. kiln behaves as a library inside someone else's process: it
-// installs no signal handlers, never exits, never writes to stdout, logs through the spdlog logger
-// named "kiln" (replace or silence it, or use set_log_handler), and reports every error as an
-// exception whose message names the file, key or tensor. Several models and trainers may live in
-// one process, each with its own kernel settings (ops run under a per-thread scope).
+// Everything here is declared in this header and the installed headers it includes
+// (kiln/train/pretrain_config.h: the settings struct; kiln/common/log.h: the log's controls;
+// kiln/common/process_settings.h); every other header of the source tree is internal, not installed, and its symbols
+// are not exported from libkiln.so. kiln behaves as a library inside someone else's process: it installs no signal
+// handlers, never exits, never writes to stdout, logs through the spdlog logger named "kiln" (replace or silence it, or
+// use set_log_handler), and reports every error as an exception whose message names the file, key or tensor. Several
+// models and trainers may live in one process, each with its own kernel settings (ops run under a per-thread scope).
 #pragma once
 
 #include <atomic>
