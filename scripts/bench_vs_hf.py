@@ -530,7 +530,7 @@ def reexec_in_setup_venv() -> None:
     py = os.environ.get("KILN_PYTHON") or os.path.join(home, "venv", "bin", "python")
     if os.environ.get("KILN_BENCH_REEXEC") or not os.access(py, os.X_OK) or \
             os.path.abspath(py) == os.path.abspath(sys.executable):
-        raise SystemExit(f"bench_vs_hf: {sys.executable} has no torch/transformers; run scripts/setup.sh "
+        raise SystemExit(f"bench_vs_hf: {sys.executable} has no torch/transformers; run scripts/setup.sh --tests "
                          f"(it makes {py}) or start this script with a Python that has them")
     os.environ["KILN_BENCH_REEXEC"] = "1"
     os.execv(py, [py, os.path.abspath(__file__), *sys.argv[1:]])

@@ -22,7 +22,7 @@ for m in "${majors[@]}"; do
   build="$root/build-cu$m"
   log="$build.log"
   t0=$SECONDS
-  KILN_CUDA=$m "$root/scripts/setup.sh" >"$log" 2>&1 || { lines+=("| CUDA $m | set-up failed: $log |"); status=1; continue; }
+  KILN_CUDA=$m "$root/scripts/setup.sh" --tests >"$log" 2>&1 || { lines+=("| CUDA $m | set-up failed: $log |"); status=1; continue; }
   t1=$SECONDS
   KILN_CUDA=$m KILN_BUILD_DIR="$build" bash -c "source '$root/scripts/env.sh' && '$root/scripts/build.sh'" >>"$log" 2>&1 ||
     { lines+=("| CUDA $m | build failed: $log |"); status=1; continue; }

@@ -12,8 +12,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ "${1:-}" == "--sanitize" ]]; then
   shift
   export KILN_BUILD_DIR="${KILN_BUILD_DIR:-$root/build-sanitize}"
-  "$root/scripts/setup.sh"
-  "$root/scripts/build.sh" -DKILN_CUDA=OFF -DKILN_SANITIZE=ON
+  "$root/scripts/setup.sh" --tests
+  "$root/scripts/build.sh" -DKILN_CUDA=OFF -DKILN_SANITIZE=ON -DKILN_BUILD_TESTS=ON
   source "$root/scripts/env.sh"
   # LibTorch leaks its singletons at exit by design; the CUDA runtime (loaded by the CUDA build of
   # LibTorch even here) maps memory where ASan's shadow gap would be; the first UB report fails.
@@ -29,7 +29,9 @@ if [[ "${1:-}" == "--sanitize" ]]; then
     --tokenize 2 --max-exit-seconds 30
   exit 0
 fi
-"$root/scripts/setup.sh"
-"$root/scripts/build.sh"
+"$root/scripts/setup.sh" --tests
+# The build folder scripts/quickstart.sh builds into: what it compiled is reused; the tests, the
+# other programs and (where LibTorch has CUDA) the CUDA kernels are added.
+"$root/scripts/build.sh" -DKILN_CUDA=AUTO -DKILN_BUILD_TESTS=ON
 cd "${KILN_BUILD_DIR:-$root/build${KILN_CUDA:+-cu$KILN_CUDA}}"
 ctest --output-on-failure --timeout 1200 "$@"

@@ -3,7 +3,8 @@
 # LibTorch comes from the PyPI `torch` wheel (scripts/setup.sh puts it in $KILN_HOME/venv) or from
 # the user's own LibTorch through Torch_DIR. Results:
 #   kiln::torch      INTERFACE target: LibTorch's libraries, includes and ABI flags
-#   KILN_WITH_CUDA   ON when the CUDA sources are compiled (CUDA language enabled)
+#   KILN_WITH_CUDA       ON when the CUDA sources are compiled (CUDA language enabled)
+#   KILN_TORCH_HAS_CUDA  ON when LibTorch itself has CUDA (whether or not kiln's kernels are built)
 #
 # Two things about TorchConfig that this file works around, and why:
 #  * Caffe2's cuda.cmake ignores CMAKE_CUDA_ARCHITECTURES (with a warning) and appends its own
@@ -71,10 +72,13 @@ if(CMAKE_CUDA_FLAGS)
                        "${CMAKE_CUDA_FLAGS}")
 endif()
 
+# KILN_TORCH_HAS_CUDA: LibTorch itself runs on GPUs (NCCL for data parallelism follows it, not
+# KILN_WITH_CUDA: a build without kiln's kernels still trains on GPUs with ATen's ops).
 set(_kiln_torch_has_cuda OFF)
 if(CAFFE2_USE_CUDA AND TORCH_CUDA_LIBRARIES)
   set(_kiln_torch_has_cuda ON)
 endif()
+set(KILN_TORCH_HAS_CUDA ${_kiln_torch_has_cuda})
 if(KILN_CUDA STREQUAL "AUTO")
   set(KILN_WITH_CUDA ${_kiln_torch_has_cuda})
 elseif(KILN_CUDA)

@@ -114,7 +114,7 @@ def test_html_screenshot_in_headless_chromium(ci_sweep, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is missing: scripts/setup.sh installs it for this check")
+            pytest.fail("chromium is missing: scripts/setup.sh --tests installs it for this check")
         pytest.skip("chromium is not installed (apt-get install chromium); the structural HTML test still ran")
     _, out = ci_sweep
     png = tmp_path / "report.png"

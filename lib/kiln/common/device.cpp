@@ -45,7 +45,7 @@ void cuda_set_memory_cap(int index, int64_t bytes);
 #endif
 
 namespace {
-int cuda_index(const at::Device& device) {
+[[maybe_unused]] int cuda_index(const at::Device& device) {  // unused without CUDA
   return device.has_index() ? device.index() : 0;
 }
 }  // namespace

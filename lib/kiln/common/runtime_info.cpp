@@ -13,7 +13,7 @@
 namespace kiln {
 
 namespace {
-std::string cuda_version_text(int v) {  // 12040 -> "12.4"
+[[maybe_unused]] std::string cuda_version_text(int v) {  // 12040 -> "12.4"; unused without CUDA
   return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : "";
 }
 }  // namespace

@@ -153,9 +153,10 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
 
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
                                         int compute_bytes, bool activation_checkpointing) {
-  return estimate_training_memory(
-      config, batch, seq_len,
-      MemoryOptions{.compute_bytes = compute_bytes, .activation_checkpointing = activation_checkpointing});
+  MemoryOptions o;
+  o.compute_bytes = compute_bytes;
+  o.activation_checkpointing = activation_checkpointing;
+  return estimate_training_memory(config, batch, seq_len, o);
 }
 
 }  // namespace kiln::cost

@@ -71,7 +71,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     *cache_k = k;
     *cache_v = v;
   }
-  const at::Tensor out = ops::attention(q, k, v, {.segment_ids = segment_ids});  // causal; [B, Hq, T, D]
+  const at::Tensor out = ops::attention(
+      q, k, v, {.causal = true, .scale = std::nullopt, .segment_ids = segment_ids});  // causal; [B, Hq, T, D]
   return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
 }
 

@@ -32,7 +32,7 @@ at::ScalarType acc_type(const at::Tensor& x) {
   return at::promote_types(x.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
 }
 
-bool use_cuda(const at::Tensor& x, const at::Tensor& weight) {
+[[maybe_unused]] bool use_cuda(const at::Tensor& x, const at::Tensor& weight) {
 #ifdef KILN_WITH_CUDA
   return rmsnorm_cuda_applies(x, weight);
 #else

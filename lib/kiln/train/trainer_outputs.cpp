@@ -73,13 +73,14 @@ std::string Trainer::banner() const {
 }
 
 EvalOptions Trainer::eval_options() {
-  EvalOptions o{.batch_size = config_.per_device_eval_batch_size,
-                .device = device_,
-                .autocast_dtype = autocast_dtype_,
-                .neat_packing = config_.neat_packing,
-                .should_stop = [this] { return stop_requested(); },
-                .rank = rank(),
-                .world_size = world_size()};
+  EvalOptions o;
+  o.batch_size = config_.per_device_eval_batch_size;
+  o.device = device_;
+  o.autocast_dtype = autocast_dtype_;
+  o.neat_packing = config_.neat_packing;
+  o.should_stop = [this] { return stop_requested(); };
+  o.rank = rank();
+  o.world_size = world_size();
   if (comm_) {
     o.host_sum = [this](std::vector<double> v) { return comm_->host_sum(std::move(v)); };
     o.host_max = [this](std::vector<int64_t> v) { return comm_->host_max(std::move(v)); };
