@@ -3,6 +3,8 @@
 
     python3 scripts/time_quickstart.py [--ref COMMIT]... [--then-test] [--keep DIR]
 
+(e.g. --ref HEAD --ref <older commit> --then-test: the ratio printed is first / second)
+
 For each --ref (default: HEAD), in the order given: `git clone` of this repository at that commit
 into a fresh folder, a fresh empty ccache (CCACHE_DIR in that folder), then `scripts/quickstart.sh`
 with its output time-stamped line by line. LibTorch is whatever the machine's set-up already has
@@ -11,8 +13,9 @@ with its output time-stamped line by line. LibTorch is whatever the machine's se
   first log line   seconds from the start to kiln-pretrain's first line (its banner's "*****" line
                    or the first line after the build's last "[n/m]" line that is not set-up/CMake)
   quickstart       seconds to the end of the quickstart (the sample printed)
-  test command     with --then-test, for the last commit: seconds of `scripts/test.sh` run next in
-                   the same clone (what the quickstart built reused), and its result
+  test command     with --then-test, for the first commit: seconds of `scripts/test.sh` run, after
+                   every quickstart, in that commit's clone (what its quickstart built reused),
+                   and its result
 
 Prints one Markdown table at the end (docs/architecture.md, "Build targets and the quickstart").
 Run it on an otherwise idle machine: the figures are wall-clock times.
@@ -55,7 +58,7 @@ def run_timed(cmd, cwd, env, log_path, first_line_pattern=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ref", action="append", help="commit to time (repeatable; default HEAD)")
-    ap.add_argument("--then-test", action="store_true", help="run scripts/test.sh after the last commit's quickstart")
+    ap.add_argument("--then-test", action="store_true", help="then run scripts/test.sh in the first commit's clone")
     ap.add_argument("--keep", help="folder for the clones and logs (default: a temporary one, removed)")
     ap.add_argument("--quickstart-args", default="", help="arguments for kiln-pretrain, e.g. '--max_steps 100'")
     a = ap.parse_args()
@@ -77,14 +80,15 @@ def main():
             log = os.path.join(work, f"quickstart-{sha}.log")
             print(f"[time_quickstart] {sha}: quickstart (log {log})", flush=True)
             rc, total, first = run_timed(["scripts/quickstart.sh", *a.quickstart_args.split()], clone, env, log, True)
-            row = {"ref": sha, "first": first, "quickstart": total, "rc": rc}
-            if a.then_test and rc == 0 and ref is refs[-1]:
-                tlog = os.path.join(work, f"test-{sha}.log")
-                print(f"[time_quickstart] {sha}: test command (log {tlog})", flush=True)
-                trc, ttotal, _ = run_timed(["scripts/test.sh"], clone, env, tlog)
-                row.update(test=ttotal, test_rc=trc)
-            rows.append(row)
-            print(f"[time_quickstart] {row}", flush=True)
+            rows.append({"ref": sha, "first": first, "quickstart": total, "rc": rc, "clone": clone, "env": env})
+            print(f"[time_quickstart] {sha}: first log line {first}, quickstart {total:.0f} s, exit {rc}", flush=True)
+        r = rows[0]
+        if a.then_test and r["rc"] == 0:
+            tlog = os.path.join(work, f"test-{r['ref']}.log")
+            print(f"[time_quickstart] {r['ref']}: test command (log {tlog})", flush=True)
+            trc, ttotal, _ = run_timed(["scripts/test.sh"], r["clone"], r["env"], tlog)
+            r.update(test=ttotal, test_rc=trc)
+            print(f"[time_quickstart] {r['ref']}: test command {ttotal:.0f} s, exit {trc}", flush=True)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -101,7 +105,7 @@ def main():
             res += ", tests passed" if r["test_rc"] == 0 else f", tests exit {r['test_rc']}"
         print(f"| {r['ref']} | {s(r['first'])} | {s(r['quickstart'])} | {s(r.get('test'))} | {res} |")
     if len(rows) >= 2 and all(r["first"] for r in rows):
-        print(f"\nfirst log line, {rows[-1]['ref']} / {rows[0]['ref']}: {rows[-1]['first'] / rows[0]['first']:.2f}")
+        print(f"\nfirst log line, {rows[0]['ref']} / {rows[1]['ref']}: {rows[0]['first'] / rows[1]['first']:.2f}")
     return 0 if all(r["rc"] == 0 and r.get("test_rc", 0) == 0 for r in rows) else 1
 
 
