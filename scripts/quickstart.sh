@@ -4,7 +4,8 @@
 # (the tiny preset on the embedded corpus, about a minute on 2 CPU cores), then a sample from the
 # checkpoint it wrote. Arguments go to kiln-pretrain (e.g. --max_steps 100).
 #
-# Only kiln-pretrain and kiln-generate are built, into the build folder the test command uses, so
+# Only kiln-pretrain and kiln-generate are built (linking the layers up to train: kiln::core, no
+# profiler), into the build folder the test command uses, so
 # scripts/test.sh afterwards compiles only what is left: the tests, the other programs and, where
 # LibTorch has CUDA, the CUDA kernels and the few sources that call them (lib/CMakeLists.txt,
 # kiln_cuda_aware). A new build folder gets no CUDA kernels when no GPU is present;
@@ -27,9 +28,11 @@ elif [[ ! -f "$build/CMakeCache.txt" ]]; then
   fi
   configure=(-DKILN_CUDA="$kernels" -DKILN_BUILD_TESTS=OFF)
 fi
-KILN_BUILD_DIR="$build" KILN_BUILD_TARGETS="kiln-pretrain kiln-generate" "$root/scripts/build.sh" "${configure[@]}"
+# kiln-pretrain first and run at once; kiln-generate (one file more) after the training.
+KILN_BUILD_DIR="$build" KILN_BUILD_TARGETS="kiln-pretrain" "$root/scripts/build.sh" "${configure[@]}"
 bin="$build/bin"
 "$bin/kiln-pretrain" --output_dir output/quickstart "$@"
+KILN_BUILD_DIR="$build" KILN_BUILD_TARGETS="kiln-generate" "$root/scripts/build.sh" >/dev/null
 ckpt="$(ls -d output/quickstart/checkpoint-* | sort -t- -k2 -n | tail -n 1)"
 echo "--- sample from $ckpt (kiln-generate --greedy):"
 "$bin/kiln-generate" --model "$ckpt" --prompt "The " --max-new-tokens 120 --greedy
