@@ -1,7 +1,9 @@
 // kiln-profile: the user's resource tables (speed, memory, MFU per cutoff_len, batch size and
 // gradient accumulation), measured by running the trainer's step and set beside the analytic
 // FLOP and memory models, in one command. Markdown on stdout; CSV, JSON and HTML in --output.
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,7 +15,10 @@
 #include "kiln/common/malloc_tuning.h"
 #include "kiln/cost/hardware.h"
 #include "kiln/cost/plan.h"
+#include "kiln/cost/traffic.h"
 #include "kiln/dist/env.h"
+#include "kiln/model/llama_config.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/profile/plan_report.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
@@ -77,6 +82,163 @@ int plan(const cxxopts::ParseResult& args) {
   return 0;
 }
 
+// One value of a list option (--cutoff-len 1024), `fallback` when it is absent.
+int64_t one_value(const cxxopts::ParseResult& args, const std::string& name, std::optional<int64_t> fallback) {
+  if (!args.count(name)) {
+    if (!fallback) throw std::invalid_argument("--explain: give --" + name);
+    return *fallback;
+  }
+  const auto values = kiln::profile::parse_int_list(args[name].as<std::string>(), "--" + name);
+  if (values.size() != 1) throw std::invalid_argument("--explain: --" + name + " takes one value");
+  return values[0];
+}
+
+// kiln-profile --explain: the traffic and FLOP model of one step, per component (cost/traffic.h),
+// from the model's config alone: no weights, no tensors, nothing run.
+int explain(const cxxopts::ParseResult& args) {
+  namespace cost = kiln::cost;
+  // Six significant digits (the Python test sums rows against them), whole numbers from a million.
+  auto num = [](double x) { return std::abs(x) >= 1e6 ? fmt::format("{:.0f}", x) : fmt::format("{:.6g}", x); };
+  if (!args.count("model")) throw std::invalid_argument("--explain: give --model");
+  const std::string model_name = args["model"].as<std::string>();
+  const kiln::model::LlamaConfig model = kiln::model::load_llama_config(model_name);
+  cost::TrafficOptions o;
+  o.seq_len = one_value(args, "cutoff-len", std::nullopt);
+  o.batch = one_value(args, "batch-size", std::nullopt);
+  o.grad_accum = one_value(args, "grad-accum", 1);
+  if (args.count("dtype")) o.dtype = args["dtype"].as<std::string>();
+  const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : "kiln";
+  if (args.count("world-size")) o.world_size = args["world-size"].as<int>();
+  if (args.count("zero-stage")) o.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
+  if (args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy")) {
+    const int64_t every =
+        args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 1;
+    const std::string policy = args.count("gradient-checkpointing-policy")
+                                   ? args["gradient-checkpointing-policy"].as<std::string>()
+                               : every > 1 ? "every_n"
+                                           : "full";
+    if (policy == "every_n" && every < 2) {
+      throw std::invalid_argument(
+          "--gradient-checkpointing-policy every_n: give --gradient-checkpointing-every n (n >= 2)");
+    }
+    o.recompute = policy;
+    o.every = static_cast<int>(every);
+  }
+
+  // The hardware row: a device of cost/hardware.h by name, or this machine's GPU.
+  std::optional<cost::HardwareSpec> hw;
+  if (args.count("device-memory")) {
+    hw = cost::hardware_spec(args["device-memory"].as<std::string>());
+  } else if (torch::cuda::is_available()) {
+    hw = cost::hardware_for_device_name(kiln::device::name(at::Device(at::kCUDA, 0)));
+  }
+  if (!hw) {
+    std::string names;
+    for (const auto& spec : cost::hardware_specs()) names += (names.empty() ? "" : ", ") + spec.name;
+    throw std::invalid_argument("--explain: give --device-memory with a device name: " + names);
+  }
+
+  // The kernels the step runs, from ops' own rules (train/kernel_choices.h for the fused ops;
+  // RoPE and attention here, from the spec and the device).
+  o.kernels = kiln::train::kernel_choices(kernels, o.dtype == "fp32" ? 4 : 2, /*cuda=*/true);
+  using kiln::ops::Backend, kiln::ops::Op;
+  o.fused_rope = kiln::ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
+  o.attention = cost::kiln_attention_path(kiln::ops::backend_in_spec(kernels, Op::kAttention) == Backend::kKiln, *hw,
+                                          o.dtype, model.resolved_head_dim());
+  const cost::TrafficReport r = cost::traffic_model(model, o);
+  cost::Roofline roof = cost::roofline(*hw, o.dtype);
+  if (args.count("peak-tflops")) roof.gemm_flops_per_s = args["peak-tflops"].as<double>() * 1e12;
+
+  const std::string policy = o.recompute == "every_n" ? fmt::format("every_{}", o.every) : o.recompute;
+  fmt::print(
+      "# kiln explain: {} ({} parameters), {}{}, micro-batch {} x cutoff_len {}, gradient_accumulation_steps {} "
+      "({} tokens per step{}), recomputation {}, kernels {}, {}\n\n",
+      model_name, r.num_parameters, o.dtype, o.dtype == "fp32" ? "" : " autocast over fp32 parameters", o.batch,
+      o.seq_len, o.grad_accum, static_cast<int64_t>(r.tokens_per_step),
+      o.world_size > 1 ? fmt::format(" per rank, {} ranks, ZeRO stage {}", o.world_size, o.zero_stage) : "", policy,
+      kernels, hw->name);
+  const bool autocast = o.dtype != "fp32";
+  fmt::print("Ops: RMSNorm {}, SwiGLU {}, RoPE {}, attention {}, loss head {}.\n",
+             o.kernels.fused_rmsnorm ? "kiln kernel" : "ATen composition",
+             o.kernels.fused_swiglu ? "kiln kernel" : "ATen composition",
+             o.fused_rope && !autocast ? "kiln kernel (in place)"
+             : autocast                ? "ATen composition (bf16/fp16 q, k with fp32 tables: ops/rope.cpp)"
+                                       : "ATen composition",
+             o.attention == "flash" ? "kiln flash kernels" : "ATen SDPA (" + o.attention + ")",
+             o.kernels.fused_loss_head ? "kiln chunked linear + cross-entropy" : "full logits (ATen)");
+  fmt::print(
+      "Roofline: GEMMs {:.1f} TFLOP/s ({}), other ops {:.1f} TFLOP/s (FP32 units), {:.0f} GB/s; "
+      "ridge point {:.1f} FLOP/byte for a GEMM, {:.1f} for the FP32 units.\n",
+      roof.gemm_flops_per_s / 1e12, roof.tensor_cores ? "tensor cores" : "FP32 units", roof.other_flops_per_s / 1e12,
+      roof.bandwidth / 1e9, roof.ridge(), roof.other_flops_per_s / roof.bandwidth);
+  fmt::print(
+      "Bytes are compulsory device-memory traffic (each tensor an op reads or writes counted once; L2 re-reads "
+      "not), per step; `eager` is an unfused HF-transformers eager step (cost/traffic.h).\n\n");
+
+  fmt::print(
+      "| component | pass | x | GEMM GFLOP | other GFLOP | MB kiln | MB eager | FLOP/B kiln | bound kiln | "
+      "us kiln | us eager |\n");
+  fmt::print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n");
+  for (const cost::TrafficRow& row : r.rows) {
+    const cost::Cost k = row.kiln_step(), e = row.eager_step();
+    const std::string bound = k.bytes == 0 && k.flops() == 0 ? "-" : roof.memory_bound(row.kiln) ? "memory" : "compute";
+    fmt::print("| {} | {} | {:g} | {:.3f} | {:.3f} | {:.2f} | {:.2f} | {:.1f} | {} | {:.1f} | {:.1f} |\n",
+               row.component, cost::pass_name(row.pass), row.repeats, k.gemm_flops / 1e9, k.other_flops / 1e9,
+               k.bytes / 1e6, e.bytes / 1e6, row.kiln.intensity(), bound, roof.seconds(row.kiln) * row.repeats * 1e6,
+               roof.seconds(row.eager) * row.repeats * 1e6);
+  }
+  const cost::Cost k = r.kiln_step(), e = r.eager_step();
+  const double tk = cost::modelled_step_seconds(r, roof), te = cost::modelled_step_seconds(r, roof, true);
+  const double tokens = r.tokens_per_step;
+  fmt::print(
+      "\n| total | GEMM GFLOP | other GFLOP | model GFLOP (flops.h) | MB kiln | MB eager | ms kiln | ms eager |\n");
+  fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& [label, div] : {std::pair<std::string, double>{fmt::format("per step ({} tokens)", tokens), 1.0},
+                                   std::pair<std::string, double>{"per token", tokens}}) {
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", label, num(k.gemm_flops / 1e9 / div),
+               num(k.other_flops / 1e9 / div), num(r.model_flops_step() / 1e9 / div), num(k.bytes / 1e6 / div),
+               num(e.bytes / 1e6 / div), num(tk * 1e3 / div), num(te * 1e3 / div));
+  }
+  // The same per pass: how much of the step is forward, backward, recomputation, optimizer.
+  fmt::print("\n| pass | GEMM GFLOP | other GFLOP | MB kiln | MB eager | ms kiln | ms eager |\n");
+  fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const cost::Pass pass :
+       {cost::Pass::kForward, cost::Pass::kBackward, cost::Pass::kRecompute, cost::Pass::kStep}) {
+    cost::Cost pk, pe;
+    double sk = 0, se = 0;
+    for (const cost::TrafficRow& row : r.rows) {
+      if (row.pass != pass) continue;
+      pk += row.kiln_step(), pe += row.eager_step();
+      sk += roof.seconds(row.kiln) * row.repeats, se += roof.seconds(row.eager) * row.repeats;
+    }
+    if (pk.bytes == 0 && pe.bytes == 0) continue;
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} |\n", cost::pass_name(pass), num(pk.gemm_flops / 1e9),
+               num(pk.other_flops / 1e9), num(pk.bytes / 1e6), num(pe.bytes / 1e6), num(sk * 1e3), num(se * 1e3));
+  }
+  double memory_bound = 0;
+  for (const cost::TrafficRow& row : r.rows) {
+    if (roof.memory_bound(row.kiln)) memory_bound += roof.seconds(row.kiln) * row.repeats;
+  }
+  fmt::print(
+      "\nModelled step: kiln {:.2f} ms ({:.0f} tokens/s), {:.0f}% of it in memory-bound rows; eager {:.2f} ms. "
+      "At the modelled time kiln's step moves {:.0f} GB/s ({:.0f}% of {:.0f} GB/s).\n",
+      tk * 1e3, tokens / tk, 100.0 * memory_bound / tk, te * 1e3, k.bytes / tk / 1e9,
+      100.0 * k.bytes / tk / roof.bandwidth, roof.bandwidth / 1e9);
+  if (args.count("step-seconds")) {
+    // The user's three counters for a measured step time, as the model says they should read.
+    const double s = args["step-seconds"].as<double>();
+    const auto uk = cost::modelled_utilisation(r, roof, s), ue = cost::modelled_utilisation(r, roof, s, true);
+    fmt::print("\nAt a measured {:.4g} s per step ({:.0f} tokens/s), modelled counters:\n\n", s, tokens / s);
+    fmt::print("| variant | memory bandwidth | tensor core | fp engine |\n| --- | ---: | ---: | ---: |\n");
+    fmt::print("| kiln | {:.1f}% | {:.1f}% | {:.1f}% |\n", 100 * uk.memory_bandwidth, 100 * uk.tensor_core,
+               100 * uk.fp_engine);
+    fmt::print("| eager | {:.1f}% | {:.1f}% | {:.1f}% |\n", 100 * ue.memory_bandwidth, 100 * ue.tensor_core,
+               100 * ue.fp_engine);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,11 +272,15 @@ int main(int argc, char** argv) {
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
     ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
     ("plan", "plan instead of measuring: the settings that fit --device-memory per cutoff_len, ranked (docs/performance.md)")
-    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
+    ("device-memory", "--plan, --explain: the device's memory (80GB, 16GiB, ...) or a device name: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
     ("target-tokens", "--plan: global batch per optimizer step, in tokens", cxxopts::value<int64_t>())
     ("target-sequences", "--plan: global batch per optimizer step, in sequences", cxxopts::value<int64_t>())
     ("world-size", "--plan: data-parallel ranks", cxxopts::value<int>())
     ("mfu", "--plan: assumed MFU for the predicted tokens/s (default 0.4)", cxxopts::value<double>())
+    ("explain", "print the modelled FLOPs and memory traffic of one step per component (kiln and an eager HF step), "
+                "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name; nothing runs "
+                "(cost/traffic.h)")
+    ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on
@@ -126,6 +292,7 @@ int main(int argc, char** argv) {
     }
     if (!args.unmatched().empty()) throw std::invalid_argument("unexpected argument '" + args.unmatched()[0] + "'");
     if (args.count("plan")) return plan(args);
+    if (args.count("explain")) return explain(args);
     kiln::profile::SweepConfig config;
     if (args.count("config")) config = kiln::profile::load_sweep_config(args["config"].as<std::string>());
     const bool overridden =

@@ -1,0 +1,150 @@
+// Traffic and FLOP model of a training step, per component (kiln-profile --explain;
+// docs/performance.md, "Memory traffic per component"): for each part of one optimizer step, forward
+// and backward separately, the FLOPs it executes and the bytes that must cross device memory, in
+// two variants side by side:
+//   kiln   what kiln's step runs on a GPU for the given kernel choices: its fused RMSNorm, SwiGLU,
+//          flash-attention and chunked linear + cross-entropy where chosen, and ATen's ops (as
+//          autograd differentiates them) elsewhere, with the casts autocast makes around them;
+//   eager  an unfused Hugging Face transformers-style step (modeling_llama.py, eager attention):
+//          every element-wise op reads and writes whole tensors, RMSNorm as its six ATen ops, the
+//          T x T scores and probabilities materialised, the full logits upcast to fp32 for the
+//          loss, torch.optim.AdamW's multi-tensor (foreach) update.
+// Both train fp32 master weights under autocast for bf16/fp16 (autocast casts each fp32 weight to
+// the compute dtype once per micro-batch, and every fp32 activation before each GEMM), or fp32
+// throughout. The residual stream is fp32 either way: the embedding's output is fp32 and adding
+// a bf16 branch to it promotes (as in HF under autocast), so the RMSNorms run on fp32 tensors and
+// the RoPE tables are fp32 (model/llama.cpp, model/rope.cpp).
+//
+// Bytes are compulsory traffic: every tensor an op (kernel) reads is counted once, every tensor it
+// writes once, at its dtype's size. Re-reads that a kernel's tiles or rows serve from L2 (a GEMM's
+// operand tiles, flash attention's K/V tiles per query tile, the loss kernel's second pass over a
+// row) are not counted, so the figures are a lower bound of what a DRAM counter measures. FLOPs:
+// 2 per multiply-add for matmuls ("GEMM", tensor cores under bf16/fp16); one per arithmetic
+// operation for everything else ("other", the FP32 units), exp, rsqrt and division counted as one.
+// Each component's derivation is written beside it in traffic.cpp.
+//
+// Matmul FLOPs agree with cost/flops.h: each row's `model_flops` is its share of
+// flops_per_token() x tokens (forward) and twice that (backward); what a kernel recomputes
+// (flash attention's QK^T in backward, recomputation rows) is executed work beyond it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/memory.h"
+#include "kiln/model/llama_config.h"
+
+namespace kiln::cost {
+
+// When a row's work happens: forward or backward of a micro-batch, the recomputation of forward
+// parts during backward, or once per optimizer step.
+enum class Pass { kForward, kBackward, kRecompute, kStep };
+std::string pass_name(Pass pass);  // "fwd", "bwd", "recompute", "step"
+
+struct Cost {
+  double gemm_flops = 0;   // matmuls
+  double other_flops = 0;  // element-wise ops, reductions, exp
+  double bytes = 0;        // compulsory device-memory traffic
+  double flops() const { return gemm_flops + other_flops; }
+  double intensity() const;  // FLOP per byte (0 when no bytes move)
+  Cost& operator+=(const Cost& o);
+  Cost scaled(double times) const;
+};
+
+struct TrafficOptions {
+  int64_t batch = 1;    // micro-batch, sequences
+  int64_t seq_len = 1;  // cutoff_len
+  int64_t grad_accum = 1;
+  std::string dtype = "bf16";  // compute: bf16 | fp16 (autocast over fp32 parameters) | fp32
+  // kiln's fused ops (train/kernel_choices.h fills them: fused_rmsnorm, fused_swiglu,
+  // fused_loss_head, loss_head_low_precision, loss_chunk_tokens).
+  KernelChoices kernels;
+  // The spec runs RoPE with kiln's kernel. It rotates in place only when activations and tables
+  // share a dtype, i.e. in fp32; under autocast (bf16 projections, fp32 tables) the model's RoPE
+  // is ATen's composition either way (ops/rope.cpp, apply_rope_).
+  bool fused_rope = false;
+  // "flash": kiln's flash-attention kernels (kiln_attention_path); "sdpa": ATen's SDPA with a
+  // fused backend (flash or memory-efficient: no T x T tensor); "math": SDPA's math backend
+  // (scores and probabilities materialised in the compute dtype).
+  std::string attention = "flash";
+  // Recomputation (gradient_checkpointing_policy): none | full | every_n (layers 0, n, 2n, ...
+  // with n = every) | selective (per layer the RMSNorms, SwiGLU and the merged attention output).
+  std::string recompute = "none";
+  int every = 1;
+  // Data parallelism: gradient all-reduce (stages 0, 1) or reduce-scatter (stage 2), sharded
+  // AdamW (stages 1, 2) and the parameters' all-gather after it.
+  int world_size = 1;
+  int zero_stage = 0;
+  bool clip_grad_norm = true;  // max_grad_norm > 0 (HF's default 1.0)
+
+  void validate() const;  // throws std::invalid_argument naming the field
+};
+
+struct TrafficRow {
+  std::string component;  // "q_proj", "attention core", "AdamW", ...
+  Pass pass = Pass::kForward;
+  double repeats = 1;      // instances per optimizer step: layers x micro-batches, micro-batches, 1
+  Cost kiln, eager;        // one instance
+  double model_flops = 0;  // one instance: its share of cost/flops.h's count (0 for recomputation)
+  bool layer = false;      // once per decoder layer
+  Cost kiln_step() const { return kiln.scaled(repeats); }
+  Cost eager_step() const { return eager.scaled(repeats); }
+};
+
+struct TrafficReport {
+  model::LlamaConfig model;
+  TrafficOptions options;
+  int64_t num_parameters = 0;
+  double tokens_per_step = 0;  // batch x seq_len x grad_accum (per rank)
+  std::vector<TrafficRow> rows;
+  Cost kiln_step() const;
+  Cost eager_step() const;
+  double model_flops_step() const;
+  // The rows of a component ("q_proj") and pass, summed per step.
+  Cost kiln_step(const std::string& component, Pass pass) const;
+  const TrafficRow* find(const std::string& component, Pass pass) const;
+};
+
+TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptions& options);
+
+// The roofline of a device for a compute dtype.
+struct Roofline {
+  std::string device;
+  double gemm_flops_per_s = 0;   // matmuls: the dtype's peak (tensor cores for bf16/fp16)
+  double other_flops_per_s = 0;  // everything else: the FP32 units
+  double bandwidth = 0;          // bytes/s
+  bool tensor_cores = false;     // the GEMMs run on tensor cores (not fp32, not bf16 on a V100)
+  // FLOP per byte where a pure GEMM turns from memory- to compute-bound: peak / bandwidth.
+  double ridge() const { return gemm_flops_per_s / bandwidth; }
+  double compute_seconds(const Cost& c) const;
+  double memory_seconds(const Cost& c) const { return c.bytes / bandwidth; }
+  // max(compute, memory): each kernel is either bound, none overlaps another.
+  double seconds(const Cost& c) const;
+  bool memory_bound(const Cost& c) const { return memory_seconds(c) > compute_seconds(c); }
+};
+
+Roofline roofline(const HardwareSpec& hardware, const std::string& dtype);
+
+// The step's modelled time: every row at its roofline time, summed.
+double modelled_step_seconds(const TrafficReport& report, const Roofline& roof, bool eager = false);
+
+// The three counters of the user's table, modelled for a step that took `seconds_per_step`
+// (measured): fractions of the peaks, from kiln's rows (or the eager step's, to read a
+// transformers run's counters against).
+struct ModelledUtilisation {
+  double memory_bandwidth = 0;  // bytes per step / seconds / bandwidth
+  double tensor_core = 0;       // GEMM FLOPs at the tensor-core peak / seconds (0 without tensor cores)
+  double fp_engine = 0;         // non-GEMM FLOPs (and GEMMs without tensor cores) at the FP32 peak / seconds
+};
+ModelledUtilisation modelled_utilisation(const TrafficReport& report, const Roofline& roof, double seconds_per_step,
+                                         bool eager = false);
+
+// "flash" when kiln's flash-attention kernels run for this head_dim and dtype on `hardware`
+// (kernels/flash_attention.cu, flash_supported, and its shared memory within the device's
+// opt-in: sm_80+ bf16/fp16 at head_dim 64 and 128; a V100 fp16 at 64 only), else "sdpa".
+std::string kiln_attention_path(bool kiln_kernel_chosen, const HardwareSpec& hardware, const std::string& dtype,
+                                int64_t head_dim);
+
+}  // namespace kiln::cost

@@ -1,0 +1,413 @@
+// The traffic model (cost/traffic.h). References, each independent of traffic.cpp's formulas:
+//   - bytes of RMSNorm, of one projection GEMM and of the fused loss head derived by hand here,
+//     op by op from the kernels and ops they model, as literal arithmetic on a small config;
+//   - the matmul FLOPs against cost/flops.h's per-token totals (forward, and x3 for training);
+//   - the FLOPs of the GEMMs the tiny model actually executes, counted from the shapes of the
+//     aten::mm / addmm / bmm events (and of SDPA's op) in a Kineto trace of one forward and backward
+//     on the CPU;
+//   - the ridge point of a GEMM on an A100 (312 TFLOP/s bf16, 2039 GB/s) solved by hand.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/common/torch_internals.h"
+#include "kiln/cost/flops.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/traffic.h"
+#include "kiln/model/llama.h"
+#include "kiln/ops/dispatch.h"
+#include "kiln/train/kernel_choices.h"
+#include "support.h"
+
+namespace {
+
+using kiln::cost::Pass;
+using kiln::cost::TrafficOptions;
+using kiln::cost::TrafficReport;
+
+// vocab 1000, hidden 64, MLP 128, 2 layers, 4 heads of 16 (q = 64), 2 KV heads (kv = 32), untied.
+kiln::model::LlamaConfig small_config() {
+  kiln::model::LlamaConfig c;
+  c.vocab_size = 1000;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 1024;
+  c.tie_word_embeddings = false;
+  c.source = "test";
+  return c;
+}
+
+// kiln's CUDA step in bf16 with every fused op, the loss head's chunks fixed at 64 rows.
+TrafficOptions small_options() {
+  TrafficOptions o;
+  o.batch = 2;
+  o.seq_len = 128;  // N = 256 tokens
+  o.dtype = "bf16";
+  o.kernels.fused_rmsnorm = o.kernels.fused_swiglu = o.kernels.fused_loss_head = true;
+  o.kernels.loss_head_low_precision = true;
+  o.kernels.loss_chunk_tokens = [](int64_t, int64_t, int64_t) { return int64_t{64}; };
+  o.attention = "flash";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("traffic: RMSNorm, one projection GEMM and the fused loss head move the bytes derived by hand", "[traffic]") {
+  const TrafficReport r = kiln::cost::traffic_model(small_config(), small_options());
+  // N = 2 x 128 = 256 tokens, H = 64: one fp32 [N, H] tensor is 256 * 64 * 4 = 65536 bytes.
+
+  // kiln's RMSNorm kernel on the fp32 residual stream. Forward: read x (65536) and the weight
+  // (64 * 4 = 256); write y (65536) and rstd, one fp32 per row (256 * 4 = 1024).
+  const auto* norm_fwd = r.find("input RMSNorm", Pass::kForward);
+  REQUIRE(norm_fwd != nullptr);
+  CHECK(norm_fwd->kiln.bytes == 65536 + 256 + 65536 + 1024);
+  CHECK(norm_fwd->repeats == 2);  // two layers, one micro-batch
+  // Backward: read x (65536), the weight (256), rstd (1024) and dy (65536); write dx (65536) and
+  // dweight (256). rstd is saved, not recomputed.
+  CHECK(r.find("input RMSNorm", Pass::kBackward)->kiln.bytes == 65536 + 256 + 1024 + 65536 + 65536 + 256);
+  // HF's RMSNorm forward as six whole-tensor ops on fp32:
+  //   x.pow(2)            R 65536        W 65536
+  //   .mean(-1)           R 65536        W 1024
+  //   + eps               R 1024         W 1024
+  //   rsqrt               R 1024         W 1024
+  //   x * r               R 65536 + 1024 W 65536
+  //   weight * that       R 65536 + 256  W 65536
+  CHECK(norm_fwd->eager.bytes == (65536 + 65536) + (65536 + 1024) + (1024 + 1024) + (1024 + 1024) +
+                                     (65536 + 1024 + 65536) + (65536 + 256 + 65536));
+
+  // q_proj in bf16: x [256, 64], W [64, 64], y [256, 64], 2 bytes each.
+  // Forward: read x (256*64*2 = 32768) and W (64*64*2 = 8192), write y (32768).
+  const auto* q_fwd = r.find("q_proj", Pass::kForward);
+  CHECK(q_fwd->kiln.bytes == 32768 + 8192 + 32768);
+  CHECK(q_fwd->kiln.gemm_flops == 2.0 * 256 * 64 * 64);
+  // Backward: dx = dy W (read dy 32768, W 8192; write dx 32768) and dW = dy^T x (read dy 32768,
+  // x 32768; write dW 8192). The same in the eager step: a GEMM is a GEMM.
+  const auto* q_bwd = r.find("q_proj", Pass::kBackward);
+  CHECK(q_bwd->kiln.bytes == (32768 + 8192 + 32768) + (32768 + 32768 + 8192));
+  CHECK(q_bwd->eager.bytes == q_bwd->kiln.bytes);
+  CHECK(q_bwd->kiln.gemm_flops == 2 * 2.0 * 256 * 64 * 64);
+
+  // The fused loss head: N = 256 rows, H = 64, V = 1000, chunks of 64 rows (4 chunks), bf16
+  // matmuls, fp32 hidden states and weight. Sizes: hidden fp32 65536, bf16 32768; weight fp32
+  // 256000, bf16 128000; one chunk's rows bf16 64*64*2 = 8192; one chunk's logits bf16
+  // 64*1000*2 = 128000; the fp32 weight-gradient accumulator 256000.
+  // Forward (ops/linear_cross_entropy.cpp, linear_cross_entropy + chunked_pass):
+  //   hidden.to(bf16)                            R 65536   W 32768
+  //   weight.to(bf16)                            R 256000  W 128000
+  //   labels shifted (cat of int64 rows)         R 2048    W 2048
+  //   per chunk: logits = h_r W^T                R 8192 + 128000  W 128000     (x4)
+  //              loss kernel (in place)          R 128000 + 64*8  W 128000 + 64*8 (loss, lse)  (x4)
+  const double fwd = (65536 + 32768) + (256000 + 128000) + (2048 + 2048) + 4 * (8192 + 128000 + 128000) +
+                     4 * (128000 + 512 + 128000 + 512);
+  const auto* head_fwd = r.find("LM head + loss", Pass::kForward);
+  CHECK(head_fwd->kiln.bytes == fwd);
+  // The gradients, formed in the same forward call (attributed to backward) and scaled in backward:
+  //   accumulator zeroed (fp32)                  W 256000
+  //   per chunk: dh_r = G W                      R 128000 + 128000  W 8192     (x4)
+  //              acc += G^T h_r (fp32 out)       R 128000 + 8192 + 256000  W 256000  (x4)
+  //   grad_weight = acc.to(bf16)                 R 256000  W 128000
+  //   backward: grad_hidden * g, grad_weight * g R 32768 + 128000  W 32768 + 128000
+  //   casts' backward to fp32: hidden, weight    R 32768 + 128000  W 65536 + 256000
+  const double bwd = 256000 + 4 * (128000 + 128000 + 8192) + 4 * (128000 + 8192 + 256000 + 256000) + (256000 + 128000) +
+                     (32768 + 128000 + 32768 + 128000) + (32768 + 128000 + 65536 + 256000);
+  CHECK(r.find("LM head + loss", Pass::kBackward)->kiln.bytes == bwd);
+  // FLOPs: 2 N V H forward, twice that for the two gradient GEMMs; nothing recomputed.
+  CHECK(head_fwd->kiln.gemm_flops == 2.0 * 256 * 1000 * 64);
+  CHECK(r.find("LM head + loss", Pass::kBackward)->kiln.gemm_flops == 4.0 * 256 * 1000 * 64);
+}
+
+TEST_CASE("traffic: the rows' matmul FLOPs add up to cost/flops.h's totals", "[traffic]") {
+  for (const std::string preset : {"llama-100m", "llama-3.2-1b", "tiny"}) {
+    const auto config = kiln::model::load_llama_config(preset);
+    for (const std::string recompute : {"none", "full", "selective", "every_n"}) {
+      for (const std::string dtype : {"bf16", "fp32"}) {
+        TrafficOptions o;
+        o.batch = 4;
+        o.seq_len = 512;
+        o.grad_accum = 3;
+        o.dtype = dtype;
+        o.recompute = recompute;
+        o.every = 2;
+        o.attention = dtype == "fp32" ? "sdpa" : "flash";
+        o.kernels = kiln::train::kernel_choices("kiln", dtype == "fp32" ? 4 : 2, /*cuda=*/true);
+        const TrafficReport r = kiln::cost::traffic_model(config, o);
+        const auto per_token = kiln::cost::flops_per_token(config, o.seq_len);
+        const double tokens = 4.0 * 512 * 3;
+        CAPTURE(preset, recompute, dtype);
+        // Model FLOPs: forward() per token in the forward rows, twice it in the backward rows.
+        double fwd = 0, bwd = 0, matmul_fwd = 0, matmul_bwd = 0;
+        for (const auto& row : r.rows) {
+          if (row.pass == Pass::kForward) fwd += row.model_flops * row.repeats;
+          if (row.pass == Pass::kBackward) bwd += row.model_flops * row.repeats;
+          // Executed GEMM FLOPs outside the attention core (which recomputes QK^T in backward).
+          if (row.component == "attention core" || row.component == "RoPE tables (cos, sin)") continue;
+          if (row.pass == Pass::kForward) matmul_fwd += row.kiln.gemm_flops * row.repeats;
+          if (row.pass == Pass::kBackward) matmul_bwd += row.kiln.gemm_flops * row.repeats;
+        }
+        CHECK(fwd == Approx(per_token.forward() * tokens).epsilon(1e-12));
+        CHECK(bwd == Approx(2 * per_token.forward() * tokens).epsilon(1e-12));
+        CHECK(r.model_flops_step() == Approx(per_token.train() * tokens).epsilon(1e-12));
+        CHECK(matmul_fwd == Approx(per_token.matmul_forward * tokens).epsilon(1e-12));
+        CHECK(matmul_bwd == Approx(2 * per_token.matmul_forward * tokens).epsilon(1e-12));
+        // Recomputation is executed work only: full recomputation runs every layer's matmuls
+        // again, which with the LM head outside the layers is less than flops.h's x4.
+        double recomputed = 0;
+        for (const auto& row : r.rows) {
+          if (row.pass == Pass::kRecompute) {
+            CHECK(row.model_flops == 0);
+            recomputed += row.kiln.gemm_flops * row.repeats;
+          }
+        }
+        const double layer_matmuls =
+            (per_token.matmul_forward - 2.0 * config.vocab_size * config.hidden_size + per_token.attention_forward) *
+            tokens;
+        if (recompute == "full") CHECK(recomputed == Approx(layer_matmuls).epsilon(1e-12));
+        if (recompute == "none" || recompute == "selective") CHECK(recomputed == 0);
+      }
+    }
+  }
+}
+
+namespace {
+
+struct TracedGemm {
+  std::string name;
+  double ts = 0, dur = 0;
+  int64_t tid = 0;
+  std::vector<int64_t> dims;  // every dimension of the operands
+  double flops = 0;
+};
+
+std::vector<int64_t> shape(const nlohmann::json& dims, size_t i) {
+  return dims.at(i).get<std::vector<int64_t>>();
+}
+
+}  // namespace
+
+// The tiny preset's forward and backward on the CPU in fp32, as the trainer runs it (kiln kernels,
+// the fused loss head), recorded by LibTorch's Kineto profiler with input shapes
+// (torch_internals::KinetoTrace, kiln-profile --trace's wrapper). LibTorch's own FLOP counting
+// (ProfilerConfig's with_flops, KinetoEvent::flops) is reachable only through torch::profiler::impl,
+// which kiln confines to common/torch_internals, whose trace records shapes, not FLOPs; so FLOPs are
+// counted here from the shapes of the executed matmul ops: 2 M K N per aten::mm / addmm / addmm_,
+// 2 b M K N per bmm / baddbmm, grouped by the dimensions that name their component.
+TEST_CASE("traffic: per-component GEMM FLOPs equal those of the ops the tiny model executes", "[traffic]") {
+  const auto config = kiln::model::load_llama_config("tiny");
+  const int64_t batch = 2, seq = 24;  // T = 24 differs from every width of tiny (d 32, kv 64, ...)
+  const kiln::ops::BackendScope kernels("kiln");
+  kiln::model::LlamaForCausalLM model(config);
+  model->fused_lm_loss = true;
+  const at::Tensor ids = at::randint(config.vocab_size, {batch, seq}, at::kLong);
+  const auto dir = kiln::test::scratch_dir("traffic_trace");
+  const std::string path = (dir / "trace.json").string();
+  {
+    kiln::torch_internals::KinetoTrace trace(/*cuda=*/false);
+    model->forward(ids, ids).loss.backward();
+    trace.save(path);
+  }
+  std::ifstream in(path);
+  REQUIRE(in);
+  const auto j = nlohmann::json::parse(in);
+
+  const std::set<std::string> mm = {"aten::mm", "aten::addmm", "aten::addmm_"};
+  const std::set<std::string> bmm = {"aten::bmm", "aten::baddbmm", "aten::baddbmm_"};
+  std::vector<TracedGemm> gemms;
+  std::vector<int64_t> sdpa_q;  // [B, heads, T, d] of SDPA's forward op
+  int sdpa_fwd = 0, sdpa_bwd = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.value("ph", "") != "X" || !e.contains("args") || !e["args"].contains("Input Dims")) continue;
+    const std::string name = e.value("name", "");
+    const auto& dims = e["args"]["Input Dims"];
+    if (name.find("scaled_dot_product") != std::string::npos && name.find("attention_for_cpu") != std::string::npos) {
+      if (name.find("backward") != std::string::npos) {
+        ++sdpa_bwd;
+      } else {
+        ++sdpa_fwd;
+        sdpa_q = shape(dims, 0);
+      }
+      continue;
+    }
+    const bool is_mm = mm.count(name) > 0, is_bmm = bmm.count(name) > 0;
+    if (!is_mm && !is_bmm) continue;
+    TracedGemm g;
+    g.name = name;
+    g.ts = e.value("ts", 0.0);
+    g.dur = e.value("dur", 0.0);
+    g.tid = e.value("tid", int64_t{0});
+    const size_t first = name == "aten::mm" || name == "aten::bmm" ? 0 : 1;  // addmm's self comes first
+    const auto a = shape(dims, first), b = shape(dims, first + 1);
+    REQUIRE(a.size() == (is_bmm ? 3u : 2u));
+    REQUIRE(b.size() == a.size());
+    const double batches = is_bmm ? static_cast<double>(a[0]) : 1.0;
+    const int64_t m = a[a.size() - 2], k = a[a.size() - 1], n = b[b.size() - 1];
+    REQUIRE(b[b.size() - 2] == k);
+    g.flops = 2.0 * batches * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    g.dims = {m, k, n};
+    gemms.push_back(g);
+  }
+  // An op nested in another counted one (an addmm_ calling addmm, say) is the same GEMM.
+  std::vector<TracedGemm> outer;
+  for (const auto& g : gemms) {
+    bool nested = false;
+    for (const auto& o : gemms) {
+      if (&o != &g && o.tid == g.tid && o.ts <= g.ts && g.ts + g.dur <= o.ts + o.dur && o.dur > g.dur) nested = true;
+    }
+    if (!nested) outer.push_back(g);
+  }
+  std::map<std::string, double> traced;  // component group -> executed FLOPs
+  for (const auto& g : outer) {
+    auto has = [&](int64_t x) { return std::find(g.dims.begin(), g.dims.end(), x) != g.dims.end(); };
+    const std::string group = g.name.find("bmm") != std::string::npos ? "attention"
+                              : has(config.vocab_size)                ? "head"
+                              : has(config.intermediate_size)         ? "mlp"
+                                                                      : "projections";
+    traced[group] += g.flops;
+  }
+  REQUIRE(traced["projections"] > 0);
+  REQUIRE(traced["mlp"] > 0);
+  REQUIRE(traced["head"] > 0);
+
+  TrafficOptions o;
+  o.batch = batch;
+  o.seq_len = seq;
+  o.dtype = "fp32";
+  o.kernels = kiln::train::kernel_choices("kiln", 4, /*cuda=*/false);
+  // ATen's CPU SDPA: its fused flash kernel when the trace shows it, else the math backend's bmm.
+  o.attention = sdpa_fwd > 0 ? "sdpa" : "math";
+  const TrafficReport r = kiln::cost::traffic_model(config, o);
+  auto model_gemm = [&](std::initializer_list<const char*> components) {
+    double total = 0;
+    for (const char* c : components) {
+      total += r.kiln_step(c, Pass::kForward).gemm_flops + r.kiln_step(c, Pass::kBackward).gemm_flops;
+    }
+    return total;
+  };
+  CHECK(traced["projections"] == Approx(model_gemm({"q_proj", "k_proj", "v_proj", "o_proj"})).epsilon(1e-12));
+  CHECK(traced["mlp"] == Approx(model_gemm({"gate_proj", "up_proj", "down_proj"})).epsilon(1e-12));
+  CHECK(traced["head"] == Approx(model_gemm({"LM head + loss"})).epsilon(1e-12));
+  if (sdpa_fwd > 0) {
+    // The fused kernel's matmuls are not aten ops: its model FLOPs from the executed op's shape,
+    // QK^T and PV over the causal half, 2 FLOPs per multiply-add, once per layer and micro-batch.
+    CHECK(sdpa_fwd == config.num_hidden_layers);
+    CHECK(sdpa_bwd == config.num_hidden_layers);
+    REQUIRE(sdpa_q.size() == 4u);
+    const double b = static_cast<double>(sdpa_q[0]), heads = static_cast<double>(sdpa_q[1]);
+    const double t = static_cast<double>(sdpa_q[2]), d = static_cast<double>(sdpa_q[3]);
+    const double fwd = 2.0 * 2.0 * b * heads * d * t * (t + 1) / 2 * static_cast<double>(config.num_hidden_layers);
+    const auto* row = r.find("attention core", Pass::kForward);
+    CHECK(row->model_flops * row->repeats == Approx(fwd).epsilon(1e-12));
+    CHECK(r.find("attention core", Pass::kBackward)->model_flops * row->repeats == Approx(2 * fwd).epsilon(1e-12));
+    CHECK(traced["attention"] == 0);
+  } else {
+    CHECK(traced["attention"] == Approx(model_gemm({"attention core"})).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand", "[traffic]") {
+  // A100-80GB, bf16: 312e12 FLOP/s over 2039e9 bytes/s: a ridge of 153.016... FLOP per byte.
+  const auto a100 = kiln::cost::hardware_spec("A100-80GB");
+  REQUIRE(a100);
+  const kiln::cost::Roofline roof = kiln::cost::roofline(*a100, "bf16");
+  const double ridge = 312e12 / 2039e9;
+  CHECK(roof.ridge() == Approx(ridge).epsilon(1e-12));
+  CHECK(roof.tensor_cores);
+  // llama-100m's q_proj (H = q = 768) over N tokens in bf16: FLOPs 2 N H q, bytes 2 (N H + H q + N q),
+  // intensity N H q / (N H + H q + N q). Setting it equal to the ridge R:
+  //   N (H q - R (H + q)) = R H q   =>   N* = R H q / (H q - R (H + q))
+  //   = 153.016 * 589824 / (589824 - 153.016 * 1536) = 90253... / 354791... = 254.4 tokens.
+  const double hq = 768.0 * 768.0, n_star = ridge * hq / (hq - ridge * 1536.0);
+  CHECK(n_star == Approx(254.4).margin(0.05));
+  const auto config = kiln::model::load_llama_config("llama-100m");
+  auto q_proj_bound = [&](int64_t batch, int64_t seq) {
+    TrafficOptions o;
+    o.batch = batch;
+    o.seq_len = seq;
+    o.attention = "sdpa";
+    const TrafficReport r = kiln::cost::traffic_model(config, o);
+    return roof.memory_bound(r.find("q_proj", Pass::kForward)->kiln);
+  };
+  // T grows at B = 1: memory-bound up to 254 tokens, compute-bound from 255.
+  CHECK(q_proj_bound(1, 128));
+  CHECK(q_proj_bound(1, 254));
+  CHECK_FALSE(q_proj_bound(1, 255));
+  CHECK_FALSE(q_proj_bound(1, 1024));
+  // B grows at T = 16: 15 x 16 = 240 tokens memory-bound, 16 x 16 = 256 compute-bound.
+  CHECK(q_proj_bound(15, 16));
+  CHECK_FALSE(q_proj_bound(16, 16));
+  // The modelled time is the larger of the two: FLOPs at the peak, bytes at the bandwidth.
+  TrafficOptions o;
+  o.batch = 1;
+  o.seq_len = 1024;
+  o.attention = "sdpa";
+  const auto* row = kiln::cost::traffic_model(config, o).find("q_proj", Pass::kForward);
+  const double flops = 2.0 * 1024 * 768 * 768, bytes = 2.0 * (1024 * 768 + 768 * 768 + 1024 * 768);
+  CHECK(roof.seconds(row->kiln) == Approx(std::max(flops / 312e12, bytes / 2039e9)).epsilon(1e-12));
+}
+
+TEST_CASE("traffic: gradient accumulation repeats the micro-batch rows, the optimizer runs once", "[traffic]") {
+  const auto config = kiln::model::load_llama_config("llama-100m");
+  TrafficOptions o;
+  o.batch = 8;
+  o.seq_len = 1024;
+  o.kernels = kiln::train::kernel_choices("kiln", 2, /*cuda=*/true);
+  const TrafficReport one = kiln::cost::traffic_model(config, o);
+  o.grad_accum = 8;
+  const TrafficReport eight = kiln::cost::traffic_model(config, o);
+  const double p = static_cast<double>(config.num_parameters());
+  double step_once = 0;  // rows once per optimizer step
+  for (const auto& row : one.rows) {
+    if (row.pass == Pass::kStep) step_once += row.kiln_step().bytes;
+  }
+  // Fused AdamW reads param, grad and both moments and writes three of them (28 bytes per
+  // parameter); clipping reads the gradients for the norm and scales them (12).
+  CHECK(step_once == Approx(40 * p).epsilon(1e-12));
+  // Eight micro-batches: eight times every forward and backward row (the weights re-cast and
+  // re-read each time), seven additions into .grad (read both, write one: 12 bytes per
+  // parameter), one optimizer step.
+  const double micro = one.kiln_step().bytes - step_once;
+  CHECK(eight.kiln_step().bytes == Approx(8 * micro + 7 * 12 * p + step_once).epsilon(1e-12));
+  CHECK(eight.kiln_step().bytes / eight.tokens_per_step < one.kiln_step().bytes / one.tokens_per_step);
+}
+
+TEST_CASE("traffic: modelled utilisation of a measured step", "[traffic]") {
+  const auto config = kiln::model::load_llama_config("llama-100m");
+  TrafficOptions o;
+  o.batch = 8;
+  o.seq_len = 1024;
+  o.kernels = kiln::train::kernel_choices("kiln", 2, /*cuda=*/true);
+  const TrafficReport r = kiln::cost::traffic_model(config, o);
+  const kiln::cost::Roofline roof = kiln::cost::roofline(*kiln::cost::hardware_spec("A100-80GB"), "bf16");
+  const auto u = kiln::cost::modelled_utilisation(r, roof, 0.5);
+  const auto step = r.kiln_step();
+  CHECK(u.memory_bandwidth == Approx(step.bytes / 0.5 / 2039e9));
+  CHECK(u.tensor_core == Approx(step.gemm_flops / 312e12 / 0.5));
+  CHECK(u.fp_engine == Approx(step.other_flops / 19.5e12 / 0.5));
+  // At the modelled time itself no counter can pass 100%, and the eager step moves more bytes.
+  const double t = kiln::cost::modelled_step_seconds(r, roof);
+  const auto at_model = kiln::cost::modelled_utilisation(r, roof, t);
+  CHECK(at_model.memory_bandwidth <= 1.0);
+  CHECK(at_model.tensor_core + at_model.fp_engine <= 1.0);
+  CHECK(r.eager_step().bytes > step.bytes);
+  // V100 has no bf16 tensor cores: its GEMMs count on the FP32 units.
+  const kiln::cost::Roofline v100 = kiln::cost::roofline(*kiln::cost::hardware_spec("V100-32GB"), "bf16");
+  CHECK_FALSE(v100.tensor_cores);
+  const auto uv = kiln::cost::modelled_utilisation(r, v100, 1.0);
+  CHECK(uv.tensor_core == 0);
+  CHECK(uv.fp_engine == Approx(step.flops() / 15.7e12));
+  CHECK(kiln::cost::kiln_attention_path(true, *kiln::cost::hardware_spec("V100-32GB"), "bf16", 64) == "sdpa");
+  CHECK(kiln::cost::kiln_attention_path(true, *kiln::cost::hardware_spec("V100-32GB"), "fp16", 64) == "flash");
+  CHECK(kiln::cost::kiln_attention_path(true, *kiln::cost::hardware_spec("A100-80GB"), "bf16", 128) == "flash");
+  CHECK(kiln::cost::kiln_attention_path(false, *kiln::cost::hardware_spec("A100-80GB"), "bf16", 64) == "sdpa");
+}
