@@ -1,0 +1,121 @@
+// Hardware counters over an interval of a few sampled steps (docs/performance.md, "Hardware
+// counters"): what the device itself counted, beside what the traffic model predicts.
+//
+//   CPU   perf_event_open(2): cycles, instructions and task-clock (CPU time) of every thread of the
+//         process (one counter per thread that exists at start(), each with inherit=1 so that the
+//         threads they create meanwhile are counted too), and DRAM traffic where the PMU names it in
+//         sysfs (Intel's uncore_imc cas_count_read/write, uncore_imc_free_running data_read/write).
+//         The uncore events count the whole socket (every process) and need perf_event_paranoid <= 0
+//         or CAP_PERFMON; per-process counting needs <= 2 (user space only at 2).
+//   CUDA  CUPTI's range profiler (cupti_range_profiler.h, cupti_profiler_host.h; CUDA 12.6+, compute
+//         capability 7.5+), one range per kernel (auto range, kernel replay): per kernel its GPU time,
+//         DRAM bytes, dram__throughput, and the tensor and FMA pipes' active cycles as a share of
+//         the elapsed cycles; the interval's values are their GPU-time-weighted means. Only metrics
+//         that fit one pass are collected, so no kernel is replayed; each kernel is still followed
+//         by a synchronisation, so sampled steps run slower than the others.
+//
+// Nothing here throws because a counter is missing: a session that cannot count says why, in one
+// line, e.g. "n/a: perf_event_paranoid=3 ..." or "n/a: CUPTI: GPU performance counters are
+// restricted to admin users (ERR_NVGPUCTRPERM ...)".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+namespace kiln::profile {
+
+// One kernel name's launches within an interval (CUDA), GPU-time-weighted like the interval.
+struct KernelCounters {
+  std::string name;  // demangled, without its parameter list; "kernel <i>" when names are unknown
+  int64_t launches = 0;
+  double seconds = 0;                       // GPU time of these launches
+  std::optional<double> dram_bytes;         // read + written
+  std::optional<double> memory_bandwidth;   // dram_bytes / seconds / the device's peak
+  std::optional<double> memory_throughput;  // CUPTI's dram__throughput (its own sustained peak)
+  std::optional<double> tensor_core;        // fraction of elapsed cycles the tensor pipe was active
+  std::optional<double> fp_engine;          // fraction of elapsed cycles the FMA pipe was active
+};
+
+// One reading of hardware counters over an interval (a few sampled steps). Each optional is empty
+// when the hardware or the permissions do not provide it; `reason` then says why, in one line.
+struct CounterReading {
+  std::string source;                          // "perf_event", "cupti", or "" when none
+  std::optional<double> memory_bandwidth;      // fraction of the device's peak DRAM bandwidth (given to open())
+  std::optional<double> tensor_core;           // fraction: tensor pipe active (CUDA)
+  std::optional<double> fp_engine;             // fraction: FMA/FP32 pipe active (CUDA)
+  std::optional<double> dram_bytes;            // bytes read + written in the interval
+  std::optional<double> cycles, instructions;  // CPU: summed over the process's threads
+  std::optional<double> cpu_seconds;           // CPU: task-clock, summed over the process's threads
+  // CUDA: CUPTI's dram__throughput.avg.pct_of_peak_sustained_elapsed / 100, GPU-time-weighted (the
+  // hardware's own sustained peak rather than the data sheet's).
+  std::optional<double> memory_throughput;
+  double seconds = 0;  // the interval measured, wall clock (on CUDA slowed by the per-kernel profiling)
+  // CUDA: the kernels' GPU time within the interval; memory_bandwidth, tensor_core and fp_engine
+  // are over this time (the gaps between kernels are not in it).
+  std::optional<double> gpu_seconds;
+  std::string reason;  // why any column is empty, one line ("" when all are present)
+  // The column's own reason, "" when its value is present.
+  std::string memory_reason, tensor_reason, fp_reason;
+  std::string detail;  // what was counted and how, one line (events, metrics, threads, passes)
+  // CUPTI: per kernel name, (name, GPU seconds), largest first; `kernels` has every column.
+  std::vector<std::pair<std::string, double>> per_range;
+  std::vector<KernelCounters> kernels;
+};
+
+struct CounterOptions {
+  // CUPTI: kernel launches one interval can hold (the counter data image's ranges); launches past
+  // it are not counted, and the reading says how many were dropped.
+  int64_t max_kernels = 8192;
+};
+
+// Counts over start() .. stop() intervals, as many as wanted, one at a time. Never throws for a
+// missing counter or permission: available() is false and reason() says why, and stop() returns a
+// reading whose reason says why each empty column is empty.
+class CounterSession {
+ public:
+  // A session for `device` (CPU: perf_event; CUDA: CUPTI; anything else: unavailable).
+  // `peak_bandwidth_bytes_per_s` turns counted DRAM bytes into memory_bandwidth (0: not given,
+  // the column stays empty with that reason).
+  static std::unique_ptr<CounterSession> open(const c10::Device& device, double peak_bandwidth_bytes_per_s,
+                                              const CounterOptions& options = {});
+  virtual ~CounterSession();
+  virtual bool available() const = 0;
+  virtual std::string reason() const = 0;  // why not available ("" when it is)
+  virtual void start() = 0;
+  // After the sampled steps; on CUDA synchronize the device first (torch::cuda::synchronize()).
+  virtual CounterReading stop() = 0;
+};
+
+// perf_event details, exposed for the tests.
+namespace perf {
+
+// /proc/sys/kernel/perf_event_paranoid, or nullopt when the file is missing (no perf events).
+std::optional<int> read_paranoid();
+
+// A PMU event named in sysfs (<pmu_dir>/type, format/*, events/<name>[.scale|.unit], cpumask),
+// encoded for perf_event_attr.
+struct SysfsEvent {
+  std::string pmu;  // the PMU folder's name, e.g. "uncore_imc_0"
+  std::string name;
+  uint32_t type = 0;
+  uint64_t config = 0, config1 = 0, config2 = 0;
+  double bytes_per_count = 1;  // .scale x .unit ("MiB", "KiB", "Bytes", ...)
+  std::vector<int> cpus;       // cpumask: where a system-wide (uncore) event is opened
+};
+// Reads and encodes one event; nullopt with *error set when a file is missing or malformed.
+std::optional<SysfsEvent> read_sysfs_event(const std::string& pmu_dir, const std::string& event, std::string* error);
+
+// The DRAM read and write events under `devices_dir` (/sys/bus/event_source/devices): Intel's
+// uncore_imc_<n> cas_count_read/cas_count_write, or uncore_imc_free_running_<n> data_read/data_write.
+// Empty when none; *why then names what the folder has instead.
+std::vector<SysfsEvent> find_dram_events(const std::string& devices_dir, std::string* why);
+
+}  // namespace perf
+
+}  // namespace kiln::profile

@@ -1,0 +1,785 @@
+// The CUDA counter session: CUPTI's range profiler over the kernels of an interval (counters.h).
+//
+// Collection: auto range (each kernel launch is a range) with kernel replay, metrics chosen by
+// plan_cupti_metrics to fit one pass, so that no kernel is actually replayed; CUPTI synchronizes
+// after each kernel, which slows the sampled steps, not the others. Evaluation: per range the
+// metrics' GPU values (cuptiProfilerHostEvaluateToGpuValues); the interval's fractions are the
+// ranges' values weighted by their gpu__time_duration. Names: the kernels' names come from CUPTI's
+// launch callbacks (runtime and driver launch APIs, in launch order, which auto range serializes);
+// when their count differs from the ranges' (a launch CUPTI did not report, or another CUPTI
+// subscriber), kernels are named by their index instead, and the detail says so.
+//
+// Compiled only where CMake found CUPTI's range profiler (KILN_WITH_CUPTI); the CUcontext comes
+// from the runtime's driver entry point, so nothing links libcuda.
+#include "kiln/profile/counters_cupti.h"
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_profiler_host.h>
+#include <cupti_profiler_target.h>
+#include <cupti_range_profiler.h>
+#include <cupti_result.h>
+#include <cupti_runtime_cbid.h>
+#include <cupti_target.h>
+#include <cupti_version.h>
+#include <fmt/format.h>
+
+namespace kiln::profile {
+
+namespace {
+
+// A CUPTI or CUDA failure, carried to the session's boundary as its one-line reason.
+struct Unavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string result_name(CUptiResult r) {
+  const char* s = nullptr;
+  if (cuptiGetResultString(r, &s) != CUPTI_SUCCESS || s == nullptr)
+    return fmt::format("CUPTI error {}", static_cast<int>(r));
+  return s;
+}
+
+// The driver's profiling restriction, when /proc/driver/nvidia/params shows it.
+std::string admin_only_note() {
+  std::ifstream in("/proc/driver/nvidia/params");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RmProfilingAdminOnly:", 0) == 0) {
+      const std::string value = line.substr(line.find(':') + 1);
+      if (value.find('1') != std::string::npos) {
+        return "; the driver has RmProfilingAdminOnly=1, i.e. NVreg_RestrictProfilingToAdminUsers=1";
+      }
+      return "";
+    }
+  }
+  return "";
+}
+
+std::string failure(const char* call, CUptiResult r) {
+  switch (r) {
+    case CUPTI_ERROR_INSUFFICIENT_PRIVILEGES:
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES:
+      return "n/a: CUPTI: GPU performance counters are restricted to admin users (ERR_NVGPUCTRPERM, " + result_name(r) +
+             " from " + call + admin_only_note() + ")";
+    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
+      return std::string(
+                 "n/a: CUPTI: another profiler holds the GPU's counters (Nsight Systems or Compute, or "
+                 "LibTorch's profiler in this process): ") +
+             call;
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED:
+      return std::string("n/a: CUPTI: profiling is not supported on this virtualized GPU (") + call + ")";
+    case CUPTI_ERROR_CMP_DEVICE_NOT_SUPPORTED:
+      return std::string("n/a: CUPTI: profiling is not supported on a CMP device (") + call + ")";
+    default:
+      return fmt::format("n/a: CUPTI: {} failed: {}", call, result_name(r));
+  }
+}
+
+// An exception's message as a one-line reason (c10's errors carry a backtrace after their first line).
+std::string one_line(const std::exception& e) {
+  if (dynamic_cast<const Unavailable*>(&e)) return e.what();
+  const std::string what = e.what();
+  return "n/a: CUDA: " + what.substr(0, what.find('\n'));
+}
+
+void check(const char* call, CUptiResult r) {
+  if (r != CUPTI_SUCCESS) throw Unavailable(failure(call, r));
+}
+
+void check_cuda(const char* call, cudaError_t e) {
+  if (e != cudaSuccess) throw Unavailable(fmt::format("n/a: CUDA: {} failed: {}", call, cudaGetErrorString(e)));
+}
+
+// A CUPTI parameter struct: zeroed, with its size set (what every CUPTI call checks first).
+template <typename T>
+T params(size_t struct_size) {
+  T p{};
+  p.structSize = struct_size;
+  return p;
+}
+#define KILN_CUPTI_PARAMS(type) params<type>(type##_STRUCT_SIZE)
+
+// ---- host side: metric configuration and evaluation ------------------------------------------
+
+class HostObject {
+ public:
+  HostObject(const std::string& chip, const std::vector<uint8_t>& availability) {
+    auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_Initialize_Params);
+    p.profilerType = CUPTI_PROFILER_TYPE_RANGE_PROFILER;
+    p.pChipName = chip.c_str();
+    p.pCounterAvailabilityImage = availability.empty() ? nullptr : availability.data();
+    status_ = cuptiProfilerHostInitialize(&p);
+    if (status_ == CUPTI_SUCCESS) object_ = p.pHostObject;
+  }
+  ~HostObject() {
+    if (object_) {
+      auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_Deinitialize_Params);
+      p.pHostObject = object_;
+      cuptiProfilerHostDeinitialize(&p);
+    }
+  }
+  HostObject(const HostObject&) = delete;
+  HostObject& operator=(const HostObject&) = delete;
+
+  CUptiResult status() const { return status_; }
+  CUpti_Profiler_Host_Object* get() const { return object_; }
+
+  CUptiResult add(const std::vector<std::string>& metrics) {
+    std::vector<const char*> names;
+    for (const std::string& m : metrics) names.push_back(m.c_str());
+    auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_ConfigAddMetrics_Params);
+    p.pHostObject = object_;
+    p.ppMetricNames = names.data();
+    p.numMetrics = names.size();
+    return cuptiProfilerHostConfigAddMetrics(&p);
+  }
+
+  CUptiResult config_image(std::vector<uint8_t>* image) {
+    auto s = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_GetConfigImageSize_Params);
+    s.pHostObject = object_;
+    if (CUptiResult r = cuptiProfilerHostGetConfigImageSize(&s); r != CUPTI_SUCCESS) return r;
+    image->assign(s.configImageSize, 0);
+    auto g = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_GetConfigImage_Params);
+    g.pHostObject = object_;
+    g.configImageSize = image->size();
+    g.pConfigImage = image->data();
+    return cuptiProfilerHostGetConfigImage(&g);
+  }
+
+  // The metric's dimension unit ("nanosecond", "byte", "percent"), "" when CUPTI does not say.
+  std::string unit(const std::string& metric) const {
+    auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_GetMetricProperties_Params);
+    p.pHostObject = object_;
+    p.pMetricName = metric.c_str();
+    if (cuptiProfilerHostGetMetricProperties(&p) != CUPTI_SUCCESS || p.pDimUnit == nullptr) return "";
+    return p.pDimUnit;
+  }
+
+ private:
+  CUptiResult status_ = CUPTI_ERROR_UNKNOWN;
+  CUpti_Profiler_Host_Object* object_ = nullptr;
+};
+
+size_t passes_of(std::vector<uint8_t>& image) {
+  auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_GetNumOfPasses_Params);
+  p.configImageSize = image.size();
+  p.pConfigImage = image.data();
+  return cuptiProfilerHostGetNumOfPasses(&p) == CUPTI_SUCCESS ? p.numOfPasses : 0;
+}
+
+// Builds the config image of `metrics`: CUPTI_SUCCESS and the passes it needs, or the failure.
+CUptiResult try_config(const std::string& chip, const std::vector<uint8_t>& availability,
+                       const std::vector<std::string>& metrics, std::vector<uint8_t>* image, size_t* passes) {
+  HostObject host(chip, availability);
+  if (host.status() != CUPTI_SUCCESS) return host.status();
+  if (CUptiResult r = host.add(metrics); r != CUPTI_SUCCESS) return r;
+  if (CUptiResult r = host.config_image(image); r != CUPTI_SUCCESS) return r;
+  *passes = passes_of(*image);
+  return *passes > 0 ? CUPTI_SUCCESS : CUPTI_ERROR_UNKNOWN;
+}
+
+double seconds_per_unit(const std::string& unit) {
+  if (unit == "nanosecond" || unit == "nsecond" || unit == "ns") return 1e-9;
+  if (unit == "microsecond" || unit == "usecond" || unit == "us") return 1e-6;
+  if (unit == "millisecond" || unit == "msecond" || unit == "ms") return 1e-3;
+  if (unit == "second" || unit == "s") return 1;
+  return 0;
+}
+
+// ---- kernel names from the launch callbacks ----------------------------------------------------
+
+struct LaunchNames {
+  std::mutex mutex;
+  std::vector<std::string> names;  // mangled, in launch order
+  CUcontext context = nullptr;
+  std::atomic<uint64_t> interval{0};  // which start() the callbacks belong to
+};
+
+// Runtime launches call the driver's: a launch is recorded at the outermost launch API only. The
+// depth is per thread and restarts with each interval (a launch in flight when the callbacks were
+// switched off never saw its exit).
+struct LaunchDepth {
+  int depth = 0;
+  uint64_t interval = 0;
+};
+thread_local LaunchDepth t_launch;
+
+void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  auto* names = static_cast<LaunchNames*>(userdata);
+  const uint64_t interval = names->interval.load(std::memory_order_relaxed);
+  if (t_launch.interval != interval) t_launch = {0, interval};
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  if (cb->callbackSite == CUPTI_API_EXIT) {
+    if (t_launch.depth > 0) --t_launch.depth;
+    return;
+  }
+  const bool outermost = t_launch.depth++ == 0;
+  if (!outermost || cb->symbolName == nullptr) return;
+  std::lock_guard<std::mutex> lock(names->mutex);
+  if (cb->context != nullptr && cb->context != names->context) return;
+  names->names.emplace_back(cb->symbolName);
+}
+
+const std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>>& launch_callbacks() {
+  static const std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>> ids = {
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000},
+#if CUPTI_API_VERSION >= 130000
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000},
+#endif
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz},
+  };
+  return ids;
+}
+
+// "void kiln::kernels::rmsnorm_forward<float>(Params)" -> "kiln::kernels::rmsnorm_forward<float>".
+std::string kernel_name(const std::string& mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  // Cut the parameter list: the first '(' outside template brackets.
+  int depth = 0;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (c == '<') ++depth;
+    if (c == '>' && depth > 0) --depth;
+    if (c == '(' && depth == 0 && i > 0) {
+      name.resize(i);
+      break;
+    }
+  }
+  // A leading return type ("void ") of a demangled template.
+  if (name.rfind("void ", 0) == 0) name = name.substr(5);
+  if (name.size() > 200) name = name.substr(0, 197) + "...";
+  return name;
+}
+
+// ---- the session ---------------------------------------------------------------------------------
+
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+
+CUcontext current_context() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  check_cuda("cudaGetDriverEntryPointByVersion(cuCtxGetCurrent)",
+             cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found));
+#else
+  check_cuda("cudaGetDriverEntryPoint(cuCtxGetCurrent)",
+             cudaGetDriverEntryPoint("cuCtxGetCurrent", &fn, cudaEnableDefault, &found));
+#endif
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess)
+    throw Unavailable("n/a: CUDA: no cuCtxGetCurrent entry point");
+  CUcontext context = nullptr;
+  if (reinterpret_cast<CtxGetCurrent>(fn)(&context) != CUDA_SUCCESS || context == nullptr) {
+    throw Unavailable("n/a: CUDA: no current context");
+  }
+  return context;
+}
+
+std::string support_problems(const CUpti_Profiler_DeviceSupported_Params& p) {
+  std::vector<std::string> problems;
+  auto note = [&](CUpti_Profiler_Support_Level level, const char* what) {
+    if (level == CUPTI_PROFILER_CONFIGURATION_UNSUPPORTED) problems.push_back(std::string(what) + " unsupported");
+    if (level == CUPTI_PROFILER_CONFIGURATION_DISABLED)
+      problems.push_back(std::string(what) + " has profiling disabled");
+  };
+  note(p.architecture, "the architecture (needs compute capability 7.5 or newer)");
+  note(p.sli, "SLI");
+  note(p.vGpu, "vGPU");
+  note(p.confidentialCompute, "confidential compute");
+  note(p.cmp, "a CMP device");
+  note(p.wsl, "WSL");
+  return problems.empty() ? "unknown" : fmt::format("{}", fmt::join(problems, ", "));
+}
+
+class CuptiSession final : public CounterSession {
+ public:
+  CuptiSession(const c10::Device& device, double peak_bandwidth, const CounterOptions& options)
+      : peak_bandwidth_(peak_bandwidth), max_kernels_(std::max<int64_t>(1, options.max_kernels)) {
+    try {
+      open(device);
+    } catch (const std::exception& e) {
+      reason_ = one_line(e);
+    }
+    if (!reason_.empty()) close();
+  }
+  ~CuptiSession() override { close(); }
+
+  bool available() const override { return reason_.empty(); }
+  std::string reason() const override { return reason_; }
+
+  void start() override {
+    start_ = std::chrono::steady_clock::now();
+    failure_.clear();
+    started_ = true;
+    if (!available()) return;
+    try {
+      const c10::cuda::CUDAGuard guard(device_index_);
+      image_.assign(counter_data_size_, 0);
+      auto init = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_CounterDataImage_Initialize_Params);
+      init.pRangeProfilerObject = profiler_;
+      init.counterDataSize = image_.size();
+      init.pCounterData = image_.data();
+      check("cuptiRangeProfilerCounterDataImageInitialize", cuptiRangeProfilerCounterDataImageInitialize(&init));
+      auto config = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_SetConfig_Params);
+      config.pRangeProfilerObject = profiler_;
+      config.configSize = config_.size();
+      config.pConfig = config_.data();
+      config.counterDataImageSize = image_.size();
+      config.pCounterDataImage = image_.data();
+      config.range = CUPTI_AutoRange;
+      config.replayMode = CUPTI_KernelReplay;
+      config.maxRangesPerPass = static_cast<size_t>(max_kernels_);
+      config.numNestingLevels = 1;
+      config.minNestingLevel = 1;
+      config.passIndex = 0;
+      config.targetNestingLevel = 0;
+      check("cuptiRangeProfilerSetConfig", cuptiRangeProfilerSetConfig(&config));
+      {
+        std::lock_guard<std::mutex> lock(names_.mutex);
+        names_.names.clear();
+      }
+      names_.interval.fetch_add(1);
+      // The launch callbacks name the kernels. Subscribed for the interval only, so that another
+      // CUPTI client (LibTorch's profiler) can subscribe between intervals; without them kernels
+      // are named by index.
+      const CUptiResult subscribed = cuptiSubscribe(&subscriber_, on_launch, &names_);
+      if (subscribed != CUPTI_SUCCESS) {
+        subscriber_ = nullptr;
+        names_note_ = "kernel names unknown (" + failure("cuptiSubscribe", subscribed) + ")";
+      } else {
+        names_note_.clear();
+      }
+      set_callbacks(true);
+      start_ = std::chrono::steady_clock::now();
+      auto s = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Start_Params);
+      s.pRangeProfilerObject = profiler_;
+      check("cuptiRangeProfilerStart", cuptiRangeProfilerStart(&s));
+      running_ = true;
+    } catch (const std::exception& e) {
+      set_callbacks(false);
+      failure_ = one_line(e);
+    }
+  }
+
+  CounterReading stop() override {
+    CounterReading r;
+    r.source = available() ? "cupti" : "";
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::string why = !available() ? reason_ : !started_ ? "n/a: stop() without start()" : failure_;
+    started_ = false;
+    if (why.empty()) {
+      try {
+        collect(r);
+      } catch (const std::exception& e) {
+        why = one_line(e);
+      }
+    }
+    set_callbacks(false);
+    if (!why.empty()) {
+      r.memory_reason = r.tensor_reason = r.fp_reason = r.reason = why;
+      r.memory_bandwidth = r.tensor_core = r.fp_engine = r.dram_bytes = r.memory_throughput = r.gpu_seconds =
+          std::nullopt;
+      r.per_range.clear();
+      r.kernels.clear();
+    }
+    return r;
+  }
+
+ private:
+  void open(const c10::Device& device) {
+    int count = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+      throw Unavailable(std::string("n/a: CUDA: no device (cudaGetDeviceCount: ") +
+                        (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+    }
+    device_index_ = device.has_index() ? device.index() : 0;
+    if (!device.has_index()) {
+      int current = 0;
+      check_cuda("cudaGetDevice", cudaGetDevice(&current));
+      device_index_ = static_cast<c10::DeviceIndex>(current);
+    }
+    const c10::cuda::CUDAGuard guard(device_index_);
+    check_cuda("cudaFree(nullptr)", cudaFree(nullptr));  // the primary context, current on this thread
+    cudaDeviceProp prop{};
+    check_cuda("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, device_index_));
+    device_name_ = prop.name;
+    names_.context = current_context();
+
+    auto init = KILN_CUPTI_PARAMS(CUpti_Profiler_Initialize_Params);
+    check("cuptiProfilerInitialize", cuptiProfilerInitialize(&init));
+    initialized_ = true;
+
+    auto supported = KILN_CUPTI_PARAMS(CUpti_Profiler_DeviceSupported_Params);
+    supported.cuDevice = static_cast<CUdevice>(device_index_);
+    supported.api = CUPTI_PROFILER_RANGE_PROFILING;
+    check("cuptiProfilerDeviceSupported", cuptiProfilerDeviceSupported(&supported));
+    if (supported.isSupported != CUPTI_PROFILER_CONFIGURATION_SUPPORTED) {
+      throw Unavailable(fmt::format("n/a: CUPTI: range profiling is not supported on {} (compute capability {}.{}): {}",
+                                    device_name_, prop.major, prop.minor, support_problems(supported)));
+    }
+
+    auto chip = KILN_CUPTI_PARAMS(CUpti_Device_GetChipName_Params);
+    chip.deviceIndex = static_cast<size_t>(device_index_);
+    check("cuptiDeviceGetChipName", cuptiDeviceGetChipName(&chip));
+    chip_ = chip.pChipName ? chip.pChipName : "";
+
+    auto enable = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Enable_Params);
+    enable.ctx = names_.context;
+    check("cuptiRangeProfilerEnable", cuptiRangeProfilerEnable(&enable));
+    profiler_ = enable.pRangeProfilerObject;
+
+    auto avail = KILN_CUPTI_PARAMS(CUpti_Profiler_GetCounterAvailability_Params);
+    avail.ctx = names_.context;
+    check("cuptiProfilerGetCounterAvailability", cuptiProfilerGetCounterAvailability(&avail));
+    availability_.assign(avail.counterAvailabilityImageSize, 0);
+    avail.pCounterAvailabilityImage = availability_.data();
+    check("cuptiProfilerGetCounterAvailability", cuptiProfilerGetCounterAvailability(&avail));
+
+    plan_ = plan_cupti_metrics(chip_, availability_);
+    if (!plan_.error.empty()) throw Unavailable(plan_.error);
+    metrics_ = plan_.metric_names();
+    if (metrics_.empty()) throw Unavailable("n/a: CUPTI: none of the metrics is available on " + chip_);
+    std::vector<uint8_t> image;
+    size_t passes = 0;
+    check("cuptiProfilerHostGetConfigImage", try_config(chip_, availability_, metrics_, &image, &passes));
+    config_ = std::move(image);
+
+    host_ = std::make_unique<HostObject>(chip_, availability_);
+    check("cuptiProfilerHostInitialize", host_->status());
+    if (const CuptiColumn* d = plan_.find("duration"); d && !d->metrics.empty()) {
+      duration_scale_ = seconds_per_unit(host_->unit(d->metrics.front()));
+      if (duration_scale_ == 0) {
+        duration_note_ = fmt::format("n/a: CUPTI: {} has unit '{}', not a time", d->metrics.front(),
+                                     host_->unit(d->metrics.front()));
+      }
+    }
+
+    std::vector<const char*> names;
+    for (const std::string& m : metrics_) names.push_back(m.c_str());
+    auto size = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_GetCounterDataSize_Params);
+    size.pRangeProfilerObject = profiler_;
+    size.pMetricNames = names.data();
+    size.numMetrics = names.size();
+    size.maxNumOfRanges = static_cast<size_t>(max_kernels_);
+    size.maxNumRangeTreeNodes = static_cast<uint32_t>(max_kernels_);
+    check("cuptiRangeProfilerGetCounterDataSize", cuptiRangeProfilerGetCounterDataSize(&size));
+    counter_data_size_ = size.counterDataSize;
+  }
+
+  void close() {
+    set_callbacks(false);
+    host_.reset();
+    if (running_) {  // destroyed inside an interval
+      auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
+      p.pRangeProfilerObject = profiler_;
+      cuptiRangeProfilerStop(&p);
+      running_ = false;
+    }
+    if (profiler_) {
+      auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Disable_Params);
+      p.pRangeProfilerObject = profiler_;
+      cuptiRangeProfilerDisable(&p);
+      profiler_ = nullptr;
+    }
+    if (initialized_) {
+      auto p = KILN_CUPTI_PARAMS(CUpti_Profiler_DeInitialize_Params);
+      cuptiProfilerDeInitialize(&p);
+      initialized_ = false;
+    }
+  }
+
+  // On: the launch callbacks of the subscriber. Off: disabled and unsubscribed.
+  void set_callbacks(bool on) {
+    if (!subscriber_) return;
+    if (callbacks_on_ != on) {
+      for (const auto& [domain, id] : launch_callbacks()) cuptiEnableCallback(on ? 1 : 0, subscriber_, domain, id);
+      callbacks_on_ = on;
+    }
+    if (!on) {
+      cuptiUnsubscribe(subscriber_);
+      subscriber_ = nullptr;
+    }
+  }
+
+  // Stops the range profiler, decodes the ranges and fills `r`.
+  void collect(CounterReading& r) {
+    const c10::cuda::CUDAGuard guard(device_index_);
+    auto stop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
+    stop.pRangeProfilerObject = profiler_;
+    running_ = false;
+    check("cuptiRangeProfilerStop", cuptiRangeProfilerStop(&stop));
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    set_callbacks(false);
+    if (!stop.isAllPassSubmitted) throw Unavailable("n/a: CUPTI: the kernels' passes were not all submitted");
+    auto decode = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_DecodeData_Params);
+    decode.pRangeProfilerObject = profiler_;
+    check("cuptiRangeProfilerDecodeData", cuptiRangeProfilerDecodeData(&decode));
+    auto info = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_GetCounterDataInfo_Params);
+    info.pCounterDataImage = image_.data();
+    info.counterDataImageSize = image_.size();
+    check("cuptiRangeProfilerGetCounterDataInfo", cuptiRangeProfilerGetCounterDataInfo(&info));
+    const size_t ranges = info.numTotalRanges, dropped = decode.numOfRangeDropped;
+
+    std::vector<std::string> launches;
+    {
+      std::lock_guard<std::mutex> lock(names_.mutex);
+      launches.swap(names_.names);
+    }
+    const bool named = names_note_.empty() && launches.size() == ranges + dropped;
+
+    // Where each column's metrics sit among the evaluated values.
+    std::map<std::string, std::vector<size_t>> at;
+    for (const CuptiColumn& c : plan_.columns) {
+      for (const std::string& m : c.metrics) {
+        at[c.column].push_back(std::find(metrics_.begin(), metrics_.end(), m) - metrics_.begin());
+      }
+    }
+    auto value = [&](const std::vector<double>& v, const std::string& column) -> std::optional<double> {
+      const auto it = at.find(column);
+      if (it == at.end() || it->second.empty()) return std::nullopt;
+      double sum = 0;
+      for (size_t i : it->second) {
+        if (!std::isfinite(v[i])) return std::nullopt;
+        sum += v[i];
+      }
+      return sum;
+    };
+
+    struct Sums {
+      int64_t launches = 0;
+      double seconds = 0, bytes = 0, dram_pct = 0, tensor_pct = 0, fma_pct = 0;
+      bool bytes_ok = true, dram_ok = true, tensor_ok = true, fma_ok = true;
+    };
+    std::map<std::string, Sums> by_name;
+    std::vector<std::string> order;
+    Sums total;
+    std::vector<const char*> metric_ptrs;
+    for (const std::string& m : metrics_) metric_ptrs.push_back(m.c_str());
+    std::vector<double> values(metrics_.size());
+    for (size_t i = 0; i < ranges; ++i) {
+      auto eval = KILN_CUPTI_PARAMS(CUpti_Profiler_Host_EvaluateToGpuValues_Params);
+      eval.pHostObject = host_->get();
+      eval.pCounterDataImage = image_.data();
+      eval.counterDataImageSize = image_.size();
+      eval.rangeIndex = i;
+      eval.ppMetricNames = metric_ptrs.data();
+      eval.numMetrics = metric_ptrs.size();
+      eval.pMetricValues = values.data();
+      check("cuptiProfilerHostEvaluateToGpuValues", cuptiProfilerHostEvaluateToGpuValues(&eval));
+      const std::string name = named ? kernel_name(launches[i]) : fmt::format("kernel {}", i);
+      if (!by_name.count(name)) order.push_back(name);
+      const std::optional<double> duration = value(values, "duration");
+      const double seconds = duration && duration_scale_ > 0 ? *duration * duration_scale_ : 0;
+      for (Sums* s : {&by_name[name], &total}) {
+        s->launches += 1;
+        s->seconds += seconds;
+        const auto bytes = value(values, "dram bytes"), dram = value(values, "dram throughput"),
+                   tensor = value(values, "tensor pipe"), fma = value(values, "fma pipe");
+        s->bytes_ok &= bytes.has_value();
+        s->dram_ok &= dram.has_value();
+        s->tensor_ok &= tensor.has_value();
+        s->fma_ok &= fma.has_value();
+        s->bytes += bytes.value_or(0);
+        s->dram_pct += seconds * dram.value_or(0);
+        s->tensor_pct += seconds * tensor.value_or(0);
+        s->fma_pct += seconds * fma.value_or(0);
+      }
+    }
+
+    auto column_reason = [&](const std::string& column) -> std::string {
+      const CuptiColumn* c = plan_.find(column);
+      return c && !c->reason.empty() ? c->reason : "";
+    };
+    const std::string time_reason = !column_reason("duration").empty() ? column_reason("duration")
+                                    : !duration_note_.empty()          ? duration_note_
+                                    : ranges == 0                      ? "n/a: no kernel ran in the interval"
+                                                                       : "";
+    auto fill = [&](const Sums& s, auto& out) {
+      const bool timed = time_reason.empty() && s.seconds > 0;
+      if (column_reason("dram bytes").empty() && s.bytes_ok && s.launches > 0) {
+        out.dram_bytes = s.bytes;
+        if (timed && peak_bandwidth_ > 0) out.memory_bandwidth = s.bytes / s.seconds / peak_bandwidth_;
+      }
+      if (timed && column_reason("dram throughput").empty() && s.dram_ok)
+        out.memory_throughput = s.dram_pct / s.seconds / 100;
+      if (timed && column_reason("tensor pipe").empty() && s.tensor_ok)
+        out.tensor_core = s.tensor_pct / s.seconds / 100;
+      if (timed && column_reason("fma pipe").empty() && s.fma_ok) out.fp_engine = s.fma_pct / s.seconds / 100;
+    };
+    fill(total, r);
+    if (time_reason.empty()) r.gpu_seconds = total.seconds;
+    for (const std::string& name : order) {
+      const Sums& s = by_name[name];
+      KernelCounters k;
+      k.name = name;
+      k.launches = s.launches;
+      k.seconds = s.seconds;
+      fill(s, k);
+      r.kernels.push_back(std::move(k));
+    }
+    std::stable_sort(r.kernels.begin(), r.kernels.end(),
+                     [](const KernelCounters& a, const KernelCounters& b) { return a.seconds > b.seconds; });
+    for (const KernelCounters& k : r.kernels) r.per_range.emplace_back(k.name, k.seconds);
+
+    auto why = [&](const std::optional<double>& v, std::initializer_list<const char*> columns) -> std::string {
+      if (v) return "";
+      if (!time_reason.empty()) return time_reason;
+      for (const char* c : columns) {
+        if (!column_reason(c).empty()) return column_reason(c);
+      }
+      if (std::string(*columns.begin()) == "dram bytes" && peak_bandwidth_ <= 0) {
+        return "n/a: DRAM bytes counted, but no peak bandwidth was given to divide them by";
+      }
+      return "n/a: CUPTI returned no value for it";
+    };
+    r.memory_reason = why(r.memory_bandwidth, {"dram bytes"});
+    r.tensor_reason = why(r.tensor_core, {"tensor pipe"});
+    r.fp_reason = why(r.fp_engine, {"fma pipe"});
+    std::vector<std::string> reasons;
+    if (!r.memory_reason.empty()) reasons.push_back("memory bandwidth: " + r.memory_reason);
+    if (!r.tensor_reason.empty()) reasons.push_back("tensor core: " + r.tensor_reason);
+    if (!r.fp_reason.empty()) reasons.push_back("fp engine: " + r.fp_reason);
+    if (dropped > 0) {
+      reasons.push_back(
+          fmt::format("{} kernel launches past the {} the counter data holds were not counted", dropped, max_kernels_));
+    }
+    r.reason = fmt::format("{}", fmt::join(reasons, "; "));
+    r.detail = fmt::format(
+        "cupti: range profiler on {} ({}), one range per kernel (auto range, kernel replay, {} pass), metrics {}; {} "
+        "kernel launches, {}",
+        device_name_, chip_, plan_.passes, fmt::join(metrics_, ", "), ranges,
+        named ? std::string("named from the launch callbacks")
+        : !names_note_.empty()
+            ? names_note_
+            : fmt::format("named by index ({} launches reported for {} ranges)", launches.size(), ranges + dropped));
+  }
+
+  double peak_bandwidth_ = 0;
+  int64_t max_kernels_ = 8192;
+  c10::DeviceIndex device_index_ = 0;
+  std::string reason_, failure_, device_name_, chip_, names_note_, duration_note_;
+  CUpti_SubscriberHandle subscriber_ = nullptr;
+  bool initialized_ = false, callbacks_on_ = false, started_ = false, running_ = false;
+  CUpti_RangeProfiler_Object* profiler_ = nullptr;
+  std::vector<uint8_t> availability_, config_, image_;
+  CuptiMetricPlan plan_;
+  std::vector<std::string> metrics_;
+  std::unique_ptr<HostObject> host_;
+  double duration_scale_ = 0;
+  size_t counter_data_size_ = 0;
+  LaunchNames names_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+std::vector<std::string> CuptiMetricPlan::metric_names() const {
+  std::vector<std::string> out;
+  for (const CuptiColumn& c : columns) out.insert(out.end(), c.metrics.begin(), c.metrics.end());
+  return out;
+}
+
+const CuptiColumn* CuptiMetricPlan::find(const std::string& column) const {
+  for (const CuptiColumn& c : columns) {
+    if (c.column == column) return &c;
+  }
+  return nullptr;
+}
+
+CuptiMetricPlan plan_cupti_metrics(const std::string& chip, const std::vector<uint8_t>& counter_availability) {
+  // Percentages "of peak sustained elapsed": over every cycle of the kernel on every unit, so an
+  // idle SM counts as idle and GPU-time weighting is exact (a kernel's elapsed cycles are its time).
+  static const std::vector<std::pair<std::string, std::vector<std::vector<std::string>>>> candidates = {
+      {"duration", {{"gpu__time_duration.sum"}}},
+      {"dram throughput",
+       {{"dram__throughput.avg.pct_of_peak_sustained_elapsed"},
+        {"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"}}},
+      // WGMMA and HMMA together where the chip has the combined counter (Ampere and newer).
+      {"tensor pipe",
+       {{"sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"},
+        {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"}}},
+      {"fma pipe", {{"sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_elapsed"}}},
+      {"dram bytes", {{"dram__bytes_read.sum", "dram__bytes_write.sum"}, {"dram__bytes.sum"}}},
+  };
+  CuptiMetricPlan plan;
+  plan.chip = chip;
+  {
+    HostObject probe(chip, counter_availability);
+    if (probe.status() != CUPTI_SUCCESS) {
+      plan.error = failure(("cuptiProfilerHostInitialize(" + chip + ")").c_str(), probe.status());
+      return plan;
+    }
+  }
+  std::vector<std::string> chosen;
+  for (const auto& [column, variants] : candidates) {
+    CuptiColumn c;
+    c.column = column;
+    std::vector<std::string> tried, too_many_passes;
+    for (const std::vector<std::string>& variant : variants) {
+      std::vector<std::string> metrics = chosen;
+      metrics.insert(metrics.end(), variant.begin(), variant.end());
+      std::vector<uint8_t> image;
+      size_t passes = 0;
+      const std::string label = fmt::format("{}", fmt::join(variant, " + "));
+      if (try_config(chip, counter_availability, metrics, &image, &passes) != CUPTI_SUCCESS) {
+        tried.push_back(label);
+      } else if (passes > 1) {
+        too_many_passes.push_back(label);
+      } else {
+        c.metrics = variant;
+        chosen = metrics;
+        plan.passes = passes;
+        break;
+      }
+    }
+    if (c.metrics.empty()) {
+      c.reason =
+          !too_many_passes.empty()
+              ? fmt::format(
+                    "n/a: CUPTI: {} needs a second pass on {} beside the other metrics (not collected: "
+                    "it would replay every kernel)",
+                    too_many_passes.front(), chip)
+              : fmt::format("n/a: CUPTI: no {} metric on {} ({} not available)", column, chip, fmt::join(tried, ", "));
+    }
+    plan.columns.push_back(std::move(c));
+  }
+  return plan;
+}
+
+std::unique_ptr<CounterSession> open_cupti_session(const c10::Device& device, double peak_bandwidth_bytes_per_s,
+                                                   const CounterOptions& options) {
+  return std::make_unique<CuptiSession>(device, peak_bandwidth_bytes_per_s, options);
+}
+
+}  // namespace kiln::profile
