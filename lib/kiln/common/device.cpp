@@ -1,5 +1,6 @@
 #include "kiln/common/device.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -30,6 +31,21 @@ double measure_cpu_gemm_tflops() {
   }
   const double flops = 2.0 * static_cast<double>(n * n * n) * iters;
   return flops / seconds / 1e12;
+}
+
+double measure_cpu_copy_bandwidth() {
+  at::NoGradGuard no_grad;
+  const int64_t n = int64_t{16} << 20;  // 16 Mi floats = 64 MiB
+  const at::Tensor src = at::ones({n}), dst = at::empty({n});
+  dst.copy_(src);  // warm-up: the destination's pages are mapped, the threads started
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s > 0) best = std::max(best, 2.0 * static_cast<double>(n) * 4 / s);
+  }
+  return best;
 }
 
 #ifdef KILN_WITH_CUDA

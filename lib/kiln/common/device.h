@@ -18,6 +18,13 @@ std::string name(const at::Device& device);
 // second): the rate behind MFU on the CPU.
 double measure_cpu_gemm_tflops();
 
+// Measures the CPU's memory bandwidth in bytes/s, STREAM's "copy" kernel through ATen: one fp32
+// tensor of 64 MiB (past the last-level caches of the CPUs kiln runs on) copied into another
+// with the threads LibTorch uses, best of 5 after one warm-up, counting the bytes read and written
+// (2 x 64 MiB per copy, as STREAM counts; the write-allocate reads a CPU also makes are not).
+// About a tenth of a second: the roofline's bandwidth on the CPU (cost/cpu_peak.h).
+double measure_cpu_copy_bandwidth();
+
 // Peak memory so far: the CUDA caching allocator's peak allocated bytes on a GPU, the process's
 // peak resident set size on the CPU.
 double peak_memory_bytes(const at::Device& device);

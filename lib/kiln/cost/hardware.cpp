@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cctype>
 
+#include <fmt/format.h>
+
 #include "kiln/common/device.h"
+#include "kiln/cost/cpu_peak.h"
 
 namespace kiln::cost {
 
@@ -15,15 +18,71 @@ double HardwareSpec::peak_tflops(at::ScalarType dtype) const {
   return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf ? fp16 : fp32;
 }
 
+bool HardwareSpec::tensor_cores(const std::string& dtype) const {
+  return dtype == "bf16" ? tensor_bf16 : dtype == "fp16" ? tensor_fp16 : false;
+}
+
 const std::vector<HardwareSpec>& hardware_specs() {
-  // name, family, memory, bf16, fp16, fp32 TFLOP/s, bandwidth.
+  // Dense TFLOP/s (no 2:4 sparsity), SXM parts at their boost clock.
+  //   V100: NVIDIA Tesla V100 data sheet (SXM2: 15.7 FP32, 125 tensor) and the Volta whitepaper,
+  //         Table 1 (31.4 FP16 non-tensor). No bf16 in hardware: bf16 GEMMs and arithmetic run
+  //         on the FP32 units (15.7); no TF32.
+  //   A100: NVIDIA A100 data sheet (19.5 FP32, 156 TF32, 312 BF16/FP16 tensor; 1,555 GB/s for
+  //         40GB, 2,039 GB/s for 80GB) and the Ampere (A100) whitepaper, Table 1 (78 FP16 and 39
+  //         BF16 non-tensor).
+  //   H100: NVIDIA H100 data sheet, SXM (67 FP32, 989 BF16/FP16 tensor, 494.5 TF32 = half the
+  //         sheet's sparse 989; 3.35 TB/s) and the Hopper whitepaper, Table 3 (133.8 FP16 and BF16
+  //         non-tensor).
+  //   H200: NVIDIA H200 data sheet, SXM (the same GH100 compute as the H100 SXM: 67 FP32, 989
+  //         BF16/FP16, 494.5 TF32 dense; 4.8 TB/s); non-tensor FP16/BF16 as the H100 SXM's.
+  auto v100 = [](const char* name, double memory) {
+    return HardwareSpec{.name = name,
+                        .family = "V100",
+                        .memory_bytes = memory,
+                        .bf16 = 15.7,
+                        .fp16 = 125.0,
+                        .fp32 = 15.7,
+                        .memory_bandwidth = 900e9,
+                        .bf16_vector = 15.7,
+                        .fp16_vector = 31.4,
+                        .tf32 = 0,
+                        .tensor_bf16 = false,
+                        .tensor_fp16 = true,
+                        .source = "datasheet: NVIDIA V100 SXM2; Volta whitepaper"};
+  };
+  auto a100 = [](const char* name, double memory, double bandwidth) {
+    return HardwareSpec{.name = name,
+                        .family = "A100",
+                        .memory_bytes = memory,
+                        .bf16 = 312.0,
+                        .fp16 = 312.0,
+                        .fp32 = 19.5,
+                        .memory_bandwidth = bandwidth,
+                        .bf16_vector = 39.0,
+                        .fp16_vector = 78.0,
+                        .tf32 = 156.0,
+                        .source = "datasheet: NVIDIA A100 SXM4; Ampere whitepaper"};
+  };
+  auto hopper = [](const char* name, const char* family, double memory, double bandwidth, const char* source) {
+    return HardwareSpec{.name = name,
+                        .family = family,
+                        .memory_bytes = memory,
+                        .bf16 = 989.0,
+                        .fp16 = 989.0,
+                        .fp32 = 67.0,
+                        .memory_bandwidth = bandwidth,
+                        .bf16_vector = 133.8,
+                        .fp16_vector = 133.8,
+                        .tf32 = 494.5,
+                        .source = source};
+  };
   static const std::vector<HardwareSpec> specs = {
-      {"V100-16GB", "V100", 16e9, 15.7, 125.0, 15.7, 900e9},
-      {"V100-32GB", "V100", 32e9, 15.7, 125.0, 15.7, 900e9},
-      {"A100-40GB", "A100", 40e9, 312.0, 312.0, 19.5, 1555e9},
-      {"A100-80GB", "A100", 80e9, 312.0, 312.0, 19.5, 2039e9},
-      {"H100-80GB", "H100", 80e9, 989.0, 989.0, 67.0, 3350e9},
-      {"H200-141GB", "H200", 141e9, 989.0, 989.0, 67.0, 4800e9},
+      v100("V100-16GB", 16e9),
+      v100("V100-32GB", 32e9),
+      a100("A100-40GB", 40e9, 1555e9),
+      a100("A100-80GB", 80e9, 2039e9),
+      hopper("H100-80GB", "H100", 80e9, 3350e9, "datasheet: NVIDIA H100 SXM; Hopper whitepaper"),
+      hopper("H200-141GB", "H200", 141e9, 4800e9, "datasheet: NVIDIA H200 SXM; Hopper whitepaper"),
   };
   return specs;
 }
@@ -54,11 +113,21 @@ std::optional<DevicePeak> gpu_peak(const std::string& device_name, at::ScalarTyp
 
 std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype) {
   if (device.is_cpu()) {
-    const double tflops = device::measure_cpu_gemm_tflops();
-    return DevicePeak{device::name(device), tflops, "measured"};
+    if (const auto peak = this_cpu_peak()) {
+      const std::string d = dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : "fp32";
+      return DevicePeak{device::name(device), peak->flops(d) / 1e12, "theoretical"};
+    }
+    return DevicePeak{device::name(device), device::measure_cpu_gemm_tflops(), "measured"};
   }
   if (device.is_cuda()) return gpu_peak(device::name(device), dtype);
   return std::nullopt;
+}
+
+std::optional<std::string> peak_violation(double fraction, const std::string& what, const std::string& peak) {
+  if (!(fraction > 1.0)) return std::nullopt;
+  return fmt::format(
+      "BUG: {} {:.1f}% exceeds 100% of {}: the peak does not hold or the measurement is wrong (please report it)", what,
+      fraction * 100, peak);
 }
 
 }  // namespace kiln::cost

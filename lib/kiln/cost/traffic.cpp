@@ -559,9 +559,9 @@ Roofline roofline(const HardwareSpec& hw, const std::string& dtype) {
   r.gemm_flops_per_s = hw.peak_tflops(dtype) * 1e12;
   r.other_flops_per_s = hw.fp32 * 1e12;
   r.bandwidth = hw.memory_bandwidth;
-  // A dtype whose peak is the FP32 units' (fp32; bf16 on a V100, which has no bf16 tensor cores)
-  // runs its GEMMs there.
-  r.tensor_cores = dtype != "fp32" && hw.peak_tflops(dtype) > hw.fp32;
+  // fp32, and bf16 on a V100 (no bf16 tensor cores) or a CPU without AMX, run their GEMMs on the
+  // FP32 (vector) units.
+  r.tensor_cores = hw.tensor_cores(dtype);
   return r;
 }
 
@@ -581,7 +581,10 @@ ModelledUtilisation modelled_utilisation(const TrafficReport& report, const Roof
     u.tensor_core = step.gemm_flops / roof.gemm_flops_per_s / seconds_per_step;
     u.fp_engine = step.other_flops / roof.other_flops_per_s / seconds_per_step;
   } else {
-    u.fp_engine = step.flops() / roof.other_flops_per_s / seconds_per_step;
+    // The GEMMs share the vector units with the rest, at the dtype's vector rate (a CPU's
+    // AVX512_BF16 runs bf16 GEMMs at twice its fp32 rate; elsewhere the two rates are equal).
+    u.fp_engine =
+        (step.gemm_flops / roof.gemm_flops_per_s + step.other_flops / roof.other_flops_per_s) / seconds_per_step;
   }
   return u;
 }

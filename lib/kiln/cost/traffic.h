@@ -115,7 +115,7 @@ struct Roofline {
   double gemm_flops_per_s = 0;   // matmuls: the dtype's peak (tensor cores for bf16/fp16)
   double other_flops_per_s = 0;  // everything else: the FP32 units
   double bandwidth = 0;          // bytes/s
-  bool tensor_cores = false;     // the GEMMs run on tensor cores (not fp32, not bf16 on a V100)
+  bool tensor_cores = false;     // the GEMMs run on tensor cores (not fp32, not bf16 on a V100; AMX on a CPU)
   // FLOP per byte where a pure GEMM turns from memory- to compute-bound: peak / bandwidth.
   double ridge() const { return gemm_flops_per_s / bandwidth; }
   double compute_seconds(const Cost& c) const;
@@ -136,7 +136,7 @@ double modelled_step_seconds(const TrafficReport& report, const Roofline& roof, 
 struct ModelledUtilisation {
   double memory_bandwidth = 0;  // bytes per step / seconds / bandwidth
   double tensor_core = 0;       // GEMM FLOPs at the tensor-core peak / seconds (0 without tensor cores)
-  double fp_engine = 0;         // non-GEMM FLOPs (and GEMMs without tensor cores) at the FP32 peak / seconds
+  double fp_engine = 0;  // non-GEMM FLOPs at the FP32 peak (+ GEMMs at the dtype's peak without tensor cores) / seconds
 };
 ModelledUtilisation modelled_utilisation(const TrafficReport& report, const Roofline& roof, double seconds_per_step,
                                          bool eager = false);

@@ -1,0 +1,95 @@
+// The CPU's theoretical peak, the denominator of MFU on a CPU (docs/performance.md, "Peaks"):
+//
+//   FLOP/s = cores used x fp32 lanes (FMA datapath width / 32) x FMA units per core
+//            x FLOP per instruction (2 for a fused multiply-add) x clock
+//
+// The instruction-set flags come from cpuid (<cpuid.h>: FMA, AVX, AVX2, AVX-512F, AVX512_BF16,
+// AVX512_FP16, AMX-BF16, AMX-FP16; the OS must enable the register state, XCR0). The datapath
+// width and FMA units per core cpuid does not report: they come from a table by vendor, family and
+// model (simd_layout below), which says which row it used. Where the table cannot tell (Intel's
+// Xeon Silver/Bronze and some Gold 5xxx have one 512-bit FMA unit, the others two) it takes the
+// larger figure, so that the peak stays an upper bound. The clock is the largest of the CPUs'
+// sysfs cpufreq/cpuinfo_max_freq (boost included), else their base_frequency, else /proc/cpuinfo's
+// "cpu MHz" (a VM without cpufreq: the clock the hypervisor reports, which boost may exceed: the
+// measured GEMM rate printed beside the peak shows it, see peak_violation in hardware.h). Cores
+// used are LibTorch's threads, at most the physical cores of the CPUs the process may run on
+// (SMT siblings share one core's FMA units).
+//
+// bf16/fp16: AMX tiles (1024 FLOP per cycle per core, Intel's TMUL: one 16x32 by 32x16 tile
+// product per 16 cycles) where AMX-BF16/AMX-FP16 exist; AVX512_BF16 (VDPBF16PS: two bf16 products
+// per fp32 lane) and AVX512_FP16 (32 fp16 lanes) at twice the fp32 rate; otherwise the fp32 peak
+// applies (bf16/fp16 GEMMs convert to fp32 on such CPUs).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/cost/hardware.h"
+
+namespace kiln::cost {
+
+struct CpuFeatures {
+  std::string vendor;         // "AuthenticAMD", "GenuineIntel", ... (cpuid leaf 0)
+  int family = 0, model = 0;  // display family and model (base + extended fields, cpuid leaf 1)
+  std::string model_name;     // the brand string (cpuid 0x80000002-4)
+  bool sse2 = false, avx = false, fma = false, avx2 = false, avx512f = false;
+  bool avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false, amx_fp16 = false;
+};
+
+// This CPU's cpuid; all false (and an empty vendor) on a non-x86 CPU.
+CpuFeatures read_cpu_features();
+
+// The per-core fp32 FMA datapath: vector width in bits, FMA units (or add + multiply pipes
+// without FMA) and FLOP per instruction; `row` names the table row ("AMD Zen 3 (family 0x19)").
+struct SimdLayout {
+  int width_bits = 0;
+  int units = 0;
+  int flop_per_instruction = 0;  // 2 for an FMA, 1 for separate add and multiply pipes
+  std::string row;
+  int fp32_flop_per_cycle() const { return width_bits / 32 * units * flop_per_instruction; }
+};
+// The table; nullopt for a CPU it has no row for (not x86, or no SSE2).
+std::optional<SimdLayout> simd_layout(const CpuFeatures& features);
+
+struct CpuClock {
+  double hz = 0;
+  std::string source;  // "sysfs cpuinfo_max_freq", "sysfs base_frequency", "/proc/cpuinfo cpu MHz"
+};
+// The clock of `cpus` (ids as in /sys/devices/system/cpu/cpuN); the roots are parameters for the
+// tests. nullopt when none of the three sources has a number.
+std::optional<CpuClock> read_cpu_clock(const std::vector<int>& cpus,
+                                       const std::string& sysfs_root = "/sys/devices/system/cpu",
+                                       const std::string& cpuinfo = "/proc/cpuinfo");
+// Physical cores among `cpus`: distinct (physical_package_id, core_id) of their sysfs topology; the
+// number of CPUs where the topology is missing.
+int physical_cores(const std::vector<int>& cpus, const std::string& sysfs_root = "/sys/devices/system/cpu");
+// The CPUs this process may run on (sched_getaffinity).
+std::vector<int> allowed_cpus();
+
+struct CpuPeak {
+  CpuFeatures features;
+  SimdLayout layout;
+  CpuClock clock;
+  int threads = 0;                               // LibTorch's intra-op threads
+  int cores = 0;                                 // cores used: min(threads, physical cores)
+  double fp32 = 0, bf16 = 0, fp16 = 0;           // FLOP/s
+  std::string bf16_source, fp16_source;          // "AMX-BF16: 1024 FLOP/cycle/core", "fp32 peak applies (...)"
+  bool amx_bf16 = false, amx_fp16 = false;       // the bf16/fp16 peak is a matrix unit's (the CPU's "tensor core")
+  double flops(const std::string& dtype) const;  // "bf16" | "fp16" | "fp32"
+  // "2 cores x 8 fp32 lanes (256-bit) x 2 FMA units x 2 FLOP x 2.445 GHz (/proc/cpuinfo cpu MHz)
+  // = 156.5 GFLOP/s"
+  std::string formula() const;
+};
+
+// The arithmetic, from its inputs.
+CpuPeak cpu_peak(const CpuFeatures& features, const SimdLayout& layout, const CpuClock& clock, int threads, int cores);
+// This machine's, for LibTorch's current thread count; nullopt (with the reason in `why`) where
+// the table has no row or no clock is readable.
+std::optional<CpuPeak> this_cpu_peak(std::string* why = nullptr);
+
+// A hardware row for the CPU's roofline: the theoretical peaks, `bandwidth` bytes/s (measured:
+// device::measure_cpu_copy_bandwidth), the machine's RAM. Its "tensor cores" are AMX tiles.
+HardwareSpec cpu_hardware_spec(const CpuPeak& peak, double bandwidth, double memory_bytes);
+
+}  // namespace kiln::cost
