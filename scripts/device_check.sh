@@ -13,13 +13,21 @@
 #   4. run kiln-bench --ops attention (kiln's flash attention vs SDPA flash and cuDNN, T 512..8192,
 #      head dims 64/128, 3 timed iterations; then fp16 at head dim 64 on the Volta kernels);
 #   5. data parallel on NCCL with world size 1 under torchrun (kiln-pretrain, 40 bf16 steps of the
-#      quick start, stage 0 and 2) and kiln-bench --ops comm (NCCL bus bandwidth, 1 MiB..1 GiB).
-# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 13 files:
+#      quick start, stage 0 and 2) and kiln-bench --ops comm (NCCL bus bandwidth, 1 MiB..1 GiB);
+#   6. hardware counters (lib/kiln/profile/counters.h): the [counters] tests (CUPTI over a copy and a
+#      bf16 matmul, the perf_event session), then kiln-profile --counters over llama-100m (bf16,
+#      cutoff_len 1024 x batch 8) and llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x
+#      16), each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones.
+# Everything goes to $OUT (the device tool's result folder; ./device_out elsewhere), 19 files:
 # env.log, build.log, ptxas.txt, tests.log (both test runs), bench.{md,json}, bench_vs_hf.{md,json},
-# bench_attention.{md,json}, dist.log, bench_comm.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
+# bench_attention.{md,json}, dist.log, bench_comm.{md,json}, counters.log, profile_100m.{md,json},
+# profile_1b.{md,json}. Designed to end within 10 minutes on 16 cores: each step has its own
 # time limit, cut to what is left of a 570 s budget for the whole script (KILN_DEVICE_BUDGET_S),
-# and a failed or skipped step does not stop the later ones. With the device tool:
+# and a failed or skipped step does not stop the later ones. KILN_DEVICE_ONLY="counters" (a list
+# of: tests bench attention dist counters) runs only those steps after the build, and builds only
+# what they run. With the device tool:
 #   run(command="scripts/device_check.sh", carry=[".deps"], timeout_s=600)
+#   run(command="KILN_DEVICE_ONLY=counters scripts/device_check.sh", carry=[".deps"], timeout_s=600)
 # `scripts/device_check.sh --configure-only` stops after step 1's configure (a check that the
 # bundle is complete, runnable on any machine).
 set -uo pipefail
@@ -32,6 +40,10 @@ arch="${KILN_DEVICE_ARCH:-90}"
 log="$out/env.log"
 status=0
 budget="${KILN_DEVICE_BUDGET_S:-570}"
+only="${KILN_DEVICE_ONLY:-}"
+
+# Whether step group $1 runs (all of them unless KILN_DEVICE_ONLY names some).
+want() { [[ -z "$only" || " $only " == *" $1 "* ]]; }
 
 # Seconds step may run: its own limit $1, cut to what is left of the budget (0: no time left).
 limit() {
@@ -83,11 +95,20 @@ if [[ "${1:-}" == "--configure-only" ]]; then
   echo "device_check: configured $build"
   exit 0
 fi
-step 330 cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { echo "device_check: build failed (build.log)"; status=1; }
+targets=()
+if [[ -n "$only" ]]; then
+  want tests || want counters && targets+=(--target kiln_tests)
+  want bench || want attention || want dist && targets+=(--target kiln-bench)
+  want bench && targets+=(--target kiln-profile)
+  want dist && targets+=(--target kiln-pretrain)
+  want counters && targets+=(--target kiln-profile)
+fi
+step 330 cmake --build "$build" -j "$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1 ||
+  { echo "device_check: build failed (build.log)"; status=1; }
 grep -E "Compiling entry|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
 
 # 2. tests (one log, each run under a "== " heading)
-if [[ -x "$build/tests/kiln_tests" ]]; then
+if want tests && [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [cuda] tests" >"$out/tests.log"
   step 120 "$build/tests/kiln_tests" --kiln-require-cuda "[cuda]" -d yes >>"$out/tests.log" 2>&1 || status=1
   # The same [cuda] tests on the kernels' Volta (sm_70) code paths: fp16 tiles without cp.async,
@@ -100,7 +121,7 @@ if [[ -x "$build/tests/kiln_tests" ]]; then
 fi
 
 # 3. benchmark of the fused ops
-if [[ -x "$build/bin/kiln-bench" ]]; then
+if want bench && [[ -x "$build/bin/kiln-bench" ]]; then
   step 90 "$build/bin/kiln-bench" --json "$out/bench.json" >"$out/bench.md" 2>&1 || status=1
   # fp16 both ways: this GPU's own kernels, then the Volta code paths (KILN_KERNEL_ARCH=70).
   echo "== fp16, this GPU's kernels" >>"$out/bench.md"
@@ -114,7 +135,9 @@ py="${KILN_DEVICE_PYTHON:-python3}"
 if ! "$py" -c 'import transformers, safetensors' >/dev/null 2>&1 && [[ -d "$root/.deps/python" ]]; then
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$root/.deps/python"
 fi
-if [[ -x "$build/bin/kiln-profile" ]] && "$py" -c 'import transformers, safetensors' >>"$log" 2>&1; then
+if ! want bench; then
+  :
+elif [[ -x "$build/bin/kiln-profile" ]] && "$py" -c 'import transformers, safetensors' >>"$log" 2>&1; then
   step 200 "$py" "$root/scripts/bench_vs_hf.py" --device cuda --rounds 3 --steps 5 --warmup 2 --budget-s 100 \
     --threads "$(nproc)" --build-dir "$build" --output "$out/bench_vs_hf_out" >"$out/bench_vs_hf.md" 2>&1 || status=1
   cp "$out/bench_vs_hf_out/bench_vs_hf.json" "$out/bench_vs_hf.json" 2>/dev/null
@@ -126,7 +149,7 @@ else
 fi
 
 # 4. attention benchmark (rows stream to the .md, the JSON is rewritten after each (T, D))
-if [[ -x "$build/bin/kiln-bench" ]]; then
+if want attention && [[ -x "$build/bin/kiln-bench" ]]; then
   step 150 "$build/bin/kiln-bench" --ops attention --iters 3 --json "$out/bench_attention.json" \
     >"$out/bench_attention.md" 2>&1 || status=1
   echo "== fp16, head dim 64, the Volta (sm_70) flash kernels: KILN_KERNEL_ARCH=70" >>"$out/bench_attention.md"
@@ -135,7 +158,7 @@ if [[ -x "$build/bin/kiln-bench" ]]; then
 fi
 # 5. NCCL: a world-size-1 data-parallel run (the NCCL path of kiln/dist) and the comm benchmark
 torchrun=("${KILN_DEVICE_PYTHON:-python3}" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python)
-if [[ -x "$build/bin/kiln-pretrain" ]]; then
+if want dist && [[ -x "$build/bin/kiln-pretrain" ]]; then
   for stage in 0 2; do
     echo "== kiln-pretrain under torchrun, NCCL, zero_stage $stage" >>"$out/dist.log"
     step 60 "${torchrun[@]}" "$build/bin/kiln-pretrain" --max_steps 40 --logging_steps 10 --eval_steps 0 \
@@ -145,7 +168,25 @@ if [[ -x "$build/bin/kiln-pretrain" ]]; then
   step 90 "${torchrun[@]}" "$build/bin/kiln-bench" --ops comm --iters 5 --json "$out/bench_comm.json" \
     >"$out/bench_comm.md" 2>&1 || status=1
 fi
-grep -E "^(== |All tests passed|test cases:|assertions:|device_check:)" "$out/tests.log" 2>/dev/null
+# 6. hardware counters: the [counters] tests (-s: their figures), then kiln-profile --counters over
+# the 100M and 1B sweeps (3 timed steps each, then as many under the counters).
+if want counters && [[ -x "$build/tests/kiln_tests" ]]; then
+  echo "== [counters] tests" >"$out/counters.log"
+  step 90 "$build/tests/kiln_tests" "[counters]" -s >>"$out/counters.log" 2>&1 || status=1
+fi
+if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
+  step 120 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
+    --steps 3 --warmup 2 --device cuda --counters --format md,json --output "$out/profile_100m_out" \
+    >"$out/profile_100m.md" 2>&1 || status=1
+  step 180 "$build/bin/kiln-profile" --config "$root/configs/profile/llama-3.2-1b.yaml" --steps 3 --warmup 1 \
+    --device cuda --counters --format md,json --output "$out/profile_1b_out" >"$out/profile_1b.md" 2>&1 || status=1
+  for name in 100m 1b; do
+    cp "$out/profile_${name}_out/profile.json" "$out/profile_${name}.json" 2>/dev/null
+    rm -rf "$out/profile_${name}_out"
+  done
+fi
+grep -E "^(== |All tests passed|test cases:|assertions:|device_check:)" "$out/tests.log" "$out/counters.log" 2>/dev/null
+grep -hE "^(\||counters:|# )" "$out/profile_100m.md" "$out/profile_1b.md" 2>/dev/null
 grep -E "^(== |  Distributed|kiln-pretrain:|\{'loss')" "$out/dist.log" 2>/dev/null
 tail -n 9 "$out/bench_comm.md" 2>/dev/null
 cat "$out/bench.md" 2>/dev/null
