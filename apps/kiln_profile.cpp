@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "kiln/common/device.h"
 #include "kiln/common/malloc_tuning.h"
+#include "kiln/cost/cpu_peak.h"
 #include "kiln/cost/hardware.h"
 #include "kiln/cost/plan.h"
 #include "kiln/cost/traffic.h"
@@ -125,9 +126,19 @@ int explain(const cxxopts::ParseResult& args) {
     o.every = static_cast<int>(every);
   }
 
-  // The hardware row: a device of cost/hardware.h by name, or this machine's GPU.
+  // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or with --device cpu
+  // this CPU (its theoretical peaks, cost/cpu_peak.h, and a measured copy bandwidth).
   std::optional<cost::HardwareSpec> hw;
-  if (args.count("device-memory")) {
+  const bool cpu = args.count("device") && args["device"].as<std::string>() == "cpu";
+  std::string bandwidth_source;
+  if (cpu) {
+    std::string why;
+    const auto peak = cost::this_cpu_peak(&why);
+    if (!peak) throw std::invalid_argument("--explain --device cpu: no theoretical CPU peak: " + why);
+    const double bandwidth = kiln::device::measure_cpu_copy_bandwidth();
+    hw = cost::cpu_hardware_spec(*peak, bandwidth, kiln::device::device_memory_bytes(at::Device(at::kCPU)));
+    bandwidth_source = fmt::format("measured: STREAM-like copy of 64 MiB fp32, {:.1f} GB/s", bandwidth / 1e9);
+  } else if (args.count("device-memory")) {
     hw = cost::hardware_spec(args["device-memory"].as<std::string>());
   } else if (torch::cuda::is_available()) {
     hw = cost::hardware_for_device_name(kiln::device::name(at::Device(at::kCUDA, 0)));
@@ -135,19 +146,22 @@ int explain(const cxxopts::ParseResult& args) {
   if (!hw) {
     std::string names;
     for (const auto& spec : cost::hardware_specs()) names += (names.empty() ? "" : ", ") + spec.name;
-    throw std::invalid_argument("--explain: give --device-memory with a device name: " + names);
+    throw std::invalid_argument("--explain: give --device-memory with a device name (" + names + ") or --device cpu");
   }
+  if (bandwidth_source.empty()) bandwidth_source = hw->source;
 
-  // The kernels the step runs, from ops' own rules (train/kernel_choices.h for the fused ops;
-  // RoPE and attention here, from the spec and the device).
-  o.kernels = kiln::train::kernel_choices(kernels, o.dtype == "fp32" ? 4 : 2, /*cuda=*/true);
-  using kiln::ops::Backend, kiln::ops::Op;
-  o.fused_rope = kiln::ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
-  o.attention = cost::kiln_attention_path(kiln::ops::backend_in_spec(kernels, Op::kAttention) == Backend::kKiln, *hw,
-                                          o.dtype, model.resolved_head_dim());
+  // The kernels the step runs, from ops' own rules, as kiln-profile's sweep takes them
+  // (profile/sweep.h: train/kernel_choices.h for the fused ops; RoPE and attention from the spec
+  // and the device).
+  kiln::profile::set_traffic_kernels(o, kernels, !cpu, &*hw, model.resolved_head_dim());
   const cost::TrafficReport r = cost::traffic_model(model, o);
   cost::Roofline roof = cost::roofline(*hw, o.dtype);
   if (args.count("peak-tflops")) roof.gemm_flops_per_s = args["peak-tflops"].as<double>() * 1e12;
+  if (args.count("json")) {
+    fmt::print("{}", kiln::profile::explain_json(model_name, r, roof, bandwidth_source));
+    std::fflush(stdout);
+    return 0;
+  }
 
   const std::string policy = o.recompute == "every_n" ? fmt::format("every_{}", o.every) : o.recompute;
   fmt::print(
@@ -258,7 +272,7 @@ int main(int argc, char** argv) {
     ("kernels", "ops backends as kiln-pretrain's key: kiln (default), aten, or per op, e.g. kiln,linear_ce=aten", cxxopts::value<std::string>())
     ("steps", "timed steps per point", cxxopts::value<int64_t>())
     ("warmup", "untimed steps before them", cxxopts::value<int64_t>())
-    ("device", "auto | cpu | cuda", cxxopts::value<std::string>())
+    ("device", "auto | cpu | cuda (--explain: cpu takes this CPU's theoretical peak and measured bandwidth)", cxxopts::value<std::string>())
     ("dataset-dir", "token shards (default: synthetic random ids)", cxxopts::value<std::string>())
     ("gradient-checkpointing", "recompute each layer in backward")
     ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (every_n)", cxxopts::value<int64_t>())
@@ -281,6 +295,8 @@ int main(int argc, char** argv) {
                 "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name; nothing runs "
                 "(cost/traffic.h)")
     ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
+    ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
+    ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU) over as many steps again after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on
@@ -328,6 +344,7 @@ int main(int argc, char** argv) {
     if (args.count("zero-stage")) config.zero_stage = args["zero-stage"].as<int64_t>();
     if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
     if (args.count("no-overlap")) config.ddp_overlap = false;
+    if (args.count("counters")) config.counters = true;
     config.validate();
 
     const bool main_rank = kiln::dist::read_dist_env().rank == 0;  // a data-parallel sweep: rank 0 reports
@@ -339,6 +356,8 @@ int main(int argc, char** argv) {
     if (!main_rank) return 0;
     fmt::print("{}", kiln::profile::to_markdown(report));
     std::fflush(stdout);
+    // A fraction of a peak above 100% is a bug: said on stderr too, where a log keeps it.
+    for (const auto& w : report.warnings) fmt::print(stderr, "kiln-profile: WARNING: {}\n", w);
     for (const auto& path : kiln::profile::write_reports(report, config.output_dir, config.formats)) {
       fmt::print(stderr, "kiln-profile: wrote {}\n", path);
     }

@@ -32,6 +32,19 @@ std::string pct(const std::optional<double>& f) {
 bool ok(const ProfileRow& r) {
   return r.status == "ok";
 }
+// A column of the user's table: counted beside modelled, or the model's value marked as such.
+std::string utilisation_cell(const Utilisation& u) {
+  if (u.counted && u.modelled) return fmt::format("{:.1f}% (model {:.1f}%)", *u.counted * 100, *u.modelled * 100);
+  if (u.counted) return pct(u.counted);
+  if (u.modelled) return fmt::format("{:.1f}% (model)", *u.modelled * 100);
+  return "n/a";
+}
+std::string point_label(const SweepPoint& p) {
+  return fmt::format("cutoff_len {}, batch {}, GA {}", p.cutoff_len, p.batch_size, p.grad_accum);
+}
+std::string ms(const std::optional<double>& seconds) {
+  return seconds ? fmt::format("{:.3f}", *seconds * 1e3) : "n/a";
+}
 
 std::string dtype_column(const SweepReport& r) {
   return r.config.dtype == "bf16" ? "bf16" : "fp16";
@@ -223,8 +236,211 @@ std::string breakdown_chart(const SweepReport& report) {
   return out + "</svg>\n";
 }
 
+// The roofline: log-log arithmetic intensity (FLOP/byte) against FLOP/s. The device's roof
+// min(peak, intensity x bandwidth) for the GEMMs (tensor cores where the dtype has them), the
+// vector units' roof dashed where it differs, the ridge point; one dot per component of the last
+// measured point at its modelled time (on its roof by construction: kiln-profile has no per-
+// component timing), and one black dot per measured step: its executed FLOPs (the model's,
+// recomputation included) per measured second at the step's intensity.
+std::string roofline_chart(const SweepReport& report) {
+  const double w = 780, h = 440, left = 80, right = 230, top = 52, bottom = 52;
+  // Its own font sizes, so that the chart lays out the same outside the report's page.
+  std::string out = fmt::format(
+      R"(<svg class="chart" id="chart-roofline" xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" viewBox="0 0 {} {}">)"
+      "<style>#chart-roofline text {{ font-family: sans-serif; font-size: 11px; }} #chart-roofline .title {{ "
+      "font-size: 14px; font-weight: bold; }}</style>\n",
+      w, h, w, h);
+  const ProfileRow* last = nullptr;
+  for (const auto& r : report.rows) {
+    if (ok(r) && !r.components.empty()) last = &r;
+  }
+  if (!report.roofline || !last) {
+    return out +
+           fmt::format(R"(<text x="{}" y="22" class="title">Roofline</text><text x="{}" y="120">{}</text></svg>)", left,
+                       left,
+                       report.roofline ? "no measured point" : "no roofline: the device has no row in the table") +
+           "\n";
+  }
+  const cost::Roofline& roof = *report.roofline;
+  out += fmt::format(R"(<text x="{}" y="20" class="title">Roofline: {}, {}</text>)", 10, html_escape(roof.device),
+                     html_escape(report.config.dtype));
+  out += fmt::format(
+      R"(<text x="{}" y="38" class="tick">dots: the components at {}, at their modelled time (so on the roof); black: measured steps</text>)",
+      10, html_escape(point_label(last->point)));
+  struct Dot {
+    double x, y;
+    std::string color, cls, attrs, title;
+  };
+  std::vector<Dot> dots;
+  auto pass_color = [](const std::string& pass) {
+    return pass == "fwd" ? kColors[0] : pass == "bwd" ? kColors[1] : pass == "recompute" ? kColors[2] : kColors[3];
+  };
+  for (const ComponentRow& c : last->components) {
+    const double flops = c.gemm_flops + c.other_flops;
+    if (!(c.intensity > 0) || !(flops > 0) || !(c.modelled_seconds > 0)) continue;
+    dots.push_back({c.intensity, flops / c.modelled_seconds, pass_color(c.pass), "roofline-component",
+                    fmt::format(R"( data-component="{}" data-pass="{}")", html_escape(c.component), c.pass),
+                    fmt::format("{} ({}): {:.3g} FLOP/byte, {:.3g} GFLOP/s modelled, {} bound", c.component, c.pass,
+                                c.intensity, flops / c.modelled_seconds / 1e9, c.bound)});
+  }
+  for (const auto& r : report.rows) {
+    if (!ok(r) || !(r.traffic_bytes > 0) || !(r.executed_flops > 0) || !(r.seconds_per_step > 0)) continue;
+    const double x = r.executed_flops / r.traffic_bytes, y = r.executed_flops / r.seconds_per_step;
+    dots.push_back(
+        {x, y, "#000", "roofline-step",
+         fmt::format(R"( data-point="T={} B={} GA={}")", r.point.cutoff_len, r.point.batch_size, r.point.grad_accum),
+         fmt::format("measured step, {}: {:.3g} FLOP/byte, {:.3g} GFLOP/s executed", point_label(r.point), x,
+                     y / 1e9)});
+  }
+  const double peak = std::max(roof.gemm_flops_per_s, roof.other_flops_per_s);
+  // Room right of the ridge for the flat roof.
+  double x_min = std::min(roof.ridge(), roof.other_flops_per_s / roof.bandwidth), x_max = 8 * roof.ridge();
+  double y_min = peak, y_max = peak;
+  for (const Dot& d : dots) {
+    x_min = std::min(x_min, d.x);
+    x_max = std::max(x_max, d.x);
+    y_min = std::min(y_min, d.y);
+    y_max = std::max(y_max, d.y);
+  }
+  // Whole decades around everything, the roof's slope included from the left edge.
+  const double lx0 = std::floor(std::log10(x_min)), lx1 = std::max(lx0 + 1, std::ceil(std::log10(x_max * 1.01)));
+  y_min = std::min(y_min, std::pow(10.0, lx0) * roof.bandwidth);
+  const double ly0 = std::floor(std::log10(y_min)), ly1 = std::max(ly0 + 1, std::ceil(std::log10(y_max * 1.5)));
+  auto fx = [&](double x) { return left + (std::log10(x) - lx0) / (lx1 - lx0) * (w - left - right); };
+  auto fy = [&](double y) { return h - bottom - (std::log10(y) - ly0) / (ly1 - ly0) * (h - top - bottom); };
+  for (double k = lx0; k <= lx1; ++k) {
+    out += fmt::format(R"(<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="#ddd"/>)", fx(std::pow(10, k)), top,
+                       fx(std::pow(10, k)), h - bottom);
+    out += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle" class="tick">{:g}</text>)", fx(std::pow(10, k)),
+                       h - bottom + 16, std::pow(10, k));
+  }
+  for (double k = ly0; k <= ly1; ++k) {
+    const double y = std::pow(10, k);
+    out +=
+        fmt::format(R"(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#ddd"/>)", left, fy(y), w - right, fy(y));
+    out += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end" class="tick">{:g}</text>)", left - 6, fy(y) + 4,
+                       y / 1e9);
+  }
+  out +=
+      fmt::format(R"(<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#333"/>)", left, h - bottom, w - right, h - bottom);
+  out += fmt::format(R"(<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#333"/>)", left, top, left, h - bottom);
+  out += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">arithmetic intensity, FLOP/byte (log scale)</text>)",
+                     (left + w - right) / 2, h - 14);
+  out += fmt::format(
+      R"svg(<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">GFLOP/s (log scale)</text>)svg",
+      (top + h - bottom) / 2, (top + h - bottom) / 2);
+  // A roof: the bandwidth slope from the left edge (or where it enters the plot) to the ridge,
+  // then flat at the peak.
+  auto roof_path = [&](double flops_per_s, const std::string& name, const std::string& color, bool dashed) {
+    const double x_lo = std::max(std::pow(10, lx0), std::pow(10, ly0) / roof.bandwidth);
+    const double ridge = flops_per_s / roof.bandwidth, x_hi = std::pow(10, lx1);
+    std::string d = fmt::format("M{:.1f},{:.1f} ", fx(x_lo), fy(std::min(flops_per_s, x_lo * roof.bandwidth)));
+    if (ridge > x_lo && ridge < x_hi) d += fmt::format("L{:.1f},{:.1f} ", fx(ridge), fy(flops_per_s));
+    d += fmt::format("L{:.1f},{:.1f}", fx(x_hi), fy(std::min(flops_per_s, x_hi * roof.bandwidth)));
+    return fmt::format(R"(<path class="roof" data-roof="{}" d="{}" fill="none" stroke="{}" stroke-width="2.5"{}/>)",
+                       name, d, color, dashed ? R"( stroke-dasharray="6 4")" : "");
+  };
+  out += roof_path(roof.gemm_flops_per_s, "gemm", "#444", false);
+  const bool two_roofs = std::abs(roof.other_flops_per_s - roof.gemm_flops_per_s) > 1e-9 * roof.gemm_flops_per_s;
+  if (two_roofs) out += roof_path(roof.other_flops_per_s, "vector", "#999", true);
+  const double ridge = roof.ridge();
+  out += fmt::format(
+      R"(<line class="ridge" data-ridge="{:.4g}" x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{}" stroke="#888" stroke-dasharray="3 3"/>)",
+      ridge, fx(ridge), fy(roof.gemm_flops_per_s), fx(ridge), h - bottom);
+  out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="tick">ridge {:.3g} FLOP/B</text>)", fx(ridge) + 4,
+                     fy(roof.gemm_flops_per_s) + 16, ridge);
+  for (const Dot& d : dots) {
+    out +=
+        fmt::format(R"(<circle class="{}"{} cx="{:.1f}" cy="{:.1f}" r="{}" fill="{}"><title>{}</title></circle>)",
+                    d.cls, d.attrs, fx(d.x), fy(d.y), d.cls == "roofline-step" ? 6 : 4, d.color, html_escape(d.title));
+  }
+  // Legend.
+  const std::vector<std::pair<std::string, std::string>> legend = {
+      {fmt::format("GEMM roof, {:.3g} TFLOP/s", roof.gemm_flops_per_s / 1e12), "#444"},
+      {"fwd components", kColors[0]},
+      {"bwd components", kColors[1]},
+      {"recompute components", kColors[2]},
+      {"step (optimizer)", kColors[3]},
+      {"measured step", "#000"}};
+  double ly = top + 10;
+  for (const auto& [name, color] : legend) {
+    out +=
+        fmt::format(R"(<circle cx="{}" cy="{:.1f}" r="4" fill="{}"/><text x="{}" y="{:.1f}" class="legend">{}</text>)",
+                    w - right + 16, ly, color, w - right + 26, ly + 4, html_escape(name));
+    ly += 18;
+  }
+  if (two_roofs) {
+    out += fmt::format(
+        R"(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#999" stroke-width="2" stroke-dasharray="6 4"/><text x="{}" y="{:.1f}" class="legend">vector roof, {:.3g} TFLOP/s</text>)",
+        w - right + 8, ly, w - right + 22, ly, w - right + 26, ly + 4, roof.other_flops_per_s / 1e12);
+    ly += 18;
+  }
+  out += fmt::format(R"(<text x="{}" y="{:.1f}" class="legend">memory {:.3g} GB/s</text>)", w - right + 8, ly + 4,
+                     roof.bandwidth / 1e9);
+  out += fmt::format(R"(<text x="{}" y="{:.1f}" class="legend">{}</text>)", w - right + 8, ly + 22,
+                     roof.tensor_cores ? "GEMMs on tensor cores" : "no tensor cores: GEMMs on vector units");
+  return out + "</svg>\n";
+}
+
 std::string series_name(const ProfileRow& r) {
   return fmt::format("batch {}, GA {}", r.point.batch_size, r.point.grad_accum);
+}
+
+// What the peak, the roofline and the three columns are, one line each (Markdown and HTML).
+std::vector<std::string> describe(const SweepReport& report) {
+  std::vector<std::string> lines;
+  if (report.cpu_peak) {
+    const cost::CpuPeak& p = *report.cpu_peak;
+    std::string line = fmt::format("peak: theoretical fp32 = {}; {}", p.formula(), p.layout.row);
+    if (report.config.dtype != "fp32")
+      line += fmt::format("; {} = {:.4g} GFLOP/s ({})", report.config.dtype, p.flops(report.config.dtype) / 1e9,
+                          report.config.dtype == "bf16" ? p.bf16_source : p.fp16_source);
+    if (report.measured_gemm_tflops)
+      line += fmt::format("; measured fp32 GEMM (1024^3 at::mm) {:.4g} GFLOP/s = {:.0f}% of the theoretical fp32 peak",
+                          *report.measured_gemm_tflops * 1e3, *report.measured_gemm_tflops * 1e12 / p.fp32 * 100);
+    if (report.peak_source == "--peak-tflops") line += "; MFU divides by --peak-tflops instead";
+    lines.push_back(line);
+  } else if (report.measured_gemm_tflops) {
+    lines.push_back(fmt::format("peak: no theoretical CPU peak ({}); measured fp32 GEMM {:.4g} GFLOP/s",
+                                report.cpu_peak_missing, *report.measured_gemm_tflops * 1e3));
+  }
+  if (report.roofline) {
+    const cost::Roofline& r = *report.roofline;
+    lines.push_back(fmt::format(
+        "roofline ({}): GEMMs {:.4g} TFLOP/s ({}), other ops {:.4g} TFLOP/s (vector units), memory {:.4g} GB/s ({}); "
+        "ridge point {:.3g} FLOP/byte",
+        r.device, r.gemm_flops_per_s / 1e12, r.tensor_cores ? "tensor cores" : "vector units",
+        r.other_flops_per_s / 1e12, r.bandwidth / 1e9, report.bandwidth_source, r.ridge()));
+    lines.push_back(
+        "memory bandwidth, tensor core, fp engine: \"x% (model)\" is the traffic model (cost/traffic.h) at the "
+        "measured step time: modelled bytes / step time / peak bandwidth, GEMM FLOPs / tensor-core peak / step time, "
+        "the other FLOPs (and GEMMs without tensor cores) / vector peak / step time" +
+        std::string(r.tensor_cores ? "" : "; this device has no tensor cores for the dtype (AMX on a CPU), so 0"));
+  } else {
+    lines.push_back(
+        "memory bandwidth, tensor core, fp engine: no roofline for this device (no row in cost/hardware.cpp): "
+        "n/a unless counted");
+  }
+  lines.push_back("counters: " + report.counters_note);
+  return lines;
+}
+
+// One point's per-component table (Markdown).
+std::string components_markdown(const ProfileRow& r) {
+  std::string out = fmt::format(
+      "\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; measured per component: n/a, "
+      "kiln-profile has no per-component timing)\n\n",
+      point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3);
+  out +=
+      "| component | pass | x | GEMM GFLOP | other GFLOP | MB | MB eager | FLOP/B | bound | modelled ms | measured ms "
+      "|\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n";
+  for (const ComponentRow& c : r.components) {
+    out += fmt::format("| {} | {} | {:g} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {:.2f} | {} | {:.3f} | {} |\n",
+                       c.component, c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
+                       c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
+  }
+  return out;
 }
 
 }  // namespace
@@ -266,9 +482,9 @@ std::vector<std::vector<std::string>> table_rows(const SweepReport& report) {
                    std::to_string(r.point.grad_accum),
                    std::to_string(r.point.cutoff_len),
                    good ? gb(r.peak_allocated_bytes) : r.status,
-                   pct(r.dram_throughput),
-                   pct(r.tensor_pipe),
-                   "n/a",
+                   good ? utilisation_cell(r.memory_bandwidth) : "",
+                   good ? utilisation_cell(r.tensor_core) : "",
+                   good ? utilisation_cell(r.fp_engine) : "",
                    good ? fmt::format("{:.0f}", r.tokens_per_second) : "",
                    good ? fmt::format("{:.3g}", r.tflops) : "",
                    good ? pct(r.mfu) : "",
@@ -287,10 +503,12 @@ std::string to_markdown(const SweepReport& report) {
   const auto header = table_header(report);
   std::string out = fmt::format(
       "kiln-profile: {} ({} parameters), {}, kernels {}, device {}, peak {:.3g} TFLOP/s ({})\n"
-      "memory usage = peak bytes held by tensors during one step ({}); GB = 1e9 bytes\n\n",
+      "memory usage = peak bytes held by tensors during one step ({}); GB = 1e9 bytes\n",
       report.config.model, report.num_parameters, report.config.dtype, report.config.kernels, report.device,
       report.peak_tflops, report.peak_source.empty() ? "unknown" : report.peak_source,
       report.device.rfind("cuda", 0) == 0 ? "CUDA caching allocator, allocated" : "counting CPU allocator");
+  for (const auto& l : describe(report)) out += l + "\n";
+  out += "\n";
   auto line = [](const std::vector<std::string>& cells) {
     std::string l = "|";
     for (const auto& c : cells) l += " " + c + " |";
@@ -304,7 +522,20 @@ std::string to_markdown(const SweepReport& report) {
       out += fmt::format("\n{} at cutoff_len {}, batch {}, GA {}: {}", r.status, r.point.cutoff_len, r.point.batch_size,
                          r.point.grad_accum, r.message.substr(0, r.message.find('\n')));
   }
-  return out + "\n";
+  out += "\n";
+  for (const auto& w : report.warnings) out += "\nWARNING: " + w + "\n";
+  bool heading = false;
+  for (const auto& r : report.rows) {
+    if (!ok(r) || r.components.empty()) continue;
+    if (!heading) {
+      out +=
+          "\n## Memory traffic and FLOPs per component (cost/traffic.h, per optimizer step, kiln's step; "
+          "\"eager\" an unfused HF eager step)\n";
+      heading = true;
+    }
+    out += components_markdown(r);
+  }
+  return out;
 }
 
 std::string to_csv(const SweepReport& report) {
@@ -319,6 +550,74 @@ std::string to_csv(const SweepReport& report) {
   line(table_header(report));
   for (const auto& row : table_rows(report)) line(row);
   return out;
+}
+
+std::string to_components_csv(const SweepReport& report) {
+  std::string out =
+      "cutoff_len,batch_size,gradient_accumulation_steps,component,pass,repeats,gemm_flops,other_flops,bytes,"
+      "eager_bytes,intensity,bound,modelled_seconds,measured_seconds\n";
+  for (const auto& r : report.rows) {
+    for (const ComponentRow& c : r.components) {
+      out += fmt::format("{},{},{},{},{},{:g},{:.17g},{:.17g},{:.17g},{:.17g},{:.17g},{},{:.17g},{}\n",
+                         r.point.cutoff_len, r.point.batch_size, r.point.grad_accum, csv_field(c.component), c.pass,
+                         c.repeats, c.gemm_flops, c.other_flops, c.bytes, c.eager_bytes, c.intensity, c.bound,
+                         c.modelled_seconds, c.measured_seconds ? fmt::format("{:.17g}", *c.measured_seconds) : "n/a");
+    }
+  }
+  return out;
+}
+
+namespace {
+json components_json(const std::vector<ComponentRow>& rows) {
+  json out = json::array();
+  for (const ComponentRow& c : rows) {
+    out.push_back({{"component", c.component},
+                   {"pass", c.pass},
+                   {"repeats", c.repeats},
+                   {"gemm_flops", c.gemm_flops},
+                   {"other_flops", c.other_flops},
+                   {"bytes", c.bytes},
+                   {"eager_bytes", c.eager_bytes},
+                   {"intensity", c.intensity},
+                   {"bound", c.bound},
+                   {"modelled_seconds", c.modelled_seconds},
+                   {"measured_seconds", c.measured_seconds ? json(*c.measured_seconds) : json(nullptr)}});
+  }
+  return out;
+}
+
+json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source) {
+  return {
+      {"device", r.device},       {"gemm_flops_per_s", r.gemm_flops_per_s}, {"other_flops_per_s", r.other_flops_per_s},
+      {"bandwidth", r.bandwidth}, {"bandwidth_source", bandwidth_source},   {"tensor_cores", r.tensor_cores},
+      {"ridge", r.ridge()}};
+}
+}  // namespace
+
+std::string explain_json(const std::string& model_name, const cost::TrafficReport& traffic, const cost::Roofline& roof,
+                         const std::string& bandwidth_source) {
+  const cost::TrafficOptions& o = traffic.options;
+  const cost::Cost k = traffic.kiln_step(), e = traffic.eager_step();
+  const json doc = {{"model", model_name},
+                    {"num_parameters", traffic.num_parameters},
+                    {"cutoff_len", o.seq_len},
+                    {"batch_size", o.batch},
+                    {"gradient_accumulation_steps", o.grad_accum},
+                    {"dtype", o.dtype},
+                    {"attention", o.attention},
+                    {"recompute", o.recompute},
+                    {"tokens_per_step", traffic.tokens_per_step},
+                    {"roofline", roofline_json(roof, bandwidth_source)},
+                    {"components", components_json(component_rows(traffic, roof))},
+                    {"totals",
+                     {{"gemm_flops", k.gemm_flops},
+                      {"other_flops", k.other_flops},
+                      {"model_flops", traffic.model_flops_step()},
+                      {"bytes", k.bytes},
+                      {"eager_bytes", e.bytes},
+                      {"modelled_seconds", cost::modelled_step_seconds(traffic, roof)},
+                      {"eager_modelled_seconds", cost::modelled_step_seconds(traffic, roof, true)}}}};
+  return doc.dump(2) + "\n";
 }
 
 std::string to_json(const SweepReport& report) {
@@ -353,29 +652,117 @@ std::string to_json(const SweepReport& report) {
                     {"comm_wait_share", opt(r.comm_wait_share)},
                     {"buckets_launched", r.buckets_launched ? json(*r.buckets_launched) : json(nullptr)},
                     {"buckets_overlapped", r.buckets_overlapped ? json(*r.buckets_overlapped) : json(nullptr)},
-                    {"dram_throughput", opt(r.dram_throughput)},
-                    {"tensor_pipe", opt(r.tensor_pipe)}});
+                    {"mfu_exceeds_peak", r.mfu_exceeds_peak}});
+    json& row = rows.back();
+    const std::pair<std::string, const Utilisation*> columns[] = {
+        {"memory_bandwidth", &r.memory_bandwidth}, {"tensor_core", &r.tensor_core}, {"fp_engine", &r.fp_engine}};
+    for (const auto& [name, u] : columns) {
+      row[name + "_modelled"] = opt(u->modelled);
+      row[name + "_counted"] = opt(u->counted);
+      row[name + "_counted_reason"] = u->counted ? json(nullptr) : json(u->counted_reason);
+    }
+    row["modelled_step_seconds"] = r.components.empty() ? json(nullptr) : json(r.modelled_step_seconds);
+    row["executed_flops_per_step"] = ok(r) ? json(r.executed_flops) : json(nullptr);
+    row["traffic_bytes_per_step"] = ok(r) ? json(r.traffic_bytes) : json(nullptr);
+    row["components"] = components_json(r.components);
+    if (r.counters) {
+      const CounterReading& c = *r.counters;
+      json per_range = json::array();
+      for (const auto& [name, seconds] : c.per_range) per_range.push_back({name, seconds});
+      row["counters"] = {{"source", c.source},
+                         {"memory_bandwidth", opt(c.memory_bandwidth)},
+                         {"tensor_core", opt(c.tensor_core)},
+                         {"fp_engine", opt(c.fp_engine)},
+                         {"dram_bytes", opt(c.dram_bytes)},
+                         {"cycles", opt(c.cycles)},
+                         {"instructions", opt(c.instructions)},
+                         {"cpu_seconds", opt(c.cpu_seconds)},
+                         {"memory_throughput", opt(c.memory_throughput)},
+                         {"gpu_seconds", opt(c.gpu_seconds)},
+                         {"seconds", c.seconds},
+                         {"reason", c.reason},
+                         {"detail", c.detail},
+                         {"per_range", per_range}};
+    } else {
+      row["counters"] = nullptr;
+    }
   }
-  const json doc = {{"model", report.config.model},
-                    {"num_parameters", report.num_parameters},
-                    {"dtype", report.config.dtype},
-                    {"kernels", report.config.kernels},
-                    {"device", report.device},
-                    {"peak_tflops", report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr)},
-                    {"peak_name", report.peak_name},
-                    {"peak_source", report.peak_source},
-                    {"gradient_checkpointing", report.config.gradient_checkpointing},
-                    {"recomputation", report.config.recomputation()},
-                    {"steps", report.config.steps},
-                    {"warmup", report.config.warmup},
-                    {"synthetic_data", report.config.dataset_dir.empty()},
-                    {"counters", report.counters_note},
-                    {"world_size", report.world_size},
-                    {"launcher", report.launcher},
-                    {"backend", report.backend},
-                    {"zero_stage", report.config.zero_stage},
-                    {"ddp_overlap", report.config.ddp_overlap},
-                    {"rows", rows}};
+  json cpu = nullptr;
+  if (report.cpu_peak) {
+    const cost::CpuPeak& p = *report.cpu_peak;
+    const cost::CpuFeatures& f = p.features;
+    cpu = {{"vendor", f.vendor},
+           {"family", f.family},
+           {"model", f.model},
+           {"model_name", f.model_name},
+           {"flags",
+            {{"sse2", f.sse2},
+             {"avx", f.avx},
+             {"fma", f.fma},
+             {"avx2", f.avx2},
+             {"avx512f", f.avx512f},
+             {"avx512_bf16", f.avx512_bf16},
+             {"avx512_fp16", f.avx512_fp16},
+             {"amx_bf16", f.amx_bf16},
+             {"amx_fp16", f.amx_fp16}}},
+           {"width_bits", p.layout.width_bits},
+           {"fma_units", p.layout.units},
+           {"flop_per_instruction", p.layout.flop_per_instruction},
+           {"table_row", p.layout.row},
+           {"clock_hz", p.clock.hz},
+           {"clock_source", p.clock.source},
+           {"threads", p.threads},
+           {"cores", p.cores},
+           {"fp32_flops", p.fp32},
+           {"bf16_flops", p.bf16},
+           {"fp16_flops", p.fp16},
+           {"bf16_source", p.bf16_source},
+           {"fp16_source", p.fp16_source},
+           {"formula", p.formula()}};
+  }
+  json hardware = nullptr;
+  if (report.hardware) {
+    const cost::HardwareSpec& h = *report.hardware;
+    hardware = {{"name", h.name},
+                {"source", h.source},
+                {"tensor_tflops",
+                 {{"bf16", h.tensor_bf16 ? json(h.bf16) : json(nullptr)},
+                  {"fp16", h.tensor_fp16 ? json(h.fp16) : json(nullptr)},
+                  {"tf32", h.tf32 > 0 ? json(h.tf32) : json(nullptr)}}},
+                {"vector_tflops", {{"bf16", h.bf16_vector}, {"fp16", h.fp16_vector}, {"fp32", h.fp32}}},
+                {"memory_bandwidth", h.memory_bandwidth}};
+  }
+  json roofline = nullptr;
+  if (report.roofline) roofline = roofline_json(*report.roofline, report.bandwidth_source);
+  const json doc = {
+      {"model", report.config.model},
+      {"num_parameters", report.num_parameters},
+      {"dtype", report.config.dtype},
+      {"kernels", report.config.kernels},
+      {"device", report.device},
+      {"peak_tflops", report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr)},
+      {"peak_name", report.peak_name},
+      {"peak_source", report.peak_source},
+      {"gradient_checkpointing", report.config.gradient_checkpointing},
+      {"recomputation", report.config.recomputation()},
+      {"steps", report.config.steps},
+      {"warmup", report.config.warmup},
+      {"synthetic_data", report.config.dataset_dir.empty()},
+      {"counters", report.counters_note},
+      {"counters_requested", report.config.counters},
+      {"cpu_peak", cpu},
+      {"cpu_peak_missing", report.cpu_peak_missing},
+      {"measured_gemm_tflops", report.measured_gemm_tflops ? json(*report.measured_gemm_tflops) : json(nullptr)},
+      {"measured_gemm_exceeds_peak", report.measured_gemm_exceeds_peak},
+      {"hardware", hardware},
+      {"roofline", roofline},
+      {"warnings", report.warnings},
+      {"world_size", report.world_size},
+      {"launcher", report.launcher},
+      {"backend", report.backend},
+      {"zero_stage", report.config.zero_stage},
+      {"ddp_overlap", report.config.ddp_overlap},
+      {"rows", rows}};
   return doc.dump(2) + "\n";
 }
 
@@ -418,6 +805,7 @@ svg .title { font-weight: bold; font-size: 14px; }
 svg .tick, svg .legend { font-size: 11px; }
 svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
 .note { color: #555; font-size: 13px; }
+.warning { color: #b00; font-weight: bold; }
 </style></head><body>
 )";
   out += fmt::format("<h1>kiln-profile: {}</h1>\n", html_escape(report.config.model));
@@ -437,13 +825,41 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
     out += "</tr>\n";
   }
   out += "</tbody></table>\n";
-  out += "<p class=\"note\">" + html_escape(report.counters_note) +
-         ". Memory usage is the peak of one step; "
-         "predicted is the analytic model of docs/performance.md.</p>\n";
+  for (const auto& w : report.warnings) out += "<p class=\"warning\">WARNING: " + html_escape(w) + "</p>\n";
+  for (const auto& l : describe(report)) out += "<p class=\"note\">" + html_escape(l) + "</p>\n";
+  out +=
+      "<p class=\"note\">Memory usage is the peak of one step; predicted is the analytic model of "
+      "docs/performance.md.</p>\n";
   out += line_chart("chart-memory", "Peak memory against cutoff_len (solid: measured, dashed: predicted)", "cutoff_len",
                     "GB", mem_series);
   out += line_chart("chart-speed", "Tokens per second against cutoff_len", "cutoff_len", "tokens/s", speed_series);
   out += breakdown_chart(report);
+  out += roofline_chart(report);
+  bool heading = false;
+  for (const auto& r : report.rows) {
+    if (!ok(r) || r.components.empty()) continue;
+    if (!heading) {
+      out +=
+          "<h2>Memory traffic and FLOPs per component</h2>\n<p class=\"note\">cost/traffic.h, per optimizer step: "
+          "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: n/a "
+          "(kiln-profile has no per-component timing).</p>\n";
+      heading = true;
+    }
+    out += fmt::format(
+        "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms</summary>\n"
+        "<table class=\"components\"><thead><tr><th>component</th><th>pass</th><th>x</th><th>GEMM GFLOP</th>"
+        "<th>other GFLOP</th><th>MB</th><th>MB eager</th><th>FLOP/B</th><th>bound</th><th>modelled ms</th>"
+        "<th>measured ms</th></tr></thead><tbody>\n",
+        html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3);
+    for (const ComponentRow& c : r.components) {
+      out += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{:g}</td><td>{:.4f}</td><td>{:.4f}</td><td>{:.3f}</td><td>{:.3f}</td>"
+          "<td>{:.2f}</td><td>{}</td><td>{:.3f}</td><td>{}</td></tr>\n",
+          html_escape(c.component), c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
+          c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
+    }
+    out += "</tbody></table></details>\n";
+  }
   out += "</body></html>\n";
   return out;
 }
@@ -469,12 +885,18 @@ std::vector<std::string> write_report_files(const std::string& dir, const std::s
 
 std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
                                        const std::vector<std::string>& formats) {
-  return write_report_files(dir, "profile", formats, [&](const std::string& f) {
+  std::vector<std::string> written = write_report_files(dir, "profile", formats, [&](const std::string& f) {
     return f == "md"     ? to_markdown(report)
            : f == "csv"  ? to_csv(report)
            : f == "json" ? to_json(report)
                          : to_html(report);
   });
+  if (std::find(formats.begin(), formats.end(), "csv") != formats.end()) {
+    const fs::path path = fs::path(dir) / "profile_components.csv";
+    write_atomic(path, to_components_csv(report));
+    written.push_back(path.string());
+  }
+  return written;
 }
 
 }  // namespace kiln::profile

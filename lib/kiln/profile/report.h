@@ -4,8 +4,11 @@
 //
 // The table's first columns follow the user's hand-made tables (task, fp16/bf16, speed, num_gpu,
 // batch size per gpu, gradient_accumulation_steps, cutoff_len, memory usage, memory bandwidth,
-// tensor core, fp engine); kiln's own columns follow. GB = 1e9 bytes. A value that could not be
-// measured (hardware counters on a CPU) is "n/a", never a guess.
+// tensor core, fp engine); kiln's own columns follow. GB = 1e9 bytes. The three counter columns
+// hold the counted value with the traffic model's beside it ("41.0% (model 38.2%)"), or the
+// model's alone marked as such ("38.2% (model)"); the JSON has both (`*_modelled`, `*_counted`,
+// `*_counted_reason`). Each point's per-component traffic table (cost/traffic.h) follows the main
+// table (Markdown, JSON, HTML; profile_components.csv), and the HTML draws the roofline.
 #pragma once
 
 #include <functional>
@@ -21,11 +24,15 @@ std::vector<std::vector<std::string>> table_rows(const SweepReport& report);
 
 std::string to_markdown(const SweepReport& report);
 std::string to_csv(const SweepReport& report);
+// One line per (point, component, pass): the traffic model's rows (profile_components.csv).
+std::string to_components_csv(const SweepReport& report);
 std::string to_json(const SweepReport& report);
+// kiln-profile --explain --json: the traffic model of one configuration, its rows as the sweep's
+// JSON writes a point's `components` (component_rows), the roofline and the step's totals.
+std::string explain_json(const std::string& model_name, const cost::TrafficReport& traffic, const cost::Roofline& roof,
+                         const std::string& bandwidth_source);
 std::string to_html(const SweepReport& report);
 
-// Writes profile.{md,csv,json,html} (those in `formats`) into `dir` (created), each through a
-// temporary file and a rename. Returns the paths written.
 // Writes dir/<stem>.<format> atomically for each of `formats` (md, csv, json, html), the text
 // from render(format); returns the paths. An unknown format is an error naming it. Shared by the
 // profile report and the plan.
@@ -33,6 +40,8 @@ std::vector<std::string> write_report_files(const std::string& dir, const std::s
                                             const std::vector<std::string>& formats,
                                             const std::function<std::string(const std::string&)>& render);
 
+// Writes profile.{md,csv,json,html} (those in `formats`; with csv also profile_components.csv)
+// into `dir` (created), each through a temporary file and a rename. Returns the paths written.
 std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
                                        const std::vector<std::string>& formats);
 

@@ -23,8 +23,10 @@
 #include "kiln/common/device.h"
 #include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
+#include "kiln/cost/cpu_peak.h"
 #include "kiln/cost/flops.h"
 #include "kiln/cost/hardware.h"
+#include "kiln/cost/traffic.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
 #include "kiln/dist/comm.h"
@@ -34,6 +36,7 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
+#include "kiln/profile/counters.h"
 #include "kiln/profile/cpu_allocator.h"
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/kernel_choices.h"
@@ -159,6 +162,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("zero_stage", c.zero_stage);
   reader.read("ddp_bucket_cap_mb", c.ddp_bucket_cap_mb);
   reader.read("ddp_overlap", c.ddp_overlap);
+  reader.read("counters", c.counters);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
@@ -186,6 +190,58 @@ std::string ProfileRow::speed() const {
   return its >= 1.0 ? fmt::format("{:.2f} it/s", its) : fmt::format("{:.2f} s/it", seconds_per_step);
 }
 
+void set_traffic_kernels(cost::TrafficOptions& o, const std::string& kernels, bool cuda,
+                         const cost::HardwareSpec* hardware, int64_t head_dim) {
+  using ops::Backend, ops::Op;
+  o.kernels = train::kernel_choices(kernels, o.dtype == "fp32" ? 4 : 2, cuda);
+  o.fused_rope = ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
+  const bool kiln_attention = ops::backend_in_spec(kernels, Op::kAttention) == Backend::kKiln;
+  // kiln's flash kernels are CUDA kernels; on the CPU (and on a GPU the table does not know)
+  // attention is ATen's SDPA with a fused backend: no T x T tensor.
+  o.attention = cuda && hardware ? cost::kiln_attention_path(kiln_attention, *hardware, o.dtype, head_dim) : "sdpa";
+}
+
+cost::TrafficOptions traffic_options(const SweepConfig& config, const model::LlamaConfig& model,
+                                     const SweepPoint& point, bool cuda, const cost::HardwareSpec* hardware,
+                                     int world_size) {
+  cost::TrafficOptions o;
+  o.batch = point.batch_size;
+  o.seq_len = point.cutoff_len;
+  o.grad_accum = point.grad_accum;
+  o.dtype = config.dtype;
+  set_traffic_kernels(o, config.kernels, cuda, hardware, model.resolved_head_dim());
+  const std::string policy = config.recomputation();
+  if (policy.rfind("every_", 0) == 0) {
+    o.recompute = "every_n";
+    o.every = static_cast<int>(config.gradient_checkpointing_every);
+  } else {
+    o.recompute = policy;
+  }
+  o.world_size = world_size;
+  o.zero_stage = world_size > 1 ? static_cast<int>(config.zero_stage) : 0;
+  return o;
+}
+
+std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof) {
+  std::vector<ComponentRow> out;
+  for (const cost::TrafficRow& row : report.rows) {
+    const cost::Cost k = row.kiln_step();
+    ComponentRow c;
+    c.component = row.component;
+    c.pass = cost::pass_name(row.pass);
+    c.repeats = row.repeats;
+    c.gemm_flops = k.gemm_flops;
+    c.other_flops = k.other_flops;
+    c.bytes = k.bytes;
+    c.eager_bytes = row.eager_step().bytes;
+    c.intensity = row.kiln.intensity();
+    c.bound = row.kiln.bytes == 0 && row.kiln.flops() == 0 ? "-" : roof.memory_bound(row.kiln) ? "memory" : "compute";
+    c.modelled_seconds = roof.seconds(row.kiln) * row.repeats;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 namespace {
 
 std::optional<at::ScalarType> autocast_dtype(const std::string& dtype) {
@@ -203,6 +259,7 @@ struct PointContext {
   std::shared_ptr<const data::PackedDataset> dataset;  // one per cutoff_len, or null (synthetic)
   double peak_tflops;
   std::shared_ptr<dist::Comm> comm;  // data parallel, or null
+  CounterSession* counters;          // --counters with a session that can count, or null
 };
 
 // `steps` more steps of the point under the Kineto profiler (CPU ops; CUDA kernels too on a GPU),
@@ -357,7 +414,46 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   row.peak_reserved_bytes = device::peak_reserved_bytes(ctx.device);
   if (const auto rss = device::read_rss(); rss && rss_baseline)
     row.rss_peak_over_baseline_bytes = static_cast<double>(rss->peak_bytes - *rss_baseline);
+  if (ctx.counters) {
+    // As many steps again under the counters, untimed: the CUPTI session serialises the kernels.
+    device::synchronize(ctx.device);
+    ctx.counters->start();
+    for (int64_t i = 0; i < ctx.config.steps; ++i) step();
+    device::synchronize(ctx.device);
+    row.counters = ctx.counters->stop();
+  }
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
+}
+
+// The model's three columns at the measured step time, the components, and the counted columns.
+void fill_utilisation(const SweepReport& report, const SweepConfig& config, bool cuda, ProfileRow& row) {
+  const cost::TrafficReport traffic = cost::traffic_model(
+      report.model, traffic_options(config, report.model, row.point, cuda,
+                                    report.hardware ? &*report.hardware : nullptr, report.world_size));
+  row.executed_flops = traffic.kiln_step().flops();
+  row.traffic_bytes = traffic.kiln_step().bytes;
+  if (report.roofline) {
+    row.components = component_rows(traffic, *report.roofline);
+    row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
+    const auto u = cost::modelled_utilisation(traffic, *report.roofline, row.seconds_per_step);
+    row.memory_bandwidth.modelled = u.memory_bandwidth;
+    row.tensor_core.modelled = u.tensor_core;
+    row.fp_engine.modelled = u.fp_engine;
+  }
+  if (!config.counters) {
+    for (Utilisation* u : {&row.memory_bandwidth, &row.tensor_core, &row.fp_engine})
+      u->counted_reason = "not counted: run with --counters";
+    return;
+  }
+  if (!row.counters) return;  // the session's reason is already in the columns (run_sweep)
+  const CounterReading& r = *row.counters;
+  auto take = [&](Utilisation& u, const std::optional<double>& v, const std::string& own) {
+    u.counted = v;
+    u.counted_reason = v ? "" : !own.empty() ? own : !r.reason.empty() ? r.reason : "n/a: not counted";
+  };
+  take(row.memory_bandwidth, r.memory_bandwidth, r.memory_reason);
+  take(row.tensor_core, r.tensor_core, r.tensor_reason);
+  take(row.fp_engine, r.fp_engine, r.fp_reason);
 }
 
 }  // namespace
@@ -396,19 +492,57 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.num_parameters = meta->num_parameters();
   }
   report.device = device.str();
+  if (device.is_cpu()) {
+    // The theoretical peak (cpuid, the FMA table, sysfs), and the measured GEMM rate beside it.
+    report.cpu_peak = cost::this_cpu_peak(&report.cpu_peak_missing);
+    report.measured_gemm_tflops = device::measure_cpu_gemm_tflops();
+    const double bandwidth = device::measure_cpu_copy_bandwidth();
+    report.bandwidth_source =
+        fmt::format("measured: STREAM-like copy of 64 MiB fp32 with {} threads, best of 5, {:.1f} GB/s",
+                    at::get_num_threads(), bandwidth / 1e9);
+    if (report.cpu_peak) {
+      report.hardware = cost::cpu_hardware_spec(*report.cpu_peak, bandwidth, device::device_memory_bytes(device));
+      const double theoretical = report.cpu_peak->fp32 / 1e12;
+      if (const auto bug =
+              cost::peak_violation(*report.measured_gemm_tflops / theoretical, "the measured fp32 GEMM rate",
+                                   "the theoretical fp32 peak (" + report.cpu_peak->formula() + ")")) {
+        report.measured_gemm_exceeds_peak = true;
+        report.warnings.push_back(*bug);
+      }
+    }
+  } else if (device.is_cuda()) {
+    report.hardware = cost::hardware_for_device_name(device::name(device));
+    if (report.hardware) report.bandwidth_source = report.hardware->source;
+  }
   if (config.peak_tflops > 0) {
     report.peak_name = "--peak-tflops";
     report.peak_tflops = config.peak_tflops;
     report.peak_source = "--peak-tflops";
+    if (device.is_cuda()) report.device += " (" + device::name(device) + ")";
+  } else if (report.cpu_peak) {
+    report.peak_name = device::name(device);
+    report.peak_tflops = report.cpu_peak->flops(config.dtype) / 1e12;
+    report.peak_source = "theoretical";
   } else if (const auto peak = cost::device_peak(device, autocast.value_or(at::kFloat))) {
     report.peak_name = peak->name;
     report.peak_tflops = peak->tflops;
     report.peak_source = peak->source;
     if (device.is_cuda()) report.device += " (" + peak->name + ")";
   }
-  report.counters_note =
-      "DRAM throughput and tensor-pipe use need hardware counters (CUPTI/Nsight Compute), which kiln-profile does "
-      "not read yet: n/a";
+  if (report.hardware) {
+    report.roofline = cost::roofline(*report.hardware, config.dtype);
+    if (config.peak_tflops > 0) report.roofline->gemm_flops_per_s = config.peak_tflops * 1e12;
+  }
+  std::unique_ptr<CounterSession> counters;
+  if (config.counters) {
+    counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0);
+    report.counters_note = counters->available()
+                               ? "counted: hardware counters over as many steps again after the timed ones"
+                               : "counters unavailable: " + counters->reason();
+    if (!counters->available()) counters.reset();
+  } else {
+    report.counters_note = "not counted (run with --counters): the columns show the traffic model's values";
+  }
 
   // The run's kernels, for this thread only (the sweep may run inside a larger program).
   const ops::BackendScope backends(config.kernels);
@@ -447,8 +581,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
                                 .world_size = report.world_size,
                                 .zero_stage = static_cast<int>(config.zero_stage),
                                 .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
-        const PointContext ctx{config,  report.model,       device, autocast, counter.get(),
-                               dataset, report.peak_tflops, comm};
+        const PointContext ctx{config,  report.model,       device, autocast,      counter.get(),
+                               dataset, report.peak_tflops, comm,   counters.get()};
         try {
           measure_point(ctx, row);
         } catch (const c10::OutOfMemoryError& e) {
@@ -466,12 +600,49 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
         }
         device::release_cached_memory(device);
         row.peak_rss_bytes = static_cast<double>(device::peak_rss_bytes());
+        if (row.status == "ok") {
+          fill_utilisation(report, config, device.is_cuda(), row);
+          if (config.counters && !counters) {
+            for (Utilisation* u : {&row.memory_bandwidth, &row.tensor_core, &row.fp_engine})
+              u->counted_reason = report.counters_note;
+          }
+          if (row.mfu) {
+            const std::string what = fmt::format("MFU at cutoff_len {}, batch {}, GA {}", cutoff, batch, accum);
+            const std::string of =
+                fmt::format("the {} peak of {:.4g} TFLOP/s ({})", config.dtype, report.peak_tflops, report.peak_source);
+            if (const auto bug = cost::peak_violation(*row.mfu, what, of)) {
+              row.mfu_exceeds_peak = true;
+              report.warnings.push_back(*bug);
+            }
+          }
+        }
         if (on_row) on_row(row);
         report.rows.push_back(std::move(row));
       }
     }
   }
   if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, 0);
+  if (counters) {
+    // One line: what counted, and for each column no point counted, why (the first point's reason).
+    std::string what, missing;
+    const std::pair<const char*, Utilisation ProfileRow::*> columns[] = {
+        {"memory bandwidth", &ProfileRow::memory_bandwidth},
+        {"tensor core", &ProfileRow::tensor_core},
+        {"fp engine", &ProfileRow::fp_engine}};
+    for (const auto& [name, member] : columns) {
+      bool counted = false;
+      std::string reason;
+      for (const ProfileRow& row : report.rows) {
+        if (row.counters && what.empty())
+          what = row.counters->detail.empty() ? row.counters->source : row.counters->detail;
+        counted = counted || (row.*member).counted.has_value();
+        if (reason.empty()) reason = (row.*member).counted_reason;
+      }
+      if (!counted && !reason.empty()) missing += fmt::format("; {}: {}", name, reason);
+    }
+    report.counters_note = fmt::format("counted ({}) over as many steps again after each point's timed ones{}",
+                                       what.empty() ? "no point ran" : what, missing);
+  }
   return report;
 }
 

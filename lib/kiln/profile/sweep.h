@@ -8,6 +8,14 @@
 // model built as train::Trainer builds it. Data is synthetic (random token ids of the point's
 // shape) unless a shard directory is given. An out-of-memory point (a real one, or one past an
 // artificial cap) becomes a row marked OOM and the sweep goes on.
+//
+// Beside the measurement, each point carries the traffic and FLOP model of its step per component
+// (cost/traffic.h) against the device's roofline (the data-sheet row of a GPU; on the CPU its
+// theoretical peak from cpuid/sysfs, cost/cpu_peak.h, and a measured copy bandwidth), and from it
+// the user's three columns as modelled (memory bandwidth, tensor core, fp engine at the measured
+// step time); with `counters`, hardware counters (profile/counters.h) over as many more steps
+// fill them as counted. A fraction of a peak above 100% (MFU, the measured GEMM rate against the
+// CPU's theoretical peak) is reported as a bug in `warnings`, never clamped.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cost/cpu_peak.h"
+#include "kiln/cost/hardware.h"
 #include "kiln/cost/memory.h"
+#include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
+#include "kiln/profile/counters.h"
 
 namespace kiln::profile {
 
@@ -54,6 +66,9 @@ struct SweepConfig {
   int64_t zero_stage = 0;
   int64_t ddp_bucket_cap_mb = 25;
   bool ddp_overlap = true;  // false: every bucket after backward (to measure what the overlap hides)
+  // Hardware counters (profile/counters.h) over `steps` more steps of each point after its timed
+  // ones (not timed: CUPTI serialises the kernels it counts), filling the counted columns.
+  bool counters = false;
 
   void validate() const;  // throws config::ConfigError naming source and key
   // "none", "full", "every_2", "selective": what the points run.
@@ -67,6 +82,40 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 
 struct SweepPoint {
   int64_t batch_size = 1, grad_accum = 1, cutoff_len = 128;
+};
+
+// The traffic model's options for one point of `config` (cost/traffic.h): the kernels the step
+// runs (train/kernel_choices.h, RoPE and attention from the spec and the device: kiln's flash
+// kernels only on a GPU that runs them, SDPA on the CPU), recomputation, data parallelism.
+// kiln-profile --explain builds its options with the same kernel rules (set_traffic_kernels).
+cost::TrafficOptions traffic_options(const SweepConfig& config, const model::LlamaConfig& model,
+                                     const SweepPoint& point, bool cuda, const cost::HardwareSpec* hardware,
+                                     int world_size);
+void set_traffic_kernels(cost::TrafficOptions& options, const std::string& kernels, bool cuda,
+                         const cost::HardwareSpec* hardware, int64_t head_dim);
+
+// One row of the traffic model (cost::TrafficRow) at a point, per step, against the roofline.
+struct ComponentRow {
+  std::string component;
+  std::string pass;  // fwd | bwd | recompute | step
+  double repeats = 1;
+  double gemm_flops = 0, other_flops = 0, bytes = 0;  // kiln's, per step (all repeats)
+  double eager_bytes = 0;                             // an unfused eager step's, per step
+  double intensity = 0;                               // FLOP per byte (0 when no bytes move)
+  std::string bound;                                  // compute | memory | - (nothing to do)
+  double modelled_seconds = 0;                        // per step, at the roofline
+  // Per step, from a profiler. kiln-profile has no per-component timing (its step has no ranges
+  // per component): always empty, reported as n/a.
+  std::optional<double> measured_seconds;
+};
+std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof);
+
+// One of the user's three columns: the traffic model's value at the measured step time and what
+// hardware counters counted, each a fraction of the device's peak.
+struct Utilisation {
+  std::optional<double> modelled;  // empty without a roofline (a GPU the table does not know)
+  std::optional<double> counted;
+  std::string counted_reason;  // why `counted` is empty ("" when present)
 };
 
 struct ProfileRow {
@@ -91,9 +140,17 @@ struct ProfileRow {
   // backward was still producing gradients (dist::LaunchCounts; 0 with --no-overlap).
   std::optional<int64_t> buckets_launched, buckets_overlapped;
   cost::MemoryEstimate predicted;
-  std::optional<double> dram_throughput;  // fraction of peak DRAM bandwidth (hardware counters)
-  std::optional<double> tensor_pipe;      // fraction of tensor-pipe cycles (hardware counters)
-  double ratio() const;                   // measured / predicted peak
+  // The user's columns: memory bandwidth (bytes moved / step time / peak bandwidth), tensor core
+  // (GEMM FLOPs on the tensor cores / their peak / step time), fp engine (the rest on the vector
+  // units), modelled and counted.
+  Utilisation memory_bandwidth, tensor_core, fp_engine;
+  std::vector<ComponentRow> components;    // the traffic model's rows (empty for a point that failed)
+  double modelled_step_seconds = 0;        // their modelled times summed (0 without a roofline)
+  double executed_flops = 0;               // per step, kiln's rows (recomputation included)
+  double traffic_bytes = 0;                // per step, kiln's rows
+  std::optional<CounterReading> counters;  // with --counters, when a session could start
+  bool mfu_exceeds_peak = false;           // a bug: reported in SweepReport::warnings
+  double ratio() const;                    // measured / predicted peak
   // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.
   std::string speed() const;
 };
@@ -105,11 +162,23 @@ struct SweepReport {
   std::string device;       // "cpu", "cuda:0 (NVIDIA H200)"
   std::string peak_name;    // what MFU divides by
   double peak_tflops = 0;   // 0 = unknown (MFU n/a)
-  std::string peak_source;  // datasheet | measured | --peak-tflops
-  std::string counters_note;
-  int world_size = 1;             // processes of a data-parallel sweep
-  std::string launcher = "none";  // torchrun | slurm | none
-  std::string backend;            // gloo | nccl (data parallel only)
+  std::string peak_source;  // datasheet | theoretical | measured | --peak-tflops
+  // CPU: the theoretical peak's inputs (cost/cpu_peak.h) and the fp32 GEMM rate measured beside it
+  // (common/device.h); measured_gemm_exceeds_peak is the bug of a peak that does not hold.
+  std::optional<cost::CpuPeak> cpu_peak;
+  std::string cpu_peak_missing;  // why there is no theoretical CPU peak (no table row, no clock)
+  std::optional<double> measured_gemm_tflops;
+  bool measured_gemm_exceeds_peak = false;
+  // The roofline the model's columns use: a GPU's data-sheet row, or the CPU's theoretical peaks
+  // and measured copy bandwidth (bandwidth_source says which).
+  std::optional<cost::HardwareSpec> hardware;
+  std::optional<cost::Roofline> roofline;
+  std::string bandwidth_source;
+  std::string counters_note;          // one line: what the counted columns hold, or why they are empty
+  std::vector<std::string> warnings;  // "BUG: ..." lines: a fraction of a peak above 100%
+  int world_size = 1;                 // processes of a data-parallel sweep
+  std::string launcher = "none";      // torchrun | slurm | none
+  std::string backend;                // gloo | nccl (data parallel only)
   std::vector<ProfileRow> rows;
 };
 

@@ -1,0 +1,113 @@
+// The profile report's counter columns, per-component tables and roofline chart, from a report
+// built here by hand (no step runs): the cells say counted beside modelled, or modelled marked as
+// such; the JSON carries both fields and the reason; a point's components are the traffic model's
+// rows; the roofline SVG has the roof, the ridge, a dot per component and per measured step; a
+// peak violation is a warning line.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/traffic.h"
+#include "kiln/model/llama_config.h"
+#include "kiln/profile/report.h"
+#include "kiln/profile/sweep.h"
+
+namespace {
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+kiln::profile::SweepReport made_up_report() {
+  using namespace kiln;
+  profile::SweepReport report;
+  report.config.model = "tiny";
+  report.config.dtype = "bf16";
+  report.model = model::load_llama_config("tiny");
+  report.device = "cuda:0 (NVIDIA A100-SXM4-80GB)";
+  report.peak_tflops = 312;
+  report.peak_source = "datasheet";
+  report.hardware = cost::hardware_spec("A100-80GB");
+  report.roofline = cost::roofline(*report.hardware, "bf16");
+  report.bandwidth_source = report.hardware->source;
+  report.counters_note = "counted: test";
+  profile::ProfileRow row;
+  row.point = {2, 1, 64};
+  row.seconds_per_step = 0.01;
+  row.tokens_per_second = 128 / 0.01;
+  const profile::SweepPoint point = row.point;
+  const cost::TrafficReport traffic = cost::traffic_model(
+      report.model, profile::traffic_options(report.config, report.model, point, true, &*report.hardware, 1));
+  row.components = profile::component_rows(traffic, *report.roofline);
+  row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
+  row.executed_flops = traffic.kiln_step().flops();
+  row.traffic_bytes = traffic.kiln_step().bytes;
+  row.memory_bandwidth = {0.382, 0.41, ""};
+  row.tensor_core = {0.05, std::nullopt, "n/a: CUPTI: restricted to admin users"};
+  row.fp_engine = {std::nullopt, std::nullopt, "not counted"};
+  report.rows.push_back(row);
+  report.warnings.push_back("BUG: MFU 104.2% exceeds 100% of the peak");
+  return report;
+}
+
+}  // namespace
+
+TEST_CASE("counter columns: counted beside modelled, modelled marked, n/a without either", "[profile]") {
+  const auto report = made_up_report();
+  const auto header = kiln::profile::table_header(report);
+  const auto rows = kiln::profile::table_rows(report);
+  auto column = [&](const std::string& name) {
+    return rows[0][static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin())];
+  };
+  CHECK(column("memory bandwidth") == "41.0% (model 38.2%)");
+  CHECK(column("tensor core") == "5.0% (model)");
+  CHECK(column("fp engine") == "n/a");
+
+  const auto doc = nlohmann::json::parse(kiln::profile::to_json(report));
+  const auto& r = doc["rows"][0];
+  CHECK(r["memory_bandwidth_modelled"].get<double>() == Approx(0.382));
+  CHECK(r["memory_bandwidth_counted"].get<double>() == Approx(0.41));
+  CHECK(r["memory_bandwidth_counted_reason"].is_null());
+  CHECK(r["tensor_core_counted"].is_null());
+  CHECK(r["tensor_core_counted_reason"] == "n/a: CUPTI: restricted to admin users");
+  CHECK(r["fp_engine_modelled"].is_null());
+  CHECK(doc["warnings"].size() == 1);
+  CHECK(doc["roofline"]["ridge"].get<double>() == Approx(312e12 / 2039e9));
+  // The components are the traffic model's rows: their bytes sum to the step's.
+  double bytes = 0;
+  for (const auto& c : r["components"]) bytes += c["bytes"].get<double>();
+  CHECK(bytes == Approx(report.rows[0].traffic_bytes));
+  CHECK(r["components"].size() == report.rows[0].components.size());
+  CHECK(r["components"][0]["measured_seconds"].is_null());
+}
+
+TEST_CASE("Markdown and CSV carry the per-component table and the warning", "[profile]") {
+  const auto report = made_up_report();
+  const std::string md = kiln::profile::to_markdown(report);
+  CHECK(md.find("WARNING: BUG: MFU 104.2%") != std::string::npos);
+  CHECK(md.find("### Components: cutoff_len 64, batch 2, GA 1") != std::string::npos);
+  CHECK(md.find("| q_proj | fwd |") != std::string::npos);
+  CHECK(md.find("ridge point 153 FLOP/byte") != std::string::npos);
+  const std::string csv = kiln::profile::to_components_csv(report);
+  CHECK(count(csv, "\n") == 1 + report.rows[0].components.size());
+  CHECK(csv.find("64,2,1,q_proj,fwd,2,") != std::string::npos);  // 2 layers x 1 micro-batch
+}
+
+TEST_CASE("the roofline chart: roof, ridge, one dot per component with work and per measured step", "[profile]") {
+  const auto report = made_up_report();
+  const std::string html = kiln::profile::to_html(report);
+  CHECK(count(html, R"(id="chart-roofline")") == 1);
+  CHECK(count(html, R"(class="roof" data-roof="gemm")") == 1);
+  CHECK(count(html, R"(class="roof" data-roof="vector")") == 1);  // A100: FP32 units' roof below the tensor cores'
+  CHECK(count(html, R"(class="ridge")") == 1);
+  size_t with_work = 0;
+  for (const auto& c : report.rows[0].components) with_work += c.intensity > 0 && c.gemm_flops + c.other_flops > 0;
+  CHECK(with_work > 10);
+  CHECK(count(html, R"(class="roofline-component")") == with_work);
+  CHECK(count(html, R"(class="roofline-step")") == 1);
+  CHECK(html.find(R"(class="warning")") != std::string::npos);
+  CHECK(count(html, R"(<details class="components">)") == 1);
+}
