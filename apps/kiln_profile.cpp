@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
     ("peak-tflops", "peak TFLOP/s for MFU instead of the device table", cxxopts::value<double>())
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
-    ("output", "directory for profile.{md,csv,json,html}", cxxopts::value<std::string>())
+    ("output", "directory for profile.{md,csv,json,html} (with csv also profile_components.csv)", cxxopts::value<std::string>())
     ("trace", "after each point's timed steps, profile as many more (LibTorch's Kineto profiler, not timed) and write DIR/trace_T<cutoff>_B<batch>_A<accum>.json (Chrome trace: Perfetto; bench_vs_hf.py --op-profile sums it per op)", cxxopts::value<std::string>())
     ("task", "the table's task column", cxxopts::value<std::string>())
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
@@ -292,8 +292,8 @@ int main(int argc, char** argv) {
     ("world-size", "--plan: data-parallel ranks", cxxopts::value<int>())
     ("mfu", "--plan: assumed MFU for the predicted tokens/s (default 0.4)", cxxopts::value<double>())
     ("explain", "print the modelled FLOPs and memory traffic of one step per component (kiln and an eager HF step), "
-                "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name; nothing runs "
-                "(cost/traffic.h)")
+                "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name or --device cpu; "
+                "nothing runs (cost/traffic.h)")
     ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
     ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
     ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU) over as many steps again after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")

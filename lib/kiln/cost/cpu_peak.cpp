@@ -226,7 +226,7 @@ CpuPeak cpu_peak(const CpuFeatures& features, const SimdLayout& layout, const Cp
       source = fmt::format("{}: twice the fp32 rate (two products per fp32 lane)", avx_name);
     } else {
       out = p.fp32;
-      source = fmt::format("fp32 peak applies (no {} or {}: low-precision GEMMs run through fp32)", avx_name, amx_name);
+      source = fmt::format("fp32 peak applies: no {} or {}, low-precision GEMMs run through fp32", avx_name, amx_name);
     }
   };
   low(features.amx_bf16, features.avx512_bf16, "AMX-BF16", "AVX512_BF16", p.bf16, p.bf16_source);

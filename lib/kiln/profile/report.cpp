@@ -415,7 +415,10 @@ std::vector<std::string> describe(const SweepReport& report) {
         "memory bandwidth, tensor core, fp engine: \"x% (model)\" is the traffic model (cost/traffic.h) at the "
         "measured step time: modelled bytes / step time / peak bandwidth, GEMM FLOPs / tensor-core peak / step time, "
         "the other FLOPs (and GEMMs without tensor cores) / vector peak / step time" +
-        std::string(r.tensor_cores ? "" : "; this device has no tensor cores for the dtype (AMX on a CPU), so 0"));
+        std::string(
+            r.tensor_cores
+                ? ""
+                : "; no tensor cores for this dtype here (a CPU's are AMX tiles): the tensor core column is 0"));
   } else {
     lines.push_back(
         "memory bandwidth, tensor core, fp engine: no roofline for this device (no row in cost/hardware.cpp): "
