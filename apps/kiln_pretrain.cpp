@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
     trainer.set_progress_bar(true);
     const auto result = trainer.train();
     if (!main_rank) return 0;
-    fmt::print("kiln-pretrain: {} at step {}; checkpoint {}\n", result.interrupted ? "interrupted" : "finished",
-               result.global_step, result.last_checkpoint);
+    fmt::print("kiln-pretrain: {} at step {}; checkpoint {}{}\n", result.interrupted ? "interrupted" : "finished",
+               result.global_step, result.last_checkpoint,
+               result.interrupted ? "" : fmt::format("; final model in {}", config.output_dir));
     if (result.final_eval) {
       fmt::print("kiln-pretrain: eval loss {:.4f}, perplexity {:.3f}\n", result.final_eval->loss,
                  result.final_eval->perplexity);

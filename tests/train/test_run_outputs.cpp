@@ -156,3 +156,53 @@ TEST_CASE("trainer_state.json has TrainerState's fields; save_metrics merges all
   std::ifstream train(dir / "train_results.json");
   CHECK(nlohmann::json::parse(train) == nlohmann::json({{"train_loss", 2.0}, {"epoch", 1.0}}));
 }
+
+TEST_CASE("trainer_log.jsonl lines are LLaMA-Factory's, as Python's json.dumps writes them", "[train]") {
+  using kiln::train::trainer_log_line;
+  // The first line of a real LLaMA-Factory 0.9.5 run (tests/python/LLAMAFACTORY_NOTES.md, section 7).
+  const nlohmann::json window = {{"loss", 5.765571117401123},    {"grad_norm", 0.41}, {"learning_rate", 0.0},
+                                 {"epoch", 0.15789473684210525}, {"step", 1},         {"tokens_per_second", 10.0}};
+  CHECK(
+      trainer_log_line(window, 1, 14, 0.4) ==
+      R"({"current_steps": 1, "total_steps": 14, "loss": 5.765571117401123, "lr": 0.0, "epoch": 0.15789473684210525, )"
+      R"("percentage": 7.14, "elapsed_time": "0:00:00", "remaining_time": "0:00:05"})");
+  const nlohmann::json eval = {{"eval_loss", 5.7}, {"eval_perplexity", 300.0}, {"epoch", 1.0}, {"step", 2}};
+  CHECK(trainer_log_line(eval, 2, 3, 90000.5) ==
+        R"({"current_steps": 2, "total_steps": 3, "eval_loss": 5.7, "epoch": 1.0, "percentage": 66.67, )"
+        R"("elapsed_time": "1 day, 1:00:00", "remaining_time": "12:30:00"})");
+  // The closing summary: none of the logged keys but the epoch; a NaN loss as Python writes it.
+  CHECK(trainer_log_line({{"train_loss", 1.0}, {"epoch", 2.0}, {"step", 14}}, 14, 14, 0) ==
+        R"({"current_steps": 14, "total_steps": 14, "epoch": 2.0, "percentage": 100.0, "elapsed_time": "0:00:00", )"
+        R"("remaining_time": "0:00:00"})");
+  CHECK_THAT(trainer_log_line({{"loss", NAN}, {"step", 1}}, 1, 0, 0),
+             Catch::Matchers::Contains(R"("loss": NaN, "percentage": 100,)"));
+  CHECK(kiln::train::python_float(1.70370868554659e-05) == "1.70370868554659e-05");
+  CHECK(kiln::train::python_float(1e16) == "1e+16");
+  CHECK(kiln::train::python_timedelta(2 * 86400 + 59) == "2 days, 0:00:59");
+}
+
+TEST_CASE("the model card is transformers' for LLaMA-Factory's arguments", "[train]") {
+  kiln::train::ModelCard card;
+  card.model_name = "pretrain";
+  card.finetuned_from = "models/base: v2";  // quoted in the front matter, as PyYAML would
+  card.datasets = {"a"};
+  card.log_history = nlohmann::json::array(
+      {{{"loss", 2.5}, {"epoch", 0.5}, {"step", 1}},
+       {{"eval_loss", 2.123456}, {"eval_perplexity", 8.4}, {"eval_runtime", 0.1}, {"epoch", 0.5}, {"step", 1}},
+       {{"train_runtime", 1.0}, {"epoch", 1.0}, {"step", 2}},
+       {{"eval_loss", 2.0}, {"epoch", 1.0}, {"step", 2}}});
+  card.hyperparameters = {{"learning_rate", "0.001"}};
+  card.framework_versions = {"kiln 0.2.0"};
+  const std::string text = kiln::train::model_card_text(card);
+  CHECK_THAT(text, Catch::Matchers::StartsWith("---\nlibrary_name: transformers\nlicense: other\n"
+                                               "base_model: 'models/base: v2'\ntags:\n- llama-factory\n- full\n"
+                                               "- generated_from_trainer\nmodel-index:\n- name: pretrain\n"
+                                               "  results: []\n---\n"));
+  CHECK_THAT(text, Catch::Matchers::Contains("on the a dataset.\nIt achieves the following results on the evaluation "
+                                             "set:\n- Loss: 2.0\n\n## Model description"));
+  // kiln's eval_perplexity is not a column; values with more than 4 decimals are rounded.
+  CHECK_THAT(text, Catch::Matchers::Contains("| Training Loss | Epoch | Step | Validation Loss |\n"
+                                             "|:-------------:|:-----:|:----:|:---------------:|\n"
+                                             "| 2.5           | 0.5   | 1    | 2.1235          |\n\n"));
+  CHECK_THAT(text, Catch::Matchers::EndsWith("### Framework versions\n\n- kiln 0.2.0\n"));
+}

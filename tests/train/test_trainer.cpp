@@ -455,9 +455,12 @@ TEST_CASE("overwrite_output_dir deletes an earlier run's checkpoints instead of 
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(c.output_dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  // The later checkpoints are gone; the rest is this run's (HF's end-of-training files included).
-  CHECK(names == std::vector<std::string>{"all_results.json", "checkpoint-1", "eval_results.json", "metrics.jsonl",
-                                          "train_results.json", "trainer_state.json"});
+  // The later checkpoints are gone; the rest is this run's (HF's and LLaMA-Factory's end-of-training
+  // files included: the final model, its card and the run's arguments).
+  CHECK(names == std::vector<std::string>{"README.md", "all_results.json", "checkpoint-1", "config.json",
+                                          "eval_results.json", "generation_config.json", "kiln_data.json",
+                                          "metrics.jsonl", "model.safetensors", "train_results.json",
+                                          "trainer_log.jsonl", "trainer_state.json", "training_args.json"});
 }
 
 TEST_CASE("token ids the model cannot embed are refused before training, naming both numbers", "[train]") {
@@ -493,7 +496,9 @@ TEST_CASE("checkpoints record their training data; evaluation can put a BOS befo
   CHECK(record->tokenizer == "byte");
   CHECK(record->vocab_size == 259);
   CHECK_FALSE(record->add_special_tokens);
-  CHECK_FALSE(kiln::data::DataRecord::read(c.output_dir));  // no record: nullopt
+  // output_dir's final model has one too (kiln-generate --model output_dir); a folder without one: nullopt.
+  CHECK(kiln::data::DataRecord::read(c.output_dir));
+  CHECK_FALSE(kiln::data::DataRecord::read(kiln::test::scratch_dir("record_none").string()));
 
   // With a BOS before each block, every block token is a target, and the loss is that of the
   // model run on [BOS, block] by hand.

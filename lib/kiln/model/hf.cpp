@@ -223,7 +223,7 @@ HfConfig read_hf_config(const std::string& path) {
   return llama_config_from_hf_json(text.str(), path);
 }
 
-std::string llama_config_to_hf_json(const LlamaConfig& c, at::ScalarType dtype) {
+std::string llama_config_to_hf_json(const LlamaConfig& c, at::ScalarType dtype, int64_t pad_token_id) {
   auto token = [](int64_t id) { return id < 0 ? json(nullptr) : json(id); };
   json j = {
       {"architectures", {"LlamaForCausalLM"}},
@@ -251,6 +251,7 @@ std::string llama_config_to_hf_json(const LlamaConfig& c, at::ScalarType dtype) 
   // Unset (0) sizes stay absent: transformers derives the same defaults, and a round trip
   // returns the config unchanged.
   if (c.num_key_value_heads > 0) j["num_key_value_heads"] = c.num_key_value_heads;
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   if (c.head_dim > 0) j["head_dim"] = c.head_dim;
   const RopeScaling& s = c.rope_scaling;
   if (s.rope_type == "default") {
@@ -333,8 +334,11 @@ void save_pretrained(const LlamaForCausalLMImpl& model, const std::string& dir, 
     tensors.emplace_back(item.key(), t.to(*dtype));
   }
   io::save_safetensors_checkpoint(dir, tensors, {{"format", "pt"}}, options.max_shard_bytes);
+  LlamaConfig config = model.config();
+  if (options.bos_token_id) config.bos_token_id = *options.bos_token_id;
+  if (options.eos_token_id) config.eos_token_id = *options.eos_token_id;
   io::write_file_atomic((fs::path(dir) / kConfigFile).string(),
-                        llama_config_to_hf_json(model.config(), dtype.value_or(at::kFloat)));
+                        llama_config_to_hf_json(config, dtype.value_or(at::kFloat), options.pad_token_id.value_or(-1)));
 }
 
 }  // namespace kiln::model

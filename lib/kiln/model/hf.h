@@ -39,8 +39,9 @@ struct HfConfig {
 HfConfig llama_config_from_hf_json(const std::string& text, const std::string& source);
 HfConfig read_hf_config(const std::string& path);
 // config -> config.json text in the transformers-4 spelling (rope_theta + rope_scaling,
-// torch_dtype), which transformers 4.43+ and 5.x both read.
-std::string llama_config_to_hf_json(const LlamaConfig& config, at::ScalarType dtype);
+// torch_dtype), which transformers 4.43+ and 5.x both read. pad_token_id >= 0 is written as
+// `pad_token_id` (kiln's LlamaConfig has no pad token: nothing in the model uses it).
+std::string llama_config_to_hf_json(const LlamaConfig& config, at::ScalarType dtype, int64_t pad_token_id = -1);
 
 // "float32"/"bfloat16"/"float16"/"float64" <-> LibTorch.
 at::ScalarType dtype_from_hf(const std::string& name);
@@ -63,6 +64,10 @@ void load_weights(LlamaForCausalLMImpl& model, io::SafetensorsCheckpoint& checkp
 struct SaveOptions {
   std::optional<at::ScalarType> dtype;           // default: the parameters' dtype
   uint64_t max_shard_bytes = uint64_t{5} << 30;  // transformers 4's default max_shard_size
+  // config.json's special tokens as transformers' Trainer aligns them with the tokenizer it saves
+  // beside the model (trainer_utils.align_special_tokens): a value replaces the model config's
+  // (-1 writes null); pad_token_id unset writes none.
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
 };
 
 // Writes config.json and the parameters (no buffers; no lm_head.weight when tied, as HF does)

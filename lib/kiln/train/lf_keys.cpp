@@ -38,9 +38,10 @@ const std::vector<Entry>& table() {
       {"finetuning_type", {"full"}, "", kFullOnly, C::kActed},
       {"do_train", {"true"}, "", "kiln-pretrain always trains: do_train must be true", C::kActed},
       {"do_eval",
-       {},
-       "evaluation follows val_size and eval_steps (a val split is evaluated every eval_steps and at the end)",
-       ""},
+       {"true", "false"},
+       "",
+       "expected true or false (do_eval: evaluate once after training, into eval_results.json)",
+       C::kActed},
       {"do_predict", {"false"}, "", "prediction is not supported: use kiln-eval (loss, perplexity) or kiln-generate"},
       {"packing",
        {"true"},
@@ -74,12 +75,12 @@ const std::vector<Entry>& table() {
       {"eval_strategy",
        {"steps", "no"},
        "",
-       "kiln evaluates every eval_steps and at the end (eval_strategy: steps); epoch is not supported",
+       "kiln evaluates every eval_steps (eval_strategy: steps) or not at all (no); epoch is not supported",
        C::kActed},
       {"evaluation_strategy",
        {"steps", "no"},
        "",
-       "kiln evaluates every eval_steps and at the end (eval_strategy: steps); epoch is not supported",
+       "kiln evaluates every eval_steps (eval_strategy: steps) or not at all (no); epoch is not supported",
        C::kActed},
       {"save_strategy",
        {"steps"},
@@ -254,11 +255,6 @@ std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_vi
                           "gradient_checkpointing: true"};
     return LfKeyVerdict{LfKeyClass::kRefused, fmt::format("expected true or false, got '{}'", value)};
   }
-  if (key == "eval_strategy" || key == "evaluation_strategy") {
-    if (v == "no")
-      return LfKeyVerdict{LfKeyClass::kNoEffect,
-                          "kiln still evaluates at the end when there is evaluation data (val_size, or a val split)"};
-  }
   return LfKeyVerdict{e->cls, e->info};
 }
 
@@ -275,6 +271,8 @@ void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
     const std::string v = lower(*value);
     const std::string key = e.key;
     if (key == "disable_gradient_checkpointing" && v == "true") c.gradient_checkpointing = false;
+    if (key == "do_eval") c.do_eval = v == "true" ? 1 : 0;
+    if (key == "eval_strategy" || key == "evaluation_strategy") c.eval_strategy = v;
     if (key == "report_to") {
       bool tensorboard = false;
       report_to_verdict(*value, tensorboard);

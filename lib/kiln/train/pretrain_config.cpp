@@ -258,6 +258,16 @@ PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std
   return c;
 }
 
+std::string pretrain_config_json(const PretrainConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, field] : fields()) {
+    std::visit([&, &key = key](auto member) { j[key] = c.*member; }, field);
+  }
+  if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
+  if (!c.eval_strategy.empty()) j["eval_strategy"] = c.eval_strategy;
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 PretrainConfig load_pretrain_config(const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& overrides) {
   PretrainConfig c;

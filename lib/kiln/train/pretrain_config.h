@@ -83,6 +83,10 @@ struct KILN_API PretrainConfig {
   int64_t save_steps = 500;      // 0 = save only at the end
   int64_t save_total_limit = 0;  // 0 = keep every checkpoint
   int64_t eval_steps = 0;        // 0 = evaluate only at the end
+  // HF's evaluation switches, read from LLaMA-Factory's keys (run_outputs.h, eval_schedule):
+  // do_eval -1 (not written), 0 or 1; eval_strategy "" (not written), "steps" or "no".
+  int64_t do_eval = -1;
+  std::string eval_strategy;
   std::string output_dir = "output";
   // HF's overwrite_output_dir: checkpoints in output_dir later than the run's starting step (an
   // abandoned run's) are deleted at start; when false they are moved to output_dir/abandoned-<time>/.
@@ -128,6 +132,11 @@ KILN_API std::vector<std::pair<std::string, std::string>> parse_overrides(const 
 
 // Reads YAML text (the same keys and checks as a file); `source` names it in errors.
 KILN_API PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std::string& source);
+
+// Every setting as one JSON object (each key of pretrain_config_keys() with its value, plus
+// do_eval and eval_strategy when written), keys sorted, indent 2: output_dir/training_args.json,
+// what HF's pickled training_args.bin holds for a reader.
+KILN_API std::string pretrain_config_json(const PretrainConfig& config);
 
 // The keys a PretrainConfig accepts, in documentation order (for --help).
 KILN_API const std::vector<std::string>& pretrain_config_keys();

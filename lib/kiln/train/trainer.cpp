@@ -157,8 +157,7 @@ TrainResult Trainer::train() {
     }
     const int64_t step = st.global_step;
     if (step % config_.logging_steps == 0 || step == plan_.total_steps) run.log_window(step);
-    if (config_.eval_steps > 0 && step % config_.eval_steps == 0 && step != plan_.total_steps &&
-        !run.evaluate_at(step)) {
+    if (run.evals.every > 0 && step % run.evals.every == 0 && step != plan_.total_steps && !run.evaluate_at(step)) {
       run.stop(fmt::format("during the evaluation at step {} (the partial evaluation is dropped)", step));
       break;
     }
@@ -168,7 +167,7 @@ TrainResult Trainer::train() {
   }
   if (!run.result.interrupted && !run.result.data_exhausted) {
     if (st.window_steps > 0) run.log_window(st.global_step);
-    if (!run.evaluate_at(st.global_step)) {
+    if (run.evals.at_train_end && !run.evaluate_at(st.global_step)) {
       run.stop(
           fmt::format("during the final evaluation at step {} (the partial evaluation is dropped)", st.global_step));
     } else {

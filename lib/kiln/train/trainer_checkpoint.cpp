@@ -43,6 +43,31 @@ HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
   return s;
 }
 
+const ModelFolderFiles& Trainer::State::folder_files(const PretrainConfig& config, const model::LlamaConfig& mc) {
+  if (model_files) return *model_files;
+  // The tokenizer the training data was made with (shards record it); the model's own when the
+  // host supplies the batches, or when the shards were tokenized where their path no longer leads.
+  std::string tokenizer = model_tokenizer_spec(config);
+  int64_t bos = mc.bos_token_id, eos = mc.eos_token_id;
+  if (shards) {
+    const auto& meta = shards->meta();
+    bos = meta.bos_id;
+    eos = meta.eos_id;
+    if (meta.tokenizer == "byte" || fs::is_regular_file(meta.tokenizer)) tokenizer = meta.tokenizer;
+  }
+  model_files = std::make_shared<const ModelFolderFiles>(
+      model_folder_files(tokenizer, bos, eos, config.model_name_or_path, mc.bos_token_id, mc.eos_token_id));
+  return *model_files;
+}
+
+model::SaveOptions save_options_for(const ModelFolderFiles& files) {
+  model::SaveOptions o;
+  o.bos_token_id = files.bos_token_id;
+  o.eos_token_id = files.eos_token_id;
+  if (files.pad_token_id >= 0) o.pad_token_id = files.pad_token_id;
+  return o;
+}
+
 namespace {
 
 // Per-rank files of a data-parallel checkpoint: AdamW shards (ZeRO 1, 2) and random states (as HF's
@@ -84,7 +109,12 @@ std::string Trainer::save_checkpoint(int64_t step) {
   const at::Tensor cpu_rng = cpu_rng_state();
   io::save_safetensors((tmp / rng_state_file(rank(), world_size())).string(), {{"cpu", cpu_rng}});
   if (is_main()) {
-    model::save_pretrained(model_, tmp.string());
+    // The model folder as LLaMA-Factory's checkpoints hold it: the tokenizer files, chat template,
+    // generation config and the run's arguments (training_args.json for HF's pickled .bin).
+    const ModelFolderFiles& files = st.folder_files(config_, model_->config());
+    model::save_pretrained(model_, tmp.string(), save_options_for(files));
+    write_model_folder_files(files, tmp.string());
+    io::write_file_atomic((tmp / "training_args.json").string(), pretrain_config_json(config_));
     if (loader_) {  // a host's batches have no position kiln could restore
       io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
       io::write_file_atomic((tmp / data::DataRecord::kFile).string(),

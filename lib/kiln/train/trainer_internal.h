@@ -16,8 +16,10 @@
 #include "kiln/cost/flops.h"
 #include "kiln/cost/hardware.h"
 #include "kiln/data/loader.h"
+#include "kiln/model/hf.h"
 #include "kiln/optim/schedule.h"
 #include "kiln/train/progress.h"
+#include "kiln/train/run_outputs.h"
 #include "kiln/train/tensorboard.h"
 #include "kiln/train/trainer.h"
 
@@ -57,7 +59,14 @@ struct Trainer::State {
   int64_t last_saved_step = -1;              // a stop request right after a save does not save again
   double total_flos = 0;                     // model FLOPs of every step trained (HF's total_flos), kept across resumes
   std::unique_ptr<EventWriter> tensorboard;  // report_to: tensorboard, rank 0
+  // What is saved beside every model of the run (tokenizer, chat template, generation config)
+  // and config.json's aligned special tokens (run_outputs.h); made on first use, rank 0.
+  std::shared_ptr<const ModelFolderFiles> model_files;
+  const ModelFolderFiles& folder_files(const PretrainConfig& config, const model::LlamaConfig& model_config);
 };
+
+// save_pretrained's options for a model saved with `files` beside it (the aligned special tokens).
+model::SaveOptions save_options_for(const ModelFolderFiles& files);
 
 // One train() call: its progress bar, schedule, the metrics window's host-side values and the
 // closing summary's sums. Nested in Trainer, so it works on the trainer's members.
@@ -90,7 +99,10 @@ struct Trainer::Run {
   void log_window(int64_t step);   // the logging window's entry and line; nan_policy: stop throws here
   bool evaluate_at(int64_t step);  // false when a stop request cut the evaluation short
   void record(const json& entry, bool to_metrics = true);
-  TrainResult finish();  // the closing summary and the files HF and LLaMA-Factory write
+  TrainResult finish();           // the closing summary and the files HF and LLaMA-Factory write
+  EvalSchedule schedule() const;  // eval_schedule(config); an error when do_eval has no data
+  json eval_entry(const EvalResult& ev, double seconds, int64_t step) const;  // HF's entry, plus kiln's keys
+  void save_final_model();  // output_dir: the model, its tokenizer files, training_args.json (rank 0)
 
   Trainer& t;
   State& st;
@@ -107,6 +119,8 @@ struct Trainer::Run {
   int64_t session_loss_steps = 0;
   std::optional<EvalResult> session_eval;
   json last_eval_entry;
+  int64_t last_eval_step = -1;
+  const EvalSchedule evals = schedule();  // after t and st, which it reads
 };
 
 }  // namespace kiln::train

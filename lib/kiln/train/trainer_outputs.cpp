@@ -13,13 +13,16 @@
 #include "kiln/data/loader.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/model/hf.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/loss_plot.h"
 #include "kiln/train/run_outputs.h"
+#include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
+#include "kiln/version.h"
 
 namespace kiln::train {
 
@@ -145,6 +148,12 @@ void Trainer::prepare_output_dir_on_main() {
   const fs::path out(config_.output_dir);
   fs::create_directories(out);
   clean_incomplete_on_main();
+  // LLaMA-Factory's LogCallback.on_init_end: an earlier run's log goes only with overwrite_output_dir.
+  if (const fs::path log = out / "trainer_log.jsonl"; config_.overwrite_output_dir && fs::exists(log)) {
+    logger()->info("kiln-pretrain: {}: previous trainer log deleted (overwrite_output_dir)", log.string());
+    fs::remove(log);
+  }
+  state_->folder_files(config_, model_->config());  // a bad tokenizer folder fails now, not at the first save
   const SetAside aside =
       set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
   if (!aside.checkpoints.empty()) {
@@ -173,6 +182,13 @@ void Trainer::Run::reset_window() {
 void Trainer::Run::record(const json& entry, bool to_metrics) {
   st.log_history.push_back(entry);
   if (to_metrics) t.log_metrics(entry.dump());
+  if (t.is_main()) {
+    // LLaMA-Factory's LogCallback: one line per log entry, the summary's included; timed from this
+    // call's start, as its on_train_begin.
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+    append_line((fs::path(t.config_.output_dir) / "trainer_log.jsonl").string(),
+                trainer_log_line(entry, entry.at("step").get<int64_t>(), t.plan_.total_steps, elapsed));
+  }
   if (st.tensorboard) st.tensorboard->add_scalars(entry.at("step").get<int64_t>(), tensorboard_scalars(entry));
 }
 
@@ -225,6 +241,34 @@ void Trainer::Run::log_window(int64_t step) {
   bar->print_line();
 }
 
+json Trainer::Run::eval_entry(const EvalResult& ev, double seconds, int64_t step) const {
+  // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
+  const double samples = static_cast<double>(t.val_set_->num_blocks());
+  const double batches =
+      std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
+  return {{"eval_loss", ev.loss},
+          {"eval_perplexity", ev.perplexity},
+          {"eval_tokens", ev.tokens},
+          {"eval_runtime", std::round(seconds * 1e4) / 1e4},
+          {"eval_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
+          {"eval_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
+          {"epoch", t.epoch_of(step)},
+          {"step", step}};
+}
+
+EvalSchedule Trainer::Run::schedule() const {
+  const EvalSchedule s = eval_schedule(t.config_);
+  if (s.required && !t.val_set_) {
+    // LLaMA-Factory refuses the same YAML (hparams/parser.py: "Please make sure eval_dataset be
+    // provided or val_size >1e-6").
+    throw std::runtime_error(fmt::format("{}: {} needs evaluation data: set val_size{}", t.config_.source,
+                                         t.config_.do_eval == 1 ? "do_eval: true" : "eval_strategy: steps",
+                                         t.source_ ? " (a host's batches: evaluate with Trainer::evaluate(source))"
+                                                   : ", or give shards with a val split"));
+  }
+  return s;
+}
+
 bool Trainer::Run::evaluate_at(int64_t step) {
   if (!t.val_set_) return true;
   const auto eval_start = std::chrono::steady_clock::now();
@@ -235,20 +279,10 @@ bool Trainer::Run::evaluate_at(int64_t step) {
   st.last_eval = ev;
   session_eval = ev;
   if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(step, ev);
-  // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
-  const double samples = static_cast<double>(t.val_set_->num_blocks());
-  const double batches =
-      std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
-  json entry = {{"eval_loss", ev.loss},
-                {"eval_perplexity", ev.perplexity},
-                {"eval_tokens", ev.tokens},
-                {"eval_runtime", std::round(seconds * 1e4) / 1e4},
-                {"eval_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
-                {"eval_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
-                {"epoch", t.epoch_of(step)},
-                {"step", step}};
+  const json entry = eval_entry(ev, seconds, step);
   record(entry);
   last_eval_entry = entry;
+  last_eval_step = step;
   if (t.is_main()) {
     bar->clear();
     logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity, step);
@@ -257,8 +291,10 @@ bool Trainer::Run::evaluate_at(int64_t step) {
   return true;
 }
 
-// HF's closing summary entry, then what Trainer.save_state / save_metrics and LLaMA-Factory's
-// plot_loss write into output_dir (rank 0).
+// HF's closing summary entry, then what LLaMA-Factory's run_pt writes into output_dir (rank 0), in
+// its order: Trainer.save_model (the model, its tokenizer files, training_args), save_metrics
+// ("train"), save_state, plot_loss, the do_eval evaluation and save_metrics("eval"), the model
+// card. A run cut short by a stop request leaves its checkpoint, not a final model.
 TrainResult Trainer::Run::finish() {
   const PretrainConfig& c = t.config_;
   bar->finish();
@@ -274,28 +310,100 @@ TrainResult Trainer::Run::finish() {
                   {"epoch", t.epoch_of(st.global_step)},
                   {"step", st.global_step}};
   record(summary, /*to_metrics=*/false);
+  const bool complete = !result.interrupted;
   if (t.is_main()) {
     summary.erase("step");
+    if (complete) save_final_model();
+    save_metrics(c.output_dir, "train", summary);
     io::write_file_atomic((fs::path(c.output_dir) / "trainer_state.json").string(),
                           trainer_state_text(t.hf_trainer_state(st.global_step)));
-    save_metrics(c.output_dir, "train", summary);
-    if (session_eval) {
-      // LLaMA-Factory's do_eval metrics: the evaluation's entry and its perplexity.
-      json metrics = last_eval_entry;
-      metrics.erase("step");
-      metrics["perplexity"] = session_eval->perplexity;
-      save_metrics(c.output_dir, "eval", metrics);
-    }
     if (c.plot_loss) {
       std::vector<std::string> keys = {"loss"};
       if (t.val_set_) keys.push_back("eval_loss");
       plot_loss(c.output_dir, st.log_history, keys);
     }
   }
+  // do_eval: after training, not logged (LLaMA-Factory's log writer has closed, and
+  // trainer_state.json is written); an evaluation of this very step is not repeated.
+  json card_history = st.log_history;
+  std::optional<json> final_entry;
+  if (complete && evals.after_training && t.val_set_) {
+    if (session_eval && last_eval_step == st.global_step) {
+      final_entry = last_eval_entry;
+    } else {
+      const auto eval_start = std::chrono::steady_clock::now();
+      const EvalResult ev = t.evaluate();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+      if (ev.interrupted) {
+        result.interrupted = true;
+        if (t.is_main()) {
+          logger()->info(
+              "kiln-pretrain: {} received during the evaluation after training (do_eval): no eval_results.json",
+              stop_signal_name(pending_stop_signal().exchange(0)));
+        }
+      } else {
+        st.last_eval = ev;
+        if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(st.global_step, ev);
+        final_entry = eval_entry(ev, seconds, st.global_step);
+        card_history.push_back(*final_entry);
+        if (t.is_main()) {
+          logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity,
+                         st.global_step);
+        }
+      }
+    }
+  }
+  if (t.is_main()) {
+    if (final_entry) {
+      // LLaMA-Factory's eval metrics: HF's (epoch, eval_loss, speeds) and eval_perplexity = exp(eval_loss).
+      json metrics = json::object();
+      for (const char* key : {"epoch", "eval_loss", "eval_perplexity", "eval_runtime", "eval_samples_per_second",
+                              "eval_steps_per_second"}) {
+        metrics[key] = final_entry->at(key);
+      }
+      save_metrics(c.output_dir, "eval", metrics);
+    }
+    if (complete) {
+      std::string name = c.output_dir;
+      while (name.size() > 1 && name.back() == '/') name.pop_back();
+      name = fs::path(name).filename().string();
+      if (name == "." || name.empty()) name = c.model_name_or_path;
+      std::vector<std::string> datasets;
+      for (size_t start = 0; !c.dataset.empty() && start <= c.dataset.size();) {
+        const size_t comma = std::min(c.dataset.find(',', start), c.dataset.size());
+        std::string d = c.dataset.substr(start, comma - start);
+        d.erase(0, d.find_first_not_of(" \t"));
+        d.erase(d.find_last_not_of(" \t") + 1);
+        datasets.push_back(d);
+        start = comma + 1;
+      }
+      const ModelCard card{.model_name = name,
+                           .finetuned_from = c.model_name_or_path,
+                           .datasets = datasets,
+                           .log_history = card_history,
+                           .hyperparameters = card_hyperparameters(c, t.world_size()),
+                           .framework_versions = {fmt::format("kiln {}", KILN_VERSION_STRING),
+                                                  fmt::format("LibTorch {}", KILN_TORCH_VERSION_STRING)}};
+      io::write_file_atomic((fs::path(c.output_dir) / "README.md").string(), model_card_text(card));
+    }
+  }
   st.tensorboard.reset();
   result.global_step = st.global_step;
   result.final_eval = st.last_eval;
   return result;
+}
+
+void Trainer::Run::save_final_model() {
+  const std::string dir = t.config_.output_dir;
+  const ModelFolderFiles& files = st.folder_files(t.config_, t.model_->config());
+  model::save_pretrained(t.model_, dir, save_options_for(files));
+  write_model_folder_files(files, dir);
+  io::write_file_atomic((fs::path(dir) / "training_args.json").string(), pretrain_config_json(t.config_));
+  // kiln-generate and kiln-eval read the tokenizer and BOS convention from it, as in a checkpoint.
+  if (t.loader_ && st.shards) {
+    io::write_file_atomic((fs::path(dir) / data::DataRecord::kFile).string(),
+                          data::DataRecord::of(st.data_dir, st.shards->meta()).to_json());
+  }
 }
 
 }  // namespace kiln::train
