@@ -1,6 +1,7 @@
 // kiln-pretrain: pretrain or continue pretraining a LLaMA from a YAML config (LLaMA-Factory key
 // names), every key overridable as --key value. With no config, the embedded quick start.
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
 #include "kiln/dist/env.h"
+#include "kiln/io/safetensors.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer.h"
 
@@ -18,7 +20,7 @@ namespace {
 
 void print_help() {
   fmt::print(
-      "Usage: kiln-pretrain [--config FILE|PRESET] [--dry-run] [--KEY VALUE ...]\n\n"
+      "Usage: kiln-pretrain [--config FILE|PRESET] [--dry-run [--dump-data FILE]] [--KEY VALUE ...]\n\n"
       "Trains a LLaMA as configured by FILE (YAML with LLaMA-Factory key names) or a preset of\n"
       "configs/pretrain (default: quickstart, the tiny model on the embedded corpus). Every key can\n"
       "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE.\n\n"
@@ -28,6 +30,8 @@ void print_help() {
       "                   (key auto_fit; auto_fit_memory: 80GB or A100-80GB instead of the device's)\n"
       "  --dry-run        read the config and the data, print the banner and the predicted\n"
       "                   memory (no weights or optimizer state are allocated), and exit\n"
+      "  --dump-data FILE with --dry-run: write the train and eval examples (token ids and labels),\n"
+      "                   the banner's figures and the first epochs' order as JSON to FILE\n"
       "  -h, --help       this text\n\n"
       "Keys:");
   int col = 0;
@@ -68,6 +72,7 @@ int main(int argc, char** argv) {
   kiln::pin_cpu_math_threads();
   std::string config_path = "quickstart";
   bool dry_run = false;
+  std::string dump_path;
   std::vector<std::string> rest;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -77,6 +82,8 @@ int main(int argc, char** argv) {
     }
     if (a == "--dry-run") {
       dry_run = true;
+    } else if (a == "--dump-data" && i + 1 < argc) {
+      dump_path = argv[++i];
     } else if (a == "--auto-fit") {  // the key auto_fit: true
       rest.push_back("--auto_fit");
       rest.push_back("true");
@@ -89,11 +96,13 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (!dump_path.empty() && !dry_run) throw std::invalid_argument("--dump-data needs --dry-run");
     const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
     if (config.full_determinism) kiln::set_cublas_deterministic_workspace();
     if (dry_run) {  // a plan: the model on the meta device, nothing allocated, no process group
       const auto plan = kiln::train::Trainer::plan_only(config);
       if (plan->rank() == 0) fmt::print("{}\n", plan->banner());
+      if (!dump_path.empty() && plan->rank() == 0) kiln::io::write_file_atomic(dump_path, plan->examples_json() + "\n");
       return 0;
     }
     // What this run has: the LibTorch build, the CUDA runtime and driver, every GPU (README.md,

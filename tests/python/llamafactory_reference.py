@@ -25,6 +25,10 @@ Modes:
                                      dataset=docs_a,docs_b cutoff_len=64 packing=true val_size=0.1
                                      max_samples=50 preprocessing_batch_size=16 seed=7 ...);
                                      --config FILE.yaml reads them from a YAML file first.
+  --cases FILE --data D --tokenizer T
+                                     the same for each case of FILE (JSON: {"name": {KEY: VALUE}}),
+                                     in one process; prints {"name": result or {"error": message}}
+                                     (tests/python/test_lf_parity.py).
   --banner-only N [KEY=VALUE...]     the Trainer banner for a train set of N examples (no data).
   --train-run OUTDIR --data D --model M KEY=VALUE...
                                      run LLaMA-Factory's real `run_exp` (what `llamafactory-cli
@@ -638,6 +642,7 @@ def main() -> int:
     ap.add_argument("--model", help="model folder for --train-run")
     ap.add_argument("--config", help="LLaMA-Factory YAML to start from")
     ap.add_argument("--banner-only", type=int, metavar="N")
+    ap.add_argument("--cases", metavar="FILE", help="JSON {name: {KEY: VALUE}}: run each case")
     ap.add_argument("--train-run", metavar="OUTDIR")
     ap.add_argument("--examples", type=int, default=-1, help="examples per split to print (-1: all)")
     ap.add_argument("--output", help="write the JSON here instead of stdout")
@@ -658,6 +663,17 @@ def main() -> int:
         if not (ns.data and ns.model):
             ap.error("--train-run needs --data and --model")
         result = run_train(ns, user)
+    elif ns.cases:
+        if not (ns.data and ns.tokenizer):
+            ap.error("--data and --tokenizer are required")
+        with open(ns.cases, encoding="utf-8") as f:
+            cases = json.load(f)
+        result = {}
+        for name, kv in cases.items():
+            try:
+                result[name] = run_reference(ns, dict(kv))
+            except (Exception, SystemExit) as e:  # LLaMA-Factory's refusal is a result too
+                result[name] = {"error": f"{type(e).__name__}: {e}"}
     else:
         if not (ns.data and ns.tokenizer):
             ap.error("--data and --tokenizer are required")

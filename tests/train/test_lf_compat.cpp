@@ -41,11 +41,10 @@ TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused nami
     CHECK_THAT(classify_lf_key("finetuning_type", type)->message, Contains(type) && Contains("finetuning_type: full"));
   }
   CHECK(classify_lf_key("lora_rank", "8")->cls == LfKeyClass::kRefused);
-  CHECK(classify_lf_key("streaming", "true")->cls == LfKeyClass::kRefused);
   CHECK(classify_lf_key("do_train", "false")->cls == LfKeyClass::kRefused);
   CHECK(classify_lf_key("eval_strategy", "epoch")->cls == LfKeyClass::kRefused);
   // No effect: one reason each; the defaults of the value-dependent ones are silent.
-  for (const char* key : {"trust_remote_code", "preprocessing_num_workers", "dataloader_num_workers", "template"}) {
+  for (const char* key : {"trust_remote_code", "dataloader_num_workers", "template"}) {
     const auto v = classify_lf_key(key, "16");
     CHECK(v->cls == LfKeyClass::kNoEffect);
     CHECK_FALSE(v->message.empty());
@@ -264,4 +263,47 @@ TEST_CASE("val_size's split: a random subset of the blocks by seed, not the last
   CHECK(val != std::vector<int64_t>{90, 91, 92, 93, 94, 95, 96, 97, 98, 99});
   CHECK(kiln::data::random_split(100, 10, 42).second == val);
   CHECK(kiln::data::random_split(100, 10, 43).second != val);
+}
+
+TEST_CASE("LLaMA-Factory data keys: val_size's type, packing, map batches, streaming's own rules", "[config][lf]") {
+  using kiln::train::pretrain_config_from_yaml_text;
+  const std::string base = "model: tiny\ndataset: a\n";
+  // datasets reads the Python type YAML gives: an integer is a count of documents, even 1.
+  const auto one = pretrain_config_from_yaml_text(base + "val_size: 1\n", "lf.yaml");
+  CHECK(one.val_size == 1);
+  CHECK(one.val_size_is_count);
+  CHECK_FALSE(pretrain_config_from_yaml_text(base + "val_size: 0.1\n", "lf.yaml").val_size_is_count);
+  CHECK(pretrain_config_from_yaml_text(base + "val_size: 200\n", "lf.yaml").val_size_is_count);
+  CHECK_FALSE(pretrain_config_from_yaml_text(base + "val_size: 20.0\n", "lf.yaml").val_size_is_count);
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "val_size: 1.0\n", "lf.yaml"); }),
+             Contains("lf.yaml") && Contains("val_size") && Contains("test_size=1.0"));
+  // packing: left out = cutoff_len blocks; written true = cutoff_len - 1 (LLaMA-Factory's quirk).
+  CHECK(pretrain_config_from_yaml_text(base + "cutoff_len: 64\n", "lf.yaml").block_len() == 64);
+  CHECK(pretrain_config_from_yaml_text(base + "cutoff_len: 64\npacking: true\n", "lf.yaml").block_len() == 63);
+  CHECK(pretrain_config_from_yaml_text(base + "cutoff_len: 64\npacking: True\n", "lf.yaml").packing == "true");
+  CHECK(pretrain_config_from_yaml_text(base + "packing: false\n", "lf.yaml").packing == "false");
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "packing: maybe\n", "lf.yaml"); }),
+             Contains("packing"));
+  // A shard folder is always packed; packing: true there keeps cutoff_len.
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text("model: tiny\npacking: false\n", "k.yaml"); }),
+             Contains("packing") && Contains("dataset"));
+  CHECK(pretrain_config_from_yaml_text("model: tiny\ncutoff_len: 64\npacking: true\n", "k.yaml").block_len() == 64);
+  const auto pb = pretrain_config_from_yaml_text(
+      base + "preprocessing_batch_size: 64\npreprocessing_num_workers: 4\ndata_seed: 3\n", "lf.yaml");
+  CHECK(pb.preprocessing_batch_size == 64);
+  CHECK(pb.preprocessing_num_workers == 4);
+  CHECK(pb.data_seed == 3);
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "preprocessing_batch_size: 0\n", "lf.yaml"); }),
+             Contains("preprocessing_batch_size"));
+  // streaming: LLaMA-Factory's three checks, in its words, then kiln's refusal.
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\nval_size: 0.1\n", "lf.yaml"); }),
+             Contains("Streaming mode should have an integer val size."));
+  CHECK_THAT(error_of([&] {
+               pretrain_config_from_yaml_text(base + "streaming: true\nmax_samples: 5\nmax_steps: 9\n", "lf.yaml");
+             }),
+             Contains("`max_samples` is incompatible with `streaming`."));
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\n", "lf.yaml"); }),
+             Contains("Please specify `max_steps` in streaming mode."));
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\nmax_steps: 9\n", "lf.yaml"); }),
+             Contains("streaming") && Contains("not supported"));
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -41,11 +42,22 @@ PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cu
   map_ = std::move(blocks);
 }
 
+PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, std::shared_ptr<const ExampleTable> examples)
+    : split_(std::move(split)), first_block_(0), examples_(std::move(examples)) {
+  if (!examples_ || examples_->num_examples() == 0) {
+    // LLaMA-Factory's own words (llamafactory/data/loader.py): it fails the same way.
+    throw std::invalid_argument("Cannot find sufficient samples, consider increasing dataset size.");
+  }
+  blocks_ = examples_->num_examples();
+  cutoff_len_ = examples_->max_length();
+}
+
 std::shared_ptr<PackedDataset> PackedDataset::range(int64_t first, int64_t count) const {
   if (first < 0 || count < 1 || first + count > blocks_) {
     throw std::invalid_argument(fmt::format("blocks [{}, {}) are not a non-empty range of the dataset's {} blocks",
                                             first, first + count, blocks_));
   }
+  if (examples_) return std::make_shared<PackedDataset>(split_, examples_->range(first, count));
   if (!map_.empty()) {
     return std::make_shared<PackedDataset>(split_, cutoff_len_,
                                            std::vector<int64_t>(map_.begin() + first, map_.begin() + first + count));
@@ -55,6 +67,15 @@ std::shared_ptr<PackedDataset> PackedDataset::range(int64_t first, int64_t count
 
 void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) const {
   if (index < 0 || index >= blocks_) throw std::out_of_range(fmt::format("block {} outside [0, {})", index, blocks_));
+  if (examples_) {
+    int32_t segment = 0;
+    for (const auto& piece : examples_->pieces(index, split_->document_starts())) {
+      split_->copy_tokens(piece.offset, piece.count, ids);
+      ids += piece.count;
+      if (segments) segments = std::fill_n(segments, piece.count, segment++);
+    }
+    return;
+  }
   const int64_t start = (map_.empty() ? first_block_ + index : map_[index]) * cutoff_len_;
   split_->copy_tokens(start, cutoff_len_, ids);
   if (segments) {
@@ -69,9 +90,15 @@ void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) c
 }
 
 std::string LoaderState::to_json() const {
-  return nlohmann::json{
-      {"epoch", epoch},           {"position", position},     {"seed", seed}, {"num_blocks", num_blocks},
-      {"batch_size", batch_size}, {"world_size", world_size}, {"rank", rank}, {"shuffle", shuffle}}
+  return nlohmann::json{{"epoch", epoch},
+                        {"position", position},
+                        {"seed", seed},
+                        {"num_blocks", num_blocks},
+                        {"batch_size", batch_size},
+                        {"world_size", world_size},
+                        {"rank", rank},
+                        {"shuffle", shuffle},
+                        {"order", order}}
       .dump();
 }
 
@@ -88,6 +115,7 @@ LoaderState LoaderState::from_json(const std::string& text) {
     key = "world_size", s.world_size = j.at(key).get<int64_t>();
     key = "rank", s.rank = j.at(key).get<int64_t>();
     key = "shuffle", s.shuffle = j.at(key).get<bool>();
+    key = "order", s.order = j.value(key, std::string("kiln"));  // absent in states saved before it existed
   } catch (const nlohmann::json::exception& e) {
     if (*key == '\0') throw std::runtime_error(fmt::format("loader state: not valid JSON: {}", e.what()));
     throw std::runtime_error(fmt::format("loader state: field '{}': {}", key, e.what()));
@@ -156,7 +184,13 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   const int64_t n = dataset_->num_blocks();
   std::vector<int64_t> perm(n);
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  if (options_.shuffle) {
+  if (options_.shuffle && options_.order == LoaderOptions::Order::kTorchRandperm) {
+    // torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)), as accelerate's
+    // SeedableRandomSampler draws each epoch (accelerate/data_loader.py).
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed + static_cast<uint64_t>(epoch));
+    const at::Tensor p = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+    std::copy_n(p.data_ptr<int64_t>(), n, perm.begin());
+  } else if (options_.shuffle) {
     uint64_t state = options_.seed ^ (0xD1B54A32D192ED03ULL * static_cast<uint64_t>(epoch + 1));
     for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[uniform(state, static_cast<uint64_t>(i) + 1)]);
   }
@@ -169,7 +203,11 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
 Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<int64_t>& order) const {
   const int64_t begin = position * options_.batch_size;
   const int64_t rows = std::min(options_.batch_size, samples_per_rank_ - begin);
-  const int64_t len = dataset_->cutoff_len();
+  int64_t len = dataset_->cutoff_len();
+  if (!dataset_->fixed_length()) {  // pad to the batch's longest example, as transformers' collator
+    len = 0;
+    for (int64_t r = 0; r < rows; ++r) len = std::max(len, dataset_->example_length(order[begin + r]));
+  }
   const bool pin = options_.pin_memory && at::globalContext().hasCUDA();
   Batch b;
   b.epoch = epoch;
@@ -177,16 +215,30 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<
   b.input_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kLong).pinned_memory(pin));
   if (options_.segment_ids)
     b.segment_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kInt).pinned_memory(pin));
+  std::vector<std::pair<int64_t, int64_t>> padding;  // (row, first padded column)
   for (int64_t r = 0; r < rows; ++r) {
-    b.blocks.push_back(order[begin + r]);
-    dataset_->read_block(order[begin + r], b.input_ids.data_ptr<int64_t>() + r * len,
-                         options_.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr);
+    const int64_t block = order[begin + r];
+    b.blocks.push_back(block);
+    int64_t* ids = b.input_ids.data_ptr<int64_t>() + r * len;
+    int32_t* seg = options_.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr;
+    dataset_->read_block(block, ids, seg);
+    const int64_t have = dataset_->example_length(block);
+    if (have < len) {
+      std::fill(ids + have, ids + len, options_.pad_id);
+      if (seg) std::fill(seg + have, seg + len, have > 0 ? seg[have - 1] + 1 : 0);
+      padding.emplace_back(r, have);
+    }
   }
   b.labels = b.input_ids;
+  if (options_.ignore_label_id >= 0 || !padding.empty()) {
+    b.labels = b.input_ids.clone();
+    if (options_.ignore_label_id >= 0) b.labels.masked_fill_(b.input_ids == options_.ignore_label_id, -100);
+    for (const auto& [r, from] : padding) b.labels[r].narrow(0, from, len - from).fill_(-100);
+  }
   if (options_.segment_ids && len > 1) {
     // Neat packing: a document's first token follows another document, which it cannot see, so
     // it is not a target (the block's first token never is: the model shifts).
-    b.labels = b.input_ids.clone();
+    if (b.labels.is_same(b.input_ids)) b.labels = b.input_ids.clone();
     const at::Tensor seg = b.segment_ids;
     const at::Tensor first = seg.narrow(1, 1, len - 1) != seg.narrow(1, 0, len - 1);
     b.labels.narrow(1, 1, len - 1).masked_fill_(first, -100);
@@ -252,9 +304,15 @@ Batch DataLoader::next() {
 }
 
 LoaderState DataLoader::state() const {
-  return {
-      epoch_,        position_,       options_.seed, dataset_->num_blocks(), options_.batch_size, options_.world_size,
-      options_.rank, options_.shuffle};
+  return {epoch_,
+          position_,
+          options_.seed,
+          dataset_->num_blocks(),
+          options_.batch_size,
+          options_.world_size,
+          options_.rank,
+          options_.shuffle,
+          options_.order == LoaderOptions::Order::kTorchRandperm ? "torch_randperm" : "kiln"};
 }
 
 void DataLoader::restore(const LoaderState& s) {
@@ -269,6 +327,7 @@ void DataLoader::restore(const LoaderState& s) {
   if (s.world_size != options_.world_size) throw mismatch("world_size", s.world_size, options_.world_size);
   if (s.rank != options_.rank) throw mismatch("rank", s.rank, options_.rank);
   if (s.shuffle != options_.shuffle) throw mismatch("shuffle", s.shuffle, options_.shuffle);
+  if (s.order != state().order) throw mismatch("order", s.order, state().order);
   if (s.epoch < 0 || s.position < 0 || s.position >= batches_per_epoch_)
     throw std::runtime_error(fmt::format("loader state: position {} of epoch {} is outside the {} batches per epoch",
                                          s.position, s.epoch, batches_per_epoch_));

@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kiln/data/lf_examples.h"
 #include "kiln/data/shards.h"
 
 namespace kiln::data {
@@ -38,11 +39,20 @@ class PackedDataset {
                 int64_t num_blocks = -1);
   // The listed blocks of the split's packing, in this order (e.g. a random validation split).
   PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, std::vector<int64_t> blocks);
+  // LLaMA-Factory's examples of the split's documents (lf_examples.h): packed blocks, or
+  // truncated documents of different lengths.
+  PackedDataset(std::shared_ptr<const TokenSplit> split, std::shared_ptr<const ExampleTable> examples);
   int64_t num_blocks() const { return blocks_; }  // "Num examples"
+  // The block length; for examples of different lengths, the longest.
   int64_t cutoff_len() const { return cutoff_len_; }
-  // Tokens of the split that no block of its full packing covers (the dropped tail).
-  int64_t dropped_tokens() const { return split_->num_tokens() % cutoff_len_; }
-  // ids[0..cutoff_len) = block `index`; segments (optional) = document index within the block.
+  bool fixed_length() const { return !examples_ || examples_->fixed_length(); }
+  int64_t example_length(int64_t index) const { return examples_ ? examples_->length(index) : cutoff_len_; }
+  // Tokens of the split that no block of its full packing covers (the dropped tail); for an
+  // example table, those of its documents that no example covers.
+  int64_t dropped_tokens() const {
+    return examples_ ? examples_->dropped_tokens() : split_->num_tokens() % cutoff_len_;
+  }
+  // ids[0..example_length(index)) = example `index`; segments (optional) = document index within it.
   void read_block(int64_t index, int64_t* ids, int32_t* segments = nullptr) const;
   // Blocks [first, first + count) of this dataset as a dataset of their own (count >= 1).
   std::shared_ptr<PackedDataset> range(int64_t first, int64_t count) const;
@@ -50,7 +60,8 @@ class PackedDataset {
  private:
   std::shared_ptr<const TokenSplit> split_;
   int64_t cutoff_len_, first_block_, blocks_;
-  std::vector<int64_t> map_;  // non-empty: block i is map_[i] of the split's packing
+  std::vector<int64_t> map_;                      // non-empty: block i is map_[i] of the split's packing
+  std::shared_ptr<const ExampleTable> examples_;  // set: example i is its example i
 };
 
 // LLaMA-Factory's val_size split of n packed examples: `held_out` of them chosen at random by
@@ -69,6 +80,18 @@ struct LoaderOptions {
   bool segment_ids = false;
   int prefetch = 2;        // batches prepared ahead by the background thread; 0 = none
   bool pin_memory = true;  // only takes effect when CUDA is present
+  // LLaMA-Factory's collator (transformers' DataCollatorForLanguageModeling with pad = EOS): every
+  // token equal to this id gets label -100 (>= 0; -1 = every token is a label).
+  int64_t ignore_label_id = -1;
+  // Rows shorter than the batch's longest example (no packing) are padded on the right with this
+  // id, labels -100.
+  int64_t pad_id = 0;
+  // The epoch order: kKiln, kiln's own Fisher-Yates over SplitMix64 (the same on every platform
+  // and library version), or kTorchRandperm, HF Trainer's sampler (accelerate's
+  // SeedableRandomSampler: torch.randperm(n) from a CPU generator seeded with seed + epoch; with
+  // LibTorch's own generator, so the same blocks in the same order as LLaMA-Factory).
+  enum class Order { kKiln, kTorchRandperm };
+  Order order = Order::kKiln;
 };
 
 // Where the loader is: the next batch is batch `position` of epoch `epoch`. The other fields
@@ -78,13 +101,14 @@ struct LoaderState {
   uint64_t seed = 0;
   int64_t num_blocks = 0, batch_size = 0, world_size = 0, rank = 0;
   bool shuffle = true;
+  std::string order = "kiln";  // LoaderOptions::order: "kiln" or "torch_randperm"
   std::string to_json() const;
   static LoaderState from_json(const std::string& text);  // errors name the field
 };
 
 struct Batch {
   at::Tensor input_ids;             // [B, cutoff_len] int64
-  at::Tensor labels;                // [B, cutoff_len] int64, = input_ids (the model shifts; -100 would be ignored)
+  at::Tensor labels;                // [B, cutoff_len] int64, = input_ids (the model shifts) or -100 where ignored
   at::Tensor segment_ids;           // [B, cutoff_len] int32 document index within each row; undefined unless asked
   std::vector<int64_t> blocks;      // the block index of each row
   int64_t epoch = 0, position = 0;  // which batch this is

@@ -32,7 +32,9 @@ std::vector<std::string> split_names(const std::string& names) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     item = trim(item);
-    if (!item.empty()) out.push_back(item);
+    // A name listed twice is loaded once, where it first appears: LLaMA-Factory keeps the
+    // datasets in a dict keyed by name (llamafactory/data/loader.py, _get_merged_dataset).
+    if (!item.empty() && std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
   }
   return out;
 }

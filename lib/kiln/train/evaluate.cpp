@@ -43,6 +43,16 @@ EvalResult run_eval(model::LlamaForCausalLM& model, const std::function<std::opt
     AutocastGuard autocast(o.device.type(), o.autocast_dtype);
     const at::Tensor segments = batch->segment_ids.defined() ? batch->segment_ids.to(o.device) : at::Tensor();
     const auto out = model->forward(batch->input_ids.to(o.device), batch->labels.to(o.device), {}, segments);
+    if (o.ignore_label_id >= 0) {
+      // HF: this batch's loss (normalised by its own num_items_in_batch), repeated per row.
+      const int64_t items = batch->labels.ne(-100).sum().item<int64_t>();
+      const int64_t rows = batch->input_ids.size(0);
+      if (items > 0) {
+        loss_sum.add_(out.loss_sum.to(at::kDouble) * (static_cast<double>(rows) / static_cast<double>(items)));
+        targets += rows;
+      }
+      continue;
+    }
     loss_sum.add_(out.loss_sum.to(at::kDouble));
     targets += count_targets(batch->labels.cpu());
   }
@@ -67,6 +77,7 @@ EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_pt
   options.batch_size = o.batch_size;
   options.shuffle = false;
   options.segment_ids = o.neat_packing;
+  if (o.ignore_label_id >= 0) options.ignore_label_id = options.pad_id = o.ignore_label_id;
   // This rank's blocks: [rank * B / world, (rank + 1) * B / world); every rank runs as many batch
   // slots as the largest share needs, so no collective is needed to agree on the end.
   const int64_t blocks = dataset->num_blocks();

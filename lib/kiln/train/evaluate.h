@@ -29,6 +29,10 @@ struct EvalOptions {
   // >= 0: this token (a BOS) is put before every block, so every token of the block is a target
   // (kiln-eval --add-bos, for a model trained with a BOS at the start of each sequence).
   int64_t prepend_token_id = -1;
+  // LLaMA-Factory's datasets (>= 0: the pad id, usually EOS): tokens of this id get label -100,
+  // and the loss is HF's (trainer.py, prediction_step): per batch the summed cross-entropy over
+  // that batch's labels that are not -100 before the shift, then the mean over rows.
+  int64_t ignore_label_id = -1;
   // Asked before every batch; when it answers true the evaluation is abandoned and the result has
   // interrupted = true (and no loss), so a stop request waits for one batch at most.
   std::function<bool()> should_stop;

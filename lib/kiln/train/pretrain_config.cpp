@@ -38,6 +38,10 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"overwrite_cache", &C::overwrite_cache},
       {"cutoff_len", &C::cutoff_len},
       {"val_size", &C::val_size},
+      {"packing", &C::packing},
+      {"preprocessing_batch_size", &C::preprocessing_batch_size},
+      {"preprocessing_num_workers", &C::preprocessing_num_workers},
+      {"streaming", &C::streaming},
       {"per_device_train_batch_size", &C::per_device_train_batch_size},
       {"per_device_eval_batch_size", &C::per_device_eval_batch_size},
       {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
@@ -67,6 +71,7 @@ const std::vector<std::pair<std::string, Field>>& fields() {
       {"full_determinism", &C::full_determinism},
       {"neat_packing", &C::neat_packing},
       {"seed", &C::seed},
+      {"data_seed", &C::data_seed},
       {"logging_steps", &C::logging_steps},
       {"save_steps", &C::save_steps},
       {"save_total_limit", &C::save_total_limit},
@@ -84,10 +89,23 @@ const std::vector<std::pair<std::string, Field>>& fields() {
   return table;
 }
 
+// An integer as YAML writes it ("20", not "20.0" or "2e1"): LLaMA-Factory hands val_size to
+// datasets as the Python int or float the YAML parser produced, and datasets reads an int as a
+// count of documents.
+bool integer_text(const std::string& text) {
+  const size_t start = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  return text.size() > start && text.find_first_not_of("0123456789", start) == std::string::npos;
+}
+
 void read_fields(ConfigReader& r, PretrainConfig& c) {
+  if (r.has("val_size")) {
+    if (const auto text = r.read_text("val_size")) c.val_size_is_count = integer_text(*text);
+  }
   for (const auto& [key, field] : fields()) {
     std::visit([&, &key = key](auto member) { r.read(key, c.*member); }, field);
   }
+  std::transform(c.packing.begin(), c.packing.end(), c.packing.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   read_lf_keys(r, c);  // LLaMA-Factory / HF keys without a field: acted on, accepted or refused
   r.finish();
 }
@@ -156,8 +174,42 @@ void PretrainConfig::validate() const {
   if (nan_policy != "stop" && nan_policy != "skip") {
     fail("nan_policy", fmt::format("must be stop or skip, got '{}'", nan_policy));
   }
-  if (!(val_size >= 0) || (val_size >= 1 && val_size != static_cast<double>(static_cast<int64_t>(val_size)))) {
+  if (llamafactory_data()) {
+    // LLaMA-Factory: int(val_size) above 1; datasets refuses a float test_size of 1.0.
+    if (!(val_size >= 0) || (val_size == 1 && !val_size_is_count)) {
+      fail("val_size", fmt::format("must be a fraction in (0, 1) or a number of documents written as an integer "
+                                   "(e.g. 1 or 200), got {}{}",
+                                   val_size, val_size == 1 ? ".0 (datasets refuses test_size=1.0)" : ""));
+    }
+  } else if (!(val_size >= 0) || (val_size >= 1 && val_size != static_cast<double>(static_cast<int64_t>(val_size)))) {
     fail("val_size", fmt::format("must be a fraction in [0, 1) or a whole number of blocks, got {}", val_size));
+  }
+  if (packing != "" && packing != "true" && packing != "false") {
+    fail("packing", fmt::format("must be true or false, got '{}'", packing));
+  }
+  if (!llamafactory_data() && packing == "false") {
+    fail("packing",
+         "a shard folder is always packed into cutoff_len blocks; packing: false (one truncated document per "
+         "example) applies to LLaMA-Factory datasets named with dataset");
+  }
+  if (llamafactory_data() && packing == "true" && cutoff_len < 3) {
+    fail("cutoff_len", fmt::format("packing: true trains on blocks of cutoff_len - 1 tokens (as LLaMA-Factory); "
+                                   "cutoff_len {} leaves fewer than 2",
+                                   cutoff_len));
+  }
+  at_least("preprocessing_batch_size", preprocessing_batch_size, 1);
+  at_least("preprocessing_num_workers", preprocessing_num_workers, 0);
+  if (data_seed < -1) fail("data_seed", fmt::format("must be >= 0 (or -1: the seed), got {}", data_seed));
+  if (streaming) {
+    // LLaMA-Factory's own checks and words first (hparams/data_args.py, hparams/parser.py), so a
+    // YAML it refuses is refused here the same way.
+    if (val_size > 1e-6 && val_size < 1) fail("val_size", "Streaming mode should have an integer val size.");
+    if (max_samples > 0) fail("max_samples", "`max_samples` is incompatible with `streaming`.");
+    if (max_steps <= 0) fail("max_steps", "Please specify `max_steps` in streaming mode.");
+    fail("streaming",
+         "true is not supported: kiln reads the tokenized datasets memory-mapped, and LLaMA-Factory's streaming "
+         "order (datasets' 16384-document shuffle buffer) is not reproduced. Remove streaming: the same "
+         "documents are then split and packed as LLaMA-Factory's non-streaming run does");
   }
   at_least("max_samples", max_samples, 0);
   at_least("logging_steps", logging_steps, 1);

@@ -27,7 +27,27 @@ struct KILN_API PretrainConfig {
   int64_t max_samples = 0;       // > 0: the first max_samples documents of each dataset
   bool overwrite_cache = false;  // tokenize again even when the cache holds these datasets
   int64_t cutoff_len = 1024;
-  double val_size = 0.0;  // > 0: hold out random blocks of train (< 1: fraction, >= 1: count), by seed
+  // > 0: hold out evaluation data, chosen at random by seed. With `dataset` (LLaMA-Factory's
+  // pipeline, data/lf_examples.h): documents, before packing; a fraction in (0, 1) (the count
+  // rounded up), or a count when written as an integer or above 1. With a shard folder: blocks
+  // of the packed train split (< 1: fraction, >= 1: count).
+  double val_size = 0.0;
+  bool val_size_is_count = false;  // val_size was written as an integer (set by the reader)
+  // LLaMA-Factory's data keys (with `dataset`; docs/training.md, "Coming from LLaMA-Factory"):
+  // packing "" (not written: pack into cutoff_len blocks, stage pt's default), "true" (written
+  // out: blocks of cutoff_len - 1, LLaMA-Factory's DataArguments quirk) or "false" (no packing:
+  // each document is an example, truncated to cutoff_len); documents are packed per
+  // preprocessing_batch_size documents, each batch's tail dropped, within
+  // preprocessing_num_workers contiguous shards.
+  std::string packing;
+  int64_t preprocessing_batch_size = 1000;
+  int64_t preprocessing_num_workers = 0;  // 0 or 1: one shard
+  bool streaming = false;                 // LLaMA-Factory's rules are checked, then refused
+  int64_t data_seed = -1;                 // the sampler's seed (HF's data_seed); -1 = seed
+  // `dataset` names LLaMA-Factory datasets: its data pipeline, collator and loss normalisation apply.
+  bool llamafactory_data() const { return !dataset.empty(); }
+  // The examples' length: cutoff_len, less one when a LLaMA-Factory YAML writes packing: true.
+  int64_t block_len() const { return llamafactory_data() && packing == "true" ? cutoff_len - 1 : cutoff_len; }
 
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;  // blocks per forward pass of the evaluation (HF's default 8)

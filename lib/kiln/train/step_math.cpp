@@ -17,7 +17,10 @@ StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t
   p.gradient_accumulation_steps = gradient_accumulation_steps;
   const int64_t per_batch = batch_size_per_device * world_size;
   p.batches_per_epoch = (num_examples + per_batch - 1) / per_batch;
-  p.updates_per_epoch = std::max<int64_t>(p.batches_per_epoch / gradient_accumulation_steps, 1);
+  // transformers >= 4.52.1 (every version LLaMA-Factory 0.9.5 admits; trainer.py,
+  // set_initial_training_values): the last, shorter accumulation window of an epoch is a step.
+  p.updates_per_epoch =
+      std::max<int64_t>((p.batches_per_epoch + gradient_accumulation_steps - 1) / gradient_accumulation_steps, 1);
   if (max_steps > 0) {
     p.total_steps = max_steps;
     // HF: epochs = max_steps // updates_per_epoch + (1 if there is a remainder)
@@ -34,14 +37,23 @@ std::string training_banner(const StepPlan& p, int64_t trainable_parameters) {
       "***** Running training *****\n"
       "  Num examples = {}\n"
       "  Num Epochs = {}\n"
+      "  Num update steps per epoch = {}\n"
       "  Instantaneous batch size per device = {}\n"
       "  Total train batch size (w. parallel, distributed & accumulation) = {}\n"
       "  Gradient Accumulation steps = {}\n"
       "  Total optimization steps = {}\n"
       "  Number of trainable parameters = {}",
       with_commas(p.num_examples), with_commas(static_cast<int64_t>(std::ceil(p.num_epochs))),
-      with_commas(p.batch_size_per_device), with_commas(p.total_batch_size()),
-      with_commas(p.gradient_accumulation_steps), with_commas(p.total_steps), with_commas(trainable_parameters));
+      with_commas(p.updates_per_epoch), with_commas(p.batch_size_per_device), with_commas(p.total_batch_size()),
+      p.gradient_accumulation_steps, with_commas(p.total_steps), with_commas(trainable_parameters));
+}
+
+std::string evaluation_banner(int64_t num_examples, int64_t batch_size_per_device) {
+  return fmt::format(
+      "***** Running Evaluation *****\n"
+      "  Num examples = {}\n"
+      "  Batch size = {}",
+      num_examples, batch_size_per_device);
 }
 
 }  // namespace kiln::train

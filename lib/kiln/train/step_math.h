@@ -15,15 +15,28 @@ struct StepPlan {
   int64_t world_size = 1;
   int64_t gradient_accumulation_steps = 1;
   int64_t batches_per_epoch = 0;  // ceil(examples / (batch * world))
-  int64_t updates_per_epoch = 0;  // max(batches_per_epoch // accumulation, 1)
-  int64_t total_steps = 0;        // max_steps, or ceil(epochs * updates_per_epoch)
+  // max(ceil(batches_per_epoch / accumulation), 1): the last window of an epoch may hold fewer
+  // than `accumulation` batches and still makes an optimizer step (transformers >= 4.52.1;
+  // 4.51 and older used the floor and dropped it).
+  int64_t updates_per_epoch = 0;
+  int64_t last_window_batches() const {
+    const int64_t r = batches_per_epoch % gradient_accumulation_steps;
+    return r == 0 ? gradient_accumulation_steps : r;
+  }
+  int64_t total_steps = 0;  // max_steps, or ceil(epochs * updates_per_epoch)
   int64_t total_batch_size() const { return batch_size_per_device * world_size * gradient_accumulation_steps; }
 };
 
 StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t world_size,
                     int64_t gradient_accumulation_steps, double num_epochs, int64_t max_steps);
 
-// The banner lines exactly as HF Trainer logs them (without its log prefix), "\n"-separated.
+// The banner lines exactly as HF Trainer logs them (transformers 5.6.0, trainer.py
+// _inner_training_loop, without its log prefix), "\n"-separated. Older transformers (the user's
+// logs) had no "Num update steps per epoch" line.
 std::string training_banner(const StepPlan& plan, int64_t trainable_parameters);
+
+// HF Trainer's evaluation_loop lines: "***** Running Evaluation *****", "  Num examples = N" (no
+// thousands separators there) and "  Batch size = B" (per device).
+std::string evaluation_banner(int64_t num_examples, int64_t batch_size_per_device);
 
 }  // namespace kiln::train

@@ -2,9 +2,10 @@
 // nothing here reads a device value; the loss sum, the non-finite check (which also makes the
 // optimizer skip the update, inside its fused kernel) and the fp16 loss scale stay on the device.
 //
-// Micro-batches are drawn continuously from the loader (epochs roll over inside it), so every
-// optimizer step has exactly gradient_accumulation_steps micro-batches and a checkpoint's loader
-// state (epoch, position) alone restores the exact next batch.
+// Micro-batches are drawn from the loader (epochs roll over inside it) in accumulation windows
+// that start at each epoch's first batch, as HF Trainer's: an epoch's last window holds what is
+// left (step_math.h), so a checkpoint's loader state (epoch, position) alone restores the exact
+// next batch and its window.
 #include "kiln/train/trainer.h"
 
 #include <cmath>
@@ -216,7 +217,9 @@ void Trainer::Run::undo_step(const StepStart& start) {
 Trainer::Run::StepBatches Trainer::Run::draw_batches() {
   StepBatches b;
   int64_t exhausted = 0;
-  for (int64_t i = 0; i < t.config_.gradient_accumulation_steps; ++i) {
+  int64_t window = t.config_.gradient_accumulation_steps;
+  if (t.loader_) window = std::min(window, t.loader_->batches_per_epoch() - t.loader_->state().position);
+  for (int64_t i = 0; i < window; ++i) {
     if (t.source_) {
       std::optional<MicroBatch> m = t.source_();
       if (!m) {
@@ -229,7 +232,10 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
       data::Batch m = t.loader_->next();
       b.micro.push_back({std::move(m.input_ids), std::move(m.labels), std::move(m.segment_ids)});
     }
-    b.targets += count_targets(b.micro.back().labels.cpu());
+    // LLaMA-Factory's datasets: transformers' num_items_in_batch, every label that is not -100
+    // before the shift (trainer.py, get_batch_samples); kiln's own: the scored targets.
+    const at::Tensor labels = b.micro.back().labels.cpu();
+    b.targets += t.state_->ignored_label_id >= 0 ? labels.ne(-100).sum().item<int64_t>() : count_targets(labels);
     b.tokens += b.micro.back().input_ids.numel();
   }
   if (t.comm_) {
@@ -291,8 +297,13 @@ bool Trainer::Run::train_step(StepBatches& batches) {
   zero_grad();
   ++st.global_step;
   // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
-  st.window_loss_sum.add_(at::where(bad, at::zeros_like(acc.loss_sum), acc.loss_sum));
-  st.window_good_targets.add_(bad.logical_not().to(at::kFloat) * static_cast<double>(batches.targets));
+  // The logged loss of kiln's shard folders is the window's loss per target; of LLaMA-Factory's
+  // datasets, HF's: the mean of the steps' losses (each normalised by its own num_items_in_batch).
+  const bool per_step = st.ignored_label_id >= 0;
+  const double weight = per_step ? 1.0 : static_cast<double>(batches.targets);
+  const at::Tensor step_loss = per_step ? acc.loss_sum / static_cast<double>(batches.targets) : acc.loss_sum;
+  st.window_loss_sum.add_(at::where(bad, at::zeros_like(step_loss), step_loss));
+  st.window_good_targets.add_(bad.logical_not().to(at::kFloat) * weight);
   st.first_bad_step.copy_(at::where(bad.logical_and(st.first_bad_step < 0),
                                     at::full({}, static_cast<double>(st.global_step), fopts), st.first_bad_step));
   last_norm = norm;

@@ -95,6 +95,11 @@ class Trainer {
   const model::LlamaForCausalLM& model() const { return model_; }
   // The HF-style banner plus kiln's run facts (device, dtype, data, predicted memory).
   std::string banner() const;
+  // The examples the run trains and evaluates on, as JSON (kiln-pretrain --dry-run --dump-data):
+  // per split the number of examples, their tokens and lengths, and the first `limit` examples'
+  // input_ids and labels (-1: all); the banner's figures; the first epochs' sample order. The
+  // layout is tests/python/llamafactory_reference.py's, so the two compare key by key.
+  std::string examples_json(int64_t limit = -1) const;
 
   // Trains until the planned step count, a signal, or an error.
   TrainResult train();

@@ -22,9 +22,14 @@
 
 namespace kiln::train {
 
+// HF's state.epoch: the batches consumed so far over the batches per epoch. An epoch's last
+// window may be shorter than gradient_accumulation_steps (step_math.h).
 double Trainer::epoch_of(int64_t step) const {
-  return static_cast<double>(step * config_.gradient_accumulation_steps) /
-         static_cast<double>(std::max<int64_t>(plan_.batches_per_epoch, 1));
+  const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
+  const int64_t batches = std::max<int64_t>(plan_.batches_per_epoch, 1);
+  const int64_t consumed =
+      (step / per_epoch) * batches + std::min(step % per_epoch * config_.gradient_accumulation_steps, batches);
+  return static_cast<double>(consumed) / static_cast<double>(batches);
 }
 
 HfTrainerState Trainer::hf_trainer_state(int64_t step) const {

@@ -48,6 +48,10 @@ struct Trainer::State {
   std::optional<cost::DevicePeak> peak;
   std::shared_ptr<data::TokenShards> shards;
   std::string data_dir;
+  // LLaMA-Factory datasets: the id whose labels are -100 (the pad token, which its tokenizer
+  // fix-up makes EOS when the tokenizer has none); -1 for kiln's shard folders.
+  int64_t ignored_label_id = -1;
+  data::LoaderOptions loader_options;  // the train loader's (examples_json draws its orders)
   // Device-side accumulators of the current logging window.
   at::Tensor window_loss_sum, window_good_targets, first_bad_step;
   int64_t window_steps = 0, window_tokens = 0;  // tokens of every rank

@@ -56,6 +56,15 @@ std::string Trainer::banner() const {
   const bool per_rank = comm_ || (plan_only_ && env_launcher_ != "none");
   if (source_) {
     out += "\n  Data = batches supplied by the host program";
+  } else if (config_.llamafactory_data()) {
+    const auto docs = state_->shards->split("train");
+    out += fmt::format(
+        "\n  Data = {} ({} documents of {}, {} tokens; train {} examples of {}{} tokens, {} tokens dropped; {})",
+        state_->data_dir, with_commas(docs->num_documents()), config_.dataset, with_commas(docs->num_tokens()),
+        with_commas(train_set_->num_blocks()), train_set_->fixed_length() ? "" : "up to ", train_set_->cutoff_len(),
+        with_commas(train_set_->dropped_tokens()),
+        val_set_ ? fmt::format("eval {} examples of held-out documents", with_commas(val_set_->num_blocks()))
+                 : "no eval split");
   } else {
     out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
                        with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
@@ -81,6 +90,7 @@ EvalOptions Trainer::eval_options() {
   o.device = device_;
   o.autocast_dtype = autocast_dtype_;
   o.neat_packing = config_.neat_packing;
+  o.ignore_label_id = state_->ignored_label_id;
   o.should_stop = [this] { return stop_requested(); };
   o.rank = rank();
   o.world_size = world_size();
@@ -271,6 +281,10 @@ EvalSchedule Trainer::Run::schedule() const {
 
 bool Trainer::Run::evaluate_at(int64_t step) {
   if (!t.val_set_) return true;
+  if (t.is_main()) {
+    bar->clear();
+    logger()->info("{}", evaluation_banner(t.val_set_->num_blocks(), t.config_.per_device_eval_batch_size));
+  }
   const auto eval_start = std::chrono::steady_clock::now();
   const EvalResult ev = t.evaluate();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();

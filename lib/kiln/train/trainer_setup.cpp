@@ -14,6 +14,7 @@
 #include "kiln/cost/memory.h"
 #include "kiln/cost/plan.h"
 #include "kiln/data/default_corpus.h"
+#include "kiln/data/lf_examples.h"
 #include "kiln/data/shards.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
@@ -170,6 +171,77 @@ void Trainer::apply_auto_fit() {
       p.target_sequences, best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
 }
 
+namespace {
+
+// LLaMA-Factory 0.9.5's examples (data/lf_examples.h): the merged datasets' documents split into
+// train and eval before packing, each packed per preprocessing_batch_size documents.
+std::pair<std::shared_ptr<const data::PackedDataset>, std::shared_ptr<const data::PackedDataset>> llamafactory_examples(
+    const PretrainConfig& config_, const std::shared_ptr<const data::TokenSplit>& documents) {
+  const auto fail = [&](const char* key, const std::string& problem) {
+    throw config::ConfigError(config::config_message(config_.source, key, problem));
+  };
+  data::DocumentSplit split;
+  try {
+    split = data::split_documents(documents->num_documents(), config_.val_size, config_.val_size_is_count,
+                                  static_cast<uint64_t>(config_.seed));
+  } catch (const std::invalid_argument& e) {
+    fail("val_size", fmt::format("{} ({} documents in {})", e.what(), documents->num_documents(), config_.dataset));
+  }
+  const data::PackOptions po{.block_len = config_.block_len(),
+                             .packing = config_.packing != "false",
+                             .batch_documents = config_.preprocessing_batch_size,
+                             .workers = config_.preprocessing_num_workers};
+  const auto examples = [&](std::vector<int64_t> docs, const char* what) {
+    const int64_t n = static_cast<int64_t>(docs.size());
+    auto table = data::ExampleTable::build(std::move(docs), documents->document_starts(), po);
+    if (table->num_examples() == 0) {
+      fail("cutoff_len",
+           fmt::format("Cannot find sufficient samples, consider increasing dataset size. (LLaMA-Factory's words: the "
+                       "{} {} documents of {} pack into no block of {} tokens within one preprocessing_batch_size "
+                       "batch of {})",
+                       n, what, config_.dataset, po.block_len, po.batch_documents));
+    }
+    return std::make_shared<data::PackedDataset>(documents, table);
+  };
+  auto train = examples(std::move(split.train), "train");
+  return {train, split.eval.empty() ? nullptr : examples(std::move(split.eval), "eval")};
+}
+
+// kiln's shard folders: the train split packed into cutoff_len blocks in order; val_size holds
+// out random blocks, else the folder's val split is the evaluation data.
+std::pair<std::shared_ptr<const data::PackedDataset>, std::shared_ptr<const data::PackedDataset>> packed_blocks(
+    const PretrainConfig& config_, const data::TokenShards& shards,
+    const std::shared_ptr<const data::TokenSplit>& train_split) {
+  const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+  std::shared_ptr<const data::PackedDataset> train_set_, val_set_;
+  // Evaluation data: val_size > 0 holds out blocks of the train split chosen at random by the
+  // run's seed (a fraction, or a count; as LLaMA-Factory's split of its packed examples);
+  // otherwise the shard set's own val split, when it has one block or more.
+  int64_t held_out = 0;
+  if (config_.val_size > 0) {
+    held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
+                                    : static_cast<int64_t>(config_.val_size);
+    if (held_out >= blocks) {
+      throw config::ConfigError(config::config_message(
+          config_.source, "val_size",
+          fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
+                      config_.cutoff_len)));
+    }
+    const auto [train_blocks, val_blocks] = data::random_split(blocks, held_out, static_cast<uint64_t>(config_.seed));
+    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, val_blocks);
+    train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, train_blocks);
+  } else if (shards.has_split("val")) {
+    const auto val_split = shards.split("val");
+    if (val_split->num_tokens() >= config_.cutoff_len) {
+      val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
+    }
+  }
+  if (!train_set_) train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len);
+  return {train_set_, val_set_};
+}
+
+}  // namespace
+
 // Tokenizing (named datasets, the embedded corpus on first use) happens on rank 0 while the other
 // ranks wait, as LLaMA-Factory's main_process_first: then they open what it wrote and never
 // tokenize themselves. The wait is a collective that also carries rank 0's failure, so a bad
@@ -216,42 +288,30 @@ void Trainer::setup_shard_data() {
                     meta.vocab_size, model_->config().vocab_size, model_->config().source)));
   }
   const auto train_split = state_->shards->split("train");
-  const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
-  if (blocks == 0) {
-    throw config::ConfigError(
-        config::config_message(config_.source, "cutoff_len",
-                               fmt::format("{} is longer than the whole train split of {} ({} tokens)",
-                                           config_.cutoff_len, state_->data_dir, train_split->num_tokens())));
-  }
-  // Evaluation data: val_size > 0 holds out blocks of the train split chosen at random by the
-  // run's seed (a fraction, or a count; as LLaMA-Factory's split of its packed examples);
-  // otherwise the shard set's own val split, when it has one block or more.
-  int64_t held_out = 0;
-  if (config_.val_size > 0) {
-    held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
-                                    : static_cast<int64_t>(config_.val_size);
-    if (held_out >= blocks) {
-      throw config::ConfigError(config::config_message(
-          config_.source, "val_size",
-          fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
-                      config_.cutoff_len)));
-    }
-    const auto [train_blocks, val_blocks] = data::random_split(blocks, held_out, static_cast<uint64_t>(config_.seed));
-    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, val_blocks);
-    train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, train_blocks);
-  } else if (state_->shards->has_split("val")) {
-    const auto val_split = state_->shards->split("val");
-    if (val_split->num_tokens() >= config_.cutoff_len) {
-      val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
-    }
-  }
-  if (!train_set_) train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len);
   data::LoaderOptions lo;
   lo.batch_size = config_.per_device_train_batch_size;
   lo.seed = static_cast<uint64_t>(config_.seed);
   lo.segment_ids = config_.neat_packing;
   lo.rank = rank();
   lo.world_size = world_size();
+  if (config_.llamafactory_data()) {
+    state_->ignored_label_id = llamafactory_pad_id(config_, meta.eos_id);
+    std::tie(train_set_, val_set_) = llamafactory_examples(config_, train_split);
+    // HF Trainer's sampler (data_seed, else seed) and transformers' collator with pad = EOS.
+    lo.order = data::LoaderOptions::Order::kTorchRandperm;
+    if (config_.data_seed >= 0) lo.seed = static_cast<uint64_t>(config_.data_seed);
+    lo.ignore_label_id = lo.pad_id = state_->ignored_label_id;
+  } else {
+    const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+    if (blocks == 0) {
+      throw config::ConfigError(
+          config::config_message(config_.source, "cutoff_len",
+                                 fmt::format("{} is longer than the whole train split of {} ({} tokens)",
+                                             config_.cutoff_len, state_->data_dir, train_split->num_tokens())));
+    }
+    std::tie(train_set_, val_set_) = packed_blocks(config_, *state_->shards, train_split);
+  }
+  state_->loader_options = lo;
   if (!plan_only_) loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
 
   plan_ = plan_steps(train_set_->num_blocks(), config_.per_device_train_batch_size, world_size(),

@@ -2,9 +2,12 @@
 #include "kiln/train/training_data.h"
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
@@ -22,6 +25,31 @@ std::string model_tokenizer_spec(const PretrainConfig& config) {
     return (fs::path(config.model_name_or_path) / "tokenizer.json").string();
   }
   return "byte";
+}
+
+int64_t llamafactory_pad_id(const PretrainConfig& config, int64_t eos_id) {
+  const std::string spec = model_tokenizer_spec(config);
+  if (spec == "byte") return eos_id;
+  const fs::path file = fs::path(spec).parent_path() / "tokenizer_config.json";
+  if (!fs::is_regular_file(file)) return eos_id;
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw config::ConfigError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+  }
+  if (!j.is_object() || !j.contains("pad_token") || j["pad_token"].is_null()) return eos_id;
+  const auto& pad = j["pad_token"];
+  const std::string content = pad.is_string() ? pad.get<std::string>() : pad.value("content", "");
+  if (content.empty()) return eos_id;
+  std::vector<int32_t> ids;
+  data::load_tokenizer(spec)->encode_into(content, ids, false);
+  if (ids.size() != 1) {
+    throw config::ConfigError(fmt::format("{}: pad_token '{}' is not one token of {} (it encodes to {} ids)",
+                                          file.string(), content, spec, ids.size()));
+  }
+  return ids[0];
 }
 
 std::string training_shard_dir(const PretrainConfig& config, bool main_process, bool reuse_only, int rank) {

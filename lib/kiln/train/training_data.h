@@ -22,4 +22,9 @@ std::string training_shard_dir(const PretrainConfig& config, bool main_process, 
 // The tokenizer of the model: model_name_or_path's tokenizer.json when it has one, else "byte".
 std::string model_tokenizer_spec(const PretrainConfig& config);
 
+// The token id LLaMA-Factory's collator turns into label -100: the tokenizer's pad token
+// (tokenizer_config.json's pad_token), or `eos_id` when it has none, as LLaMA-Factory's
+// fix_special_tokens sets pad = EOS (llamafactory/data/template.py). Errors name the file.
+int64_t llamafactory_pad_id(const PretrainConfig& config, int64_t eos_id);
+
 }  // namespace kiln::train

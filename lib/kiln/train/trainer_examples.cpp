@@ -1,0 +1,84 @@
+// Trainer::examples_json: what the run would train and evaluate on, without training (see trainer.h).
+#include <algorithm>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "kiln/data/loader.h"
+#include "kiln/train/trainer_internal.h"
+
+namespace kiln::train {
+
+namespace {
+
+json split_json(const data::PackedDataset& set, const data::LoaderOptions& train_options, int64_t limit) {
+  data::LoaderOptions o;
+  o.batch_size = 1;
+  o.shuffle = false;
+  o.prefetch = 0;
+  o.ignore_label_id = train_options.ignore_label_id;
+  o.pad_id = train_options.pad_id;
+  data::DataLoader loader(std::make_shared<data::PackedDataset>(set), o);
+  const int64_t n = set.num_blocks();
+  const int64_t shown = limit < 0 ? n : std::min(limit, n);
+  int64_t tokens = 0;
+  std::set<int64_t> lengths;
+  for (int64_t i = 0; i < n; ++i) {
+    tokens += set.example_length(i);
+    lengths.insert(set.example_length(i));
+  }
+  json examples = json::array();
+  for (int64_t i = 0; i < shown; ++i) {
+    const data::Batch b = loader.next();
+    const int64_t len = set.example_length(i);
+    const auto* ids = b.input_ids.data_ptr<int64_t>();
+    const auto* labels = b.labels.data_ptr<int64_t>();
+    examples.push_back(
+        {{"input_ids", std::vector<int64_t>(ids, ids + len)}, {"labels", std::vector<int64_t>(labels, labels + len)}});
+  }
+  return {{"num_examples", n},
+          {"total_tokens", tokens},
+          {"lengths", std::vector<int64_t>(lengths.begin(), lengths.end())},
+          {"examples", std::move(examples)}};
+}
+
+}  // namespace
+
+std::string Trainer::examples_json(int64_t limit) const {
+  if (!train_set_) throw std::logic_error("Trainer::examples_json: this trainer's batches come from the host");
+  json out;
+  out["train"] = split_json(*train_set_, state_->loader_options, limit);
+  out["eval"] = val_set_ ? split_json(*val_set_, state_->loader_options, limit) : json(nullptr);
+  const StepPlan& p = plan_;
+  json trainer = {{"num_examples", p.num_examples},
+                  {"num_epochs", static_cast<int64_t>(std::ceil(p.num_epochs))},
+                  {"per_device_train_batch_size", p.batch_size_per_device},
+                  {"total_train_batch_size", p.total_batch_size()},
+                  {"gradient_accumulation_steps", p.gradient_accumulation_steps},
+                  {"num_update_steps_per_epoch", p.updates_per_epoch},
+                  {"max_steps", p.total_steps},
+                  {"batches_per_epoch", p.batches_per_epoch},
+                  {"last_window_batches", p.last_window_batches()},
+                  {"eval_num_examples", val_set_ ? json(val_set_->num_blocks()) : json(nullptr)}};
+  // The sampler's first epochs (as many as the run has, at most 3), each its first 100 indices
+  // for large sets.
+  data::LoaderOptions o = state_->loader_options;
+  o.prefetch = 0;
+  o.batch_size = 1;
+  o.rank = 0;
+  o.world_size = 1;
+  data::DataLoader loader(train_set_, o);
+  json orders = json::object();
+  const int64_t epochs = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(std::ceil(p.num_epochs)), 1), 3);
+  for (int64_t e = 0; e < epochs; ++e) {
+    std::vector<int64_t> order = loader.epoch_order(e);
+    if (order.size() > 2000) order.resize(100);
+    orders[std::to_string(e)] = order;
+  }
+  trainer["sampler"] = {{"seed", o.seed}, {"orders", std::move(orders)}};
+  out["trainer"] = std::move(trainer);
+  return out.dump();
+}
+
+}  // namespace kiln::train
