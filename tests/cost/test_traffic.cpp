@@ -203,14 +203,19 @@ std::vector<int64_t> shape(const nlohmann::json& dims, size_t i) {
 // which kiln confines to common/torch_internals, whose trace records shapes, not FLOPs; so FLOPs are
 // counted here from the shapes of the executed matmul ops: 2 M K N per aten::mm / addmm / addmm_,
 // 2 b M K N per bmm / baddbmm, grouped by the dimensions that name their component.
-TEST_CASE("traffic: per-component GEMM FLOPs equal those of the ops the tiny model executes", "[traffic]") {
-  const auto config = kiln::model::load_llama_config("tiny");
-  const int64_t batch = 2, seq = 24;  // T = 24 differs from every width of tiny (d 32, kv 64, ...)
+namespace {
+
+void check_traced_gemm_flops(const std::string& preset) {
+  INFO(preset);
+  const auto config = kiln::model::load_llama_config(preset);
+  // T = 24 (48 rows) differs from every width of tiny (d 32, kv 64, ...) and llama-100m (768, 256,
+  // 2048, 32000), so a GEMM's dimensions name its component.
+  const int64_t batch = 2, seq = 24;
   const kiln::ops::BackendScope kernels("kiln");
   kiln::model::LlamaForCausalLM model(config);
   model->fused_lm_loss = true;
   const at::Tensor ids = at::randint(config.vocab_size, {batch, seq}, at::kLong);
-  const auto dir = kiln::test::scratch_dir("traffic_trace");
+  const auto dir = kiln::test::scratch_dir("traffic_trace_" + preset);
   const std::string path = (dir / "trace.json").string();
   {
     kiln::torch_internals::KinetoTrace trace(/*cuda=*/false);
@@ -313,6 +318,13 @@ TEST_CASE("traffic: per-component GEMM FLOPs equal those of the ops the tiny mod
   } else {
     CHECK(traced["attention"] == Approx(model_gemm({"attention core"})).epsilon(1e-12));
   }
+}
+
+}  // namespace
+
+TEST_CASE("traffic: per-component GEMM FLOPs equal those of the ops tiny and llama-100m execute", "[traffic]") {
+  check_traced_gemm_flops("tiny");
+  check_traced_gemm_flops("llama-100m");
 }
 
 TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand", "[traffic]") {
