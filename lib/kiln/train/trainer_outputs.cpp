@@ -345,6 +345,7 @@ TrainResult Trainer::Run::finish() {
     if (session_eval && last_eval_step == st.global_step) {
       final_entry = last_eval_entry;
     } else {
+      if (t.is_main()) logger()->info("{}", evaluation_banner(t.val_set_->num_blocks(), c.per_device_eval_batch_size));
       const auto eval_start = std::chrono::steady_clock::now();
       const EvalResult ev = t.evaluate();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
