@@ -3,8 +3,10 @@
 // manuals' figures, the clock and core readers against planted sysfs and /proc/cpuinfo trees, the
 // GPU table's tensor and non-tensor peaks against the data sheets, and the check that reports a
 // fraction of a peak above 100% as a bug.
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 
@@ -33,6 +35,11 @@ void write(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
+cost::CpuFeatures amx(cost::CpuFeatures f) {
+  f.amx_bf16 = f.avx512_bf16 = f.avx512_fp16 = true;
+  return f;
+}
+
 }  // namespace
 
 TEST_CASE("the FMA table: datapath width and FMA units per core by vendor, family and model", "[cost]") {
@@ -49,10 +56,12 @@ TEST_CASE("the FMA table: datapath width and FMA units per core by vendor, famil
       {cpu("AuthenticAMD", 0x19, 0x61, true), 256, 2, "Zen 4"},  // Ryzen 7000
       {cpu("AuthenticAMD", 0x1a, 0x02, true), 512, 2, "Zen 5"},  // EPYC 9005 (Turin)
       {cpu("AuthenticAMD", 0x1a, 0x24, true), 256, 2, "Zen 5 mobile"},
-      {cpu("GenuineIntel", 6, 0x3c), 256, 2, "AVX2/FMA"},           // Haswell
-      {cpu("GenuineIntel", 6, 0x8f, true), 512, 2, "Xeon"},         // Sapphire Rapids
-      {cpu("GenuineIntel", 6, 0x55, true), 512, 2, "Xeon"},         // Skylake-SP / Cascade Lake
-      {cpu("GenuineIntel", 6, 0x7e, true), 512, 1, "client"},       // Ice Lake client
+      {cpu("GenuineIntel", 6, 0x3c), 256, 2, "AVX2/FMA"},      // Haswell
+      {cpu("GenuineIntel", 6, 0x8f, true), 512, 2, "Xeon"},    // Sapphire Rapids
+      {cpu("GenuineIntel", 6, 0x55, true), 512, 2, "Xeon"},    // Skylake-SP / Cascade Lake
+      {cpu("GenuineIntel", 6, 0x7e, true), 512, 1, "client"},  // Ice Lake client
+      // A Sapphire Rapids guest whose hypervisor shows Rocket Lake's model: AMX decides.
+      {amx(cpu("GenuineIntel", 6, 0xa7, true)), 512, 2, "Sapphire Rapids and later"},
       {cpu("CentaurHauls", 7, 0x3b, true), 512, 2, "upper bound"},  // no row: the widest the flags allow
   };
   for (const Row& r : rows) {
@@ -139,6 +148,74 @@ TEST_CASE("the CPU clock: sysfs cpuinfo_max_freq, else base_frequency, else /pro
   CHECK_FALSE(cost::read_cpu_clock({0}, (root / "none").string(), (root / "none").string()));
 }
 
+TEST_CASE("the peak's clock: a measured one replaces /proc/cpuinfo's only when larger, never sysfs'", "[cost]") {
+  // A VM without cpufreq: /proc/cpuinfo has the host's nominal clock, the measured boost is above.
+  const cost::CpuClock proc{2.445e9, "/proc/cpuinfo cpu MHz"};
+  cost::CpuClock c = cost::peak_clock(proc, 3.1e9);
+  CHECK(c.hz == 3.1e9);
+  CHECK(c.source == "measured (dependent-add chain), above /proc/cpuinfo cpu MHz");
+  CHECK(c.reported_hz == 2.445e9);
+  CHECK(c.reported_source == "/proc/cpuinfo cpu MHz");
+  CHECK(c.measured_hz == 3.1e9);
+  // Measured below (a throttled or preempted core): the reported clock stays, the larger one.
+  c = cost::peak_clock(proc, 2.0e9);
+  CHECK(c.hz == 2.445e9);
+  CHECK(c.source == "/proc/cpuinfo cpu MHz");
+  CHECK(c.measured_hz == 2.0e9);
+  // sysfs cpufreq knows the boost clock: nothing is measured and nothing replaces it.
+  for (const char* source : {"sysfs cpuinfo_max_freq", "sysfs base_frequency"}) {
+    c = cost::peak_clock(cost::CpuClock{3.7e9, source}, 9e9);
+    CHECK(c.hz == 3.7e9);
+    CHECK(c.source == source);
+    CHECK(c.measured_hz == 0);
+  }
+  // The formula names both clocks when the measured one is used.
+  const cost::CpuFeatures f{"AuthenticAMD", 0x19, 0x01};
+  const auto layout = cost::simd_layout(f);
+  REQUIRE(!layout);  // no FMA flag set: no row
+  cost::CpuFeatures zen3 = f;
+  zen3.sse2 = zen3.avx = zen3.fma = zen3.avx2 = true;
+  const auto p = cost::cpu_peak(zen3, *cost::simd_layout(zen3), cost::peak_clock(proc, 3.1e9), 2, 2);
+  CHECK(p.fp32 == Approx(2 * 8 * 2 * 2 * 3.1e9));
+  CHECK(p.formula().find("x 3.1 GHz (measured (dependent-add chain), above /proc/cpuinfo cpu MHz: 2.445 GHz)") !=
+        std::string::npos);
+}
+
+TEST_CASE("the measured clock: a dependent-add chain gives this core's clock", "[cost]") {
+  const auto hz = cost::measure_cpu_clock(20);
+#if defined(__x86_64__)
+  REQUIRE(hz);
+  CHECK(*hz > 0.3e9);
+  CHECK(*hz < 7e9);
+  const auto reported = cost::read_cpu_clock(cost::allowed_cpus());
+  REQUIRE(reported);
+  if (reported->source == "sysfs cpuinfo_max_freq") {
+    // cpufreq's maximum is the boost clock: the measured one stays within it (5% for timer noise).
+    CHECK(*hz <= reported->hz * 1.05);
+  }
+  // The bound the peak exists for: one thread's best timed fp32 GEMM (512^3 at::mm, after a
+  // warm-up) stays under one core's FMA FLOP per cycle x the peak's clock.
+  const auto layout = cost::simd_layout(cost::read_cpu_features());
+  REQUIRE(layout);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor a = at::randn({512, 512}), b = at::randn({512, 512});
+  double best = 0;
+  for (int i = 0; i < 12; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const at::Tensor c = at::mm(a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= 2) best = std::max(best, 2.0 * 512 * 512 * 512 / s);
+  }
+  at::set_num_threads(threads);
+  const double peak = layout->fp32_flop_per_cycle() * cost::peak_clock(*reported, *hz).hz;
+  INFO("one thread's fp32 GEMM " << best / 1e9 << " GFLOP/s, one core's peak " << peak / 1e9 << " GFLOP/s");
+  CHECK(best <= peak);
+#else
+  CHECK_FALSE(hz);
+#endif
+}
+
 TEST_CASE("physical cores: SMT siblings count once", "[cost]") {
   const auto sys = kiln::test::scratch_dir("cpu_topology");
   // Four CPUs, two cores with two threads each, one package.
@@ -167,8 +244,18 @@ TEST_CASE("this machine's CPU peak is the arithmetic of its own cpuid and clock"
   }
   const auto layout = cost::simd_layout(f);
   REQUIRE(layout);
-  const auto clock = cost::read_cpu_clock(cost::allowed_cpus());
-  REQUIRE(clock);
+  const auto reported = cost::read_cpu_clock(cost::allowed_cpus());
+  REQUIRE(reported);
+  // The clock is the reported one, or (no cpufreq) a measured one above it.
+  CHECK(p->clock.reported_hz == reported->hz);
+  CHECK(p->clock.reported_source == reported->source);
+  if (reported->source == "/proc/cpuinfo cpu MHz") {
+    CHECK(p->clock.measured_hz > 0);
+    CHECK(p->clock.hz == std::max(reported->hz, p->clock.measured_hz));
+  } else {
+    CHECK(p->clock.hz == reported->hz);
+  }
+  const auto* clock = &p->clock;
   CHECK(p->cores >= 1);
   CHECK(p->cores <= p->threads);
   CHECK(p->fp32 ==

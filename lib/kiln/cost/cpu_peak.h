@@ -10,8 +10,11 @@
 // Xeon Silver/Bronze and some Gold 5xxx have one 512-bit FMA unit, the others two) it takes the
 // larger figure, so that the peak stays an upper bound. The clock is the largest of the CPUs'
 // sysfs cpufreq/cpuinfo_max_freq (boost included), else their base_frequency, else /proc/cpuinfo's
-// "cpu MHz" (a VM without cpufreq: the clock the hypervisor reports, which boost may exceed: the
-// measured GEMM rate printed beside the peak shows it, see peak_violation in hardware.h). Cores
+// "cpu MHz". A VM without cpufreq reports there the host's nominal clock (its TSC rate), which
+// boost exceeds: a 2-core AMD Zen 3 guest reads 2.445 GHz while its GEMMs run at 2.6+ GHz, so a
+// peak from it is no upper bound. There (and only there) the clock is also measured, a chain of
+// dependent register adds timed on one core (measure_cpu_clock), and the larger of the two is
+// used: one core's boost is the most any core runs at. Cores
 // used are LibTorch's threads, at most the physical cores of the CPUs the process may run on
 // (SMT siblings share one core's FMA units).
 //
@@ -54,13 +57,26 @@ std::optional<SimdLayout> simd_layout(const CpuFeatures& features);
 
 struct CpuClock {
   double hz = 0;
-  std::string source;  // "sysfs cpuinfo_max_freq", "sysfs base_frequency", "/proc/cpuinfo cpu MHz"
+  // "sysfs cpuinfo_max_freq", "sysfs base_frequency", "/proc/cpuinfo cpu MHz", or
+  // "measured (dependent-add chain), above /proc/cpuinfo cpu MHz"
+  std::string source;
+  double reported_hz = 0;       // what sysfs or /proc/cpuinfo says (= hz unless measured above it)
+  std::string reported_source;  // its source
+  double measured_hz = 0;       // measure_cpu_clock's, where it ran (no cpufreq); 0 otherwise
 };
 // The clock of `cpus` (ids as in /sys/devices/system/cpu/cpuN); the roots are parameters for the
 // tests. nullopt when none of the three sources has a number.
 std::optional<CpuClock> read_cpu_clock(const std::vector<int>& cpus,
                                        const std::string& sysfs_root = "/sys/devices/system/cpu",
                                        const std::string& cpuinfo = "/proc/cpuinfo");
+// This core's clock, measured: the fastest of `trials` timings of a chain of dependent 64-bit
+// register adds (one per cycle on every x86-64 core: reg+reg adds are never eliminated at rename),
+// after a warm-up that lets the clock ramp up. A preempted trial only reads slower, so the fastest
+// is the clock. nullopt where not x86-64.
+std::optional<double> measure_cpu_clock(int trials = 40);
+// read_cpu_clock's, raised to measure_cpu_clock's where the reported figure is /proc/cpuinfo's
+// (no cpufreq) and the measured one is larger; `measured` is for the tests (nullopt: measure).
+CpuClock peak_clock(const CpuClock& reported, std::optional<double> measured = std::nullopt);
 // Physical cores among `cpus`: distinct (physical_package_id, core_id) of their sysfs topology; the
 // number of CPUs where the topology is missing.
 int physical_cores(const std::vector<int>& cpus, const std::string& sysfs_root = "/sys/devices/system/cpu");

@@ -38,9 +38,20 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   const bool fused_head = k.fused_loss_head;
   const bool head_low_precision = autocast && k.loss_head_low_precision;
 
+  // The decoder's projections on a CPU without AMX run as fp32 GEMMs from the fp32 master weights
+  // (ops::linear), which keep no low-precision copy; only a head through at::linear still makes one.
+  const bool projections_fp32 = autocast && !o.cuda && k.projections_fp32;
+  // The projections' inputs as their matmuls save them, per token: each norm's output once (2H)
+  // where the projections take it as it is (fp32 throughout, or ops::linear's fp32 GEMMs); under
+  // autocast with the projections through at::linear (a GPU, or a CPU with AMX), autocast casts
+  // the activation anew for each of q, k, v, gate and up (it caches only the weights' casts), and
+  // each matmul saves its own cast: 5H. (Measured on an AMX CPU, tiny bf16 at cutoff_len 1024:
+  // with 2H the model was 17% under the counted peak.)
+  const double projection_inputs = autocast && !projections_fp32 ? 5.0 : 2.0;
+
   // Saved for backward per token (see the header and docs/performance.md).
-  double per_layer =
-      (fused_norm ? 6.0 : 16.0) * h + cb * (2.0 * h + 3.0 * q + 2.0 * kv + (fused_swiglu ? 3.0 : 4.0) * ffn);
+  double per_layer = (fused_norm ? 6.0 : 16.0) * h +
+                     cb * (projection_inputs * h + 3.0 * q + 2.0 * kv + (fused_swiglu ? 3.0 : 4.0) * ffn);
   // Selective recomputation: the norms' outputs, their casts and the SwiGLU product are rebuilt in
   // backward (fused with the matmuls that consume them), the merged attention output is not
   // copied; kept are the two fp32 residuals (the norms' inputs), q/k/v and the attention output
@@ -102,9 +113,6 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // makes none.)
   const double matmul_weights = n - norms - (c.tie_word_embeddings ? 0.0 : embed) -
                                 (fused_head && autocast && !head_low_precision ? vocab * h : 0.0);
-  // The decoder's projections on a CPU without AMX run as fp32 GEMMs from the fp32 master weights
-  // (ops::linear), which keep no low-precision copy; only a head through at::linear still makes one.
-  const bool projections_fp32 = autocast && !o.cuda && k.projections_fp32;
   const double projection_weights = n - norms - vocab * h * (c.tie_word_embeddings ? 1.0 : 2.0);
   const double weight_copies = autocast ? cb * (matmul_weights - (projections_fp32 ? projection_weights : 0.0)) : 0.0;
   // A tied embedding's gradient arrives twice (LM head, embedding lookup); the sum needs one
