@@ -297,6 +297,7 @@ int main(int argc, char** argv) {
     ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
     ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
     ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU) over as many steps again after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
+    ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones; CPU only (docs/performance.md, \"Measured time per component\")")
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on
@@ -345,6 +346,7 @@ int main(int argc, char** argv) {
     if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
     if (args.count("no-overlap")) config.ddp_overlap = false;
     if (args.count("counters")) config.counters = true;
+    if (args.count("component-times")) config.component_times = true;
     config.validate();
 
     const bool main_rank = kiln::dist::read_dist_env().rank == 0;  // a data-parallel sweep: rank 0 reports

@@ -250,7 +250,8 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
         ridge = doc["roofline"]["other_flops_per_s"] / doc["roofline"]["bandwidth"]
         if a["bound"] != "-" and not 0.5 < a["intensity"] / ridge < 2:
             assert a["bound"] == b["bound"], a
-        assert a["measured_seconds"] is None  # no per-component timing: n/a, not a guess
+        assert a["measured_seconds"] is None  # not asked for (--component-times): n/a, not a guess
+    assert row["component_times"] is None
     assert explain["totals"]["bytes"] == pytest.approx(row["traffic_bytes_per_step"], rel=1e-12)
     # The second CSV and the Markdown carry the same rows.
     lines = list(csv.DictReader((out / "profile_components.csv").open()))
@@ -261,6 +262,33 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
     assert "### Components: cutoff_len 32, batch 1, GA 1" in r.stdout
     md = [l for l in r.stdout.splitlines() if l.startswith("| q_proj | fwd |")]
     assert len(md) == 1 and md[0].endswith("| n/a |")
+
+
+def test_component_times_fill_the_measured_column(run_kiln, tmp_path):
+    """--component-times: the measured column from LibTorch's profiler, in the JSON, the CSV and the
+    Markdown; the measured rows and the unattributed rest add up to the profiled ops' time, and the
+    rows no scope covers stay n/a."""
+    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
+                 "--batch-size", "2", "--steps", "2", "--warmup", "1", "--component-times", "--format", "md,csv,json",
+                 "--output", tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    row = json.loads((tmp_path / "profile.json").read_text())["rows"][0]
+    t = row["component_times"]
+    assert 0 < t["unattributed_seconds"] < t["profiled_seconds"]
+    measured = {(c["component"], c["pass"]): c["measured_seconds"] for c in row["components"]}
+    total = sum(v for v in measured.values() if v is not None)
+    assert total + t["unattributed_seconds"] == pytest.approx(t["profiled_seconds"], rel=1e-9)
+    for key in [("q_proj", "fwd"), ("q_proj", "bwd"), ("attention core", "bwd"), ("SwiGLU", "fwd"),
+                ("LM head + loss", "fwd"), ("AdamW", "step"), ("embedding lookup", "bwd")]:
+        assert measured[key] is not None and measured[key] > 0, key
+    for key in [("autocast casts", "fwd"), ("gradient sums (autograd)", "bwd")]:
+        assert measured[key] is None, key  # inside the projections' and the nodes' times
+    lines = {(l["component"], l["pass"]): l for l in csv.DictReader((tmp_path / "profile_components.csv").open())}
+    assert float(lines[("q_proj", "bwd")]["measured_seconds"]) == pytest.approx(measured[("q_proj", "bwd")], rel=1e-12)
+    assert lines[("autocast casts", "fwd")]["measured_seconds"] == "n/a"
+    md = next(l for l in r.stdout.splitlines() if l.startswith("| AdamW | step |"))
+    assert md.endswith(f"| {measured[('AdamW', 'step')] * 1e3:.3f} |")
+    assert "measured per component: LibTorch's profiler over as many steps again" in r.stdout
 
 
 # ---- The roofline chart in headless Chromium -------------------------------------------------------

@@ -78,4 +78,34 @@ void KinetoTrace::save(const std::string& path) {
   result->save(path);
 }
 
+OpEventRecorder::OpEventRecorder() {
+  namespace prof = torch::profiler::impl;
+  const std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/false);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+  active_ = true;
+}
+
+OpEventRecorder::~OpEventRecorder() {
+  if (!active_) return;
+  try {
+    torch::autograd::profiler::disableProfiler();
+  } catch (...) {  // a destructor on an error path: the profiler is off either way
+  }
+}
+
+std::vector<OpEvent> OpEventRecorder::stop() {
+  TORCH_CHECK(active_, "OpEventRecorder::stop: already stopped");
+  active_ = false;
+  const auto result = torch::autograd::profiler::disableProfiler();
+  std::vector<OpEvent> out;
+  out.reserve(result->events().size());
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CPU || e.isAsync()) continue;
+    out.push_back(OpEvent{e.name(), e.startNs(), e.endNs(), e.startThreadId(), e.fwdThreadId(), e.sequenceNr()});
+  }
+  return out;
+}
+
 }  // namespace kiln::torch_internals

@@ -9,6 +9,7 @@
 // changes one fails there, with its name, instead of in a training run.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,6 +62,34 @@ class KinetoTrace {
   void save(const std::string& path);
   KinetoTrace(const KinetoTrace&) = delete;
   KinetoTrace& operator=(const KinetoTrace&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
+// ---- The CPU ops of a code region, as events (profile/component_times.h) ----
+// One op or record_function scope the profiler saw on the CPU: its name ("aten::mm",
+// "kiln::q_proj", "autograd::engine::evaluate_function: MmBackward0"), when it ran, on which thread,
+// and, for autograd, the sequence number of the graph node (-1 for none) and the thread of the
+// forward op that made that node: a backward node's event carries its forward op's sequence number
+// and thread, which is how a backward op is traced to the forward scope it came from.
+struct OpEvent {
+  std::string name;
+  uint64_t start_ns = 0, end_ns = 0;
+  uint64_t thread = 0, fwd_thread = 0;
+  int64_t sequence_nr = -1;
+};
+// Starts the Kineto profiler (CPU activity only, no shapes) on construction; stop() ends it and
+// returns its CPU events. Wraps the same calls as KinetoTrace and the result's
+// torch::autograd::profiler::KinetoEvent list: LibTorch's C++ API has no other way to read op
+// events (torch.profiler's key_averages is Python).
+class OpEventRecorder {
+ public:
+  OpEventRecorder();
+  ~OpEventRecorder();  // stops the profiler if stop() was not called
+  std::vector<OpEvent> stop();
+  OpEventRecorder(const OpEventRecorder&) = delete;
+  OpEventRecorder& operator=(const OpEventRecorder&) = delete;
 
  private:
   bool active_ = false;

@@ -7,7 +7,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+#include <optional>
 
+#include "kiln/common/component_scope.h"
 #include "kiln/common/format.h"
 
 #include "kiln/model/rope.h"
@@ -59,10 +61,21 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   const int64_t batch = x.size(0), seq = x.size(1);
   // [B, T, heads * D] -> [B, heads, T, D]
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
+  // Each part in its profiler scope, named after its traffic-model row (common/component_scope.h).
+  auto scoped = [](const char* name, const auto& f) {
+    ComponentScope scope(name);
+    return f();
+  };
+  const at::Tensor qp = scoped("kiln::q_proj", [&] { return q_proj->forward(x); });
+  const at::Tensor kp = scoped("kiln::k_proj", [&] { return k_proj->forward(x); });
+  at::Tensor v = heads(scoped("kiln::v_proj", [&] { return v_proj->forward(x); }), num_kv_heads);
   // The projections' outputs are fresh, so RoPE rotates them in place.
-  const at::Tensor q = ops::apply_rope_(heads(q_proj->forward(x), num_heads), cos, sin);
-  at::Tensor k = ops::apply_rope_(heads(k_proj->forward(x), num_kv_heads), cos, sin);
-  at::Tensor v = heads(v_proj->forward(x), num_kv_heads);
+  at::Tensor q, k;
+  {
+    ComponentScope scope("kiln::RoPE (q, k)");
+    q = ops::apply_rope_(heads(qp, num_heads), cos, sin);
+    k = ops::apply_rope_(heads(kp, num_kv_heads), cos, sin);
+  }
   if (cache_k != nullptr) {
     if (cache_k->defined()) {
       k = at::cat({*cache_k, k}, 2);
@@ -71,9 +84,12 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     *cache_k = k;
     *cache_v = v;
   }
-  const at::Tensor out = ops::attention(
-      q, k, v, {.causal = true, .scale = std::nullopt, .segment_ids = segment_ids});  // causal; [B, Hq, T, D]
-  return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
+  const at::Tensor out = scoped("kiln::attention core", [&] {
+    return ops::attention(q, k, v, {.causal = true, .scale = std::nullopt, .segment_ids = segment_ids});
+  });  // causal; [B, Hq, T, D]
+  return scoped("kiln::o_proj", [&] {
+    return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
+  });
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -83,7 +99,21 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& option
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  at::Tensor gate, up, act;
+  {
+    ComponentScope scope("kiln::gate_proj");
+    gate = gate_proj->forward(x);
+  }
+  {
+    ComponentScope scope("kiln::up_proj");
+    up = up_proj->forward(x);
+  }
+  {
+    ComponentScope scope("kiln::SwiGLU");
+    act = ops::swiglu(gate, up);
+  }
+  ComponentScope scope("kiln::down_proj");
+  return down_proj->forward(act);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -96,8 +126,24 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::Ten
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                           at::Tensor* cache_k, at::Tensor* cache_v, const at::Tensor& segment_ids) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache_k, cache_v, segment_ids);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  at::Tensor normed;
+  {
+    ComponentScope scope("kiln::input RMSNorm");
+    normed = input_layernorm->forward(x);
+  }
+  const at::Tensor attn = self_attn->forward(normed, cos, sin, cache_k, cache_v, segment_ids);
+  at::Tensor h;
+  {
+    ComponentScope scope("kiln::residual adds (2)");
+    h = x + attn;
+  }
+  {
+    ComponentScope scope("kiln::post-attention RMSNorm");
+    normed = post_attention_layernorm->forward(h);
+  }
+  const at::Tensor mlp_out = mlp->forward(normed);
+  ComponentScope scope("kiln::residual adds (2)");
+  return h + mlp_out;
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -112,8 +158,14 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& op
 at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids, KVCache* cache,
                                    const at::Tensor& segment_ids) {
   TORCH_CHECK(!segment_ids.defined() || cache == nullptr, "segment_ids cannot be combined with a KV cache");
-  at::Tensor h = embed_tokens->forward(input_ids);
+  at::Tensor h;
+  {
+    ComponentScope scope("kiln::embedding lookup");
+    h = embed_tokens->forward(input_ids);
+  }
+  std::optional<ComponentScope> tables_scope(std::in_place, "kiln::RoPE tables (cos, sin)");
   const RopeTables rope = rope_cos_sin(inv_freq, position_ids, h.scalar_type());
+  tables_scope.reset();
   if (cache != nullptr) {
     cache->keys.resize(layers->size());
     cache->values.resize(layers->size());
@@ -128,6 +180,7 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
     }
   }
   if (cache != nullptr) cache->length += input_ids.size(1);
+  ComponentScope scope("kiln::final RMSNorm");
   return norm->forward(h);
 }
 
@@ -204,6 +257,7 @@ CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const 
   }
   const at::Tensor hidden = model->forward(input_ids, positions, nullptr, segments);
   const at::Tensor& head = lm_head ? lm_head->weight : model->embed_tokens->weight;
+  ComponentScope scope("kiln::LM head + loss");
   CausalLMOutput out;
   if (labels.defined() && fused_lm_loss) {
     TORCH_CHECK(labels.sizes() == input_ids.sizes(), "labels ", labels.sizes(), " do not match input_ids ",

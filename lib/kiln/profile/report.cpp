@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -428,12 +429,36 @@ std::vector<std::string> describe(const SweepReport& report) {
   return lines;
 }
 
+// Where the measured column comes from, for one point.
+std::string component_times_note(const ProfileRow& r) {
+  if (!r.component_times)
+    return "measured per component: n/a (--component-times measures it on a CPU: docs/performance.md)";
+  const ComponentTimes& t = *r.component_times;
+  return fmt::format(
+      "measured per component: LibTorch's profiler over as many steps again, {:.3f} ms of CPU ops per step, "
+      "{:.3f} ms of them in no component's scope",
+      t.profiled_seconds * 1e3, t.unattributed_seconds * 1e3);
+}
+
+// Measured (component, pass) pairs no traffic-model row has: the fused Functions of selective
+// recomputation, whose scopes merge several rows ("SwiGLU + down_proj").
+std::vector<std::tuple<std::string, std::string, double>> unmatched_component_times(const ProfileRow& r) {
+  std::vector<std::tuple<std::string, std::string, double>> out;
+  if (!r.component_times) return out;
+  for (const auto& [key, seconds] : r.component_times->seconds) {
+    const bool matched = std::any_of(r.components.begin(), r.components.end(), [&](const ComponentRow& c) {
+      return c.component == key.first && c.pass == key.second;
+    });
+    if (!matched) out.emplace_back(key.first, key.second, seconds);
+  }
+  return out;
+}
+
 // One point's per-component table (Markdown).
 std::string components_markdown(const ProfileRow& r) {
-  std::string out = fmt::format(
-      "\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; measured per component: n/a, "
-      "kiln-profile has no per-component timing)\n\n",
-      point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3);
+  std::string out = fmt::format("\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})\n\n",
+                                point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
+                                component_times_note(r));
   out +=
       "| component | pass | x | GEMM GFLOP | other GFLOP | MB | MB eager | FLOP/B | bound | modelled ms | measured ms "
       "|\n"
@@ -442,6 +467,13 @@ std::string components_markdown(const ProfileRow& r) {
     out += fmt::format("| {} | {} | {:g} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {:.2f} | {} | {:.3f} | {} |\n",
                        c.component, c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
                        c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
+  }
+  const auto merged = unmatched_component_times(r);
+  if (!merged.empty()) {
+    out += "\nMeasured in scopes that merge the rows above (fused Functions):";
+    for (const auto& [component, pass, seconds] : merged)
+      out += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
+    out.back() = '\n';
   }
   return out;
 }
@@ -668,6 +700,16 @@ std::string to_json(const SweepReport& report) {
     row["executed_flops_per_step"] = ok(r) ? json(r.executed_flops) : json(nullptr);
     row["traffic_bytes_per_step"] = ok(r) ? json(r.traffic_bytes) : json(nullptr);
     row["components"] = components_json(r.components);
+    if (r.component_times) {
+      json merged = json::array();
+      for (const auto& [component, pass, seconds] : unmatched_component_times(r))
+        merged.push_back({{"component", component}, {"pass", pass}, {"measured_seconds", seconds}});
+      row["component_times"] = {{"profiled_seconds", r.component_times->profiled_seconds},
+                                {"unattributed_seconds", r.component_times->unattributed_seconds},
+                                {"merged_rows", merged}};
+    } else {
+      row["component_times"] = nullptr;
+    }
     if (r.counters) {
       const CounterReading& c = *r.counters;
       json per_range = json::array();
@@ -847,16 +889,17 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
     if (!heading) {
       out +=
           "<h2>Memory traffic and FLOPs per component</h2>\n<p class=\"note\">cost/traffic.h, per optimizer step: "
-          "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: n/a "
-          "(kiln-profile has no per-component timing).</p>\n";
+          "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: from "
+          "LibTorch's profiler with --component-times (CPU only), else n/a.</p>\n";
       heading = true;
     }
     out += fmt::format(
-        "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms</summary>\n"
+        "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms; {}</summary>\n"
         "<table class=\"components\"><thead><tr><th>component</th><th>pass</th><th>x</th><th>GEMM GFLOP</th>"
         "<th>other GFLOP</th><th>MB</th><th>MB eager</th><th>FLOP/B</th><th>bound</th><th>modelled ms</th>"
         "<th>measured ms</th></tr></thead><tbody>\n",
-        html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3);
+        html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
+        html_escape(component_times_note(r)));
     for (const ComponentRow& c : r.components) {
       out += fmt::format(
           "<tr><td>{}</td><td>{}</td><td>{:g}</td><td>{:.4f}</td><td>{:.4f}</td><td>{:.3f}</td><td>{:.3f}</td>"

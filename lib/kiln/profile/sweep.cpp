@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
+#include "kiln/common/component_scope.h"
 #include "kiln/common/device.h"
 #include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
@@ -163,6 +164,7 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("ddp_bucket_cap_mb", c.ddp_bucket_cap_mb);
   reader.read("ddp_overlap", c.ddp_overlap);
   reader.read("counters", c.counters);
+  reader.read("component_times", c.component_times);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
@@ -357,6 +359,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
     const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
     if (scaler) {
+      ComponentScope scope("kiln::loss-scale unscale");
       if (dp && ctx.config.zero_stage == 2) {
         scaler->unscale_grads(dp->local_grads());
         dp->all_reduce(scaler->found_inf());
@@ -364,11 +367,18 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
         scaler->unscale(params);
       }
     }
-    const at::Tensor norm = dp ? dp->clip_grad_norm(1.0) : optim::clip_grad_norm(params, 1.0);
+    at::Tensor norm;
+    {
+      ComponentScope scope("kiln::gradient clipping");
+      norm = dp ? dp->clip_grad_norm(1.0) : optim::clip_grad_norm(params, 1.0);
+    }
     at::Tensor skip =
         r.loss_sum.isfinite().logical_and(norm.to(ctx.device).isfinite()).logical_not().to(at::kFloat).reshape({1});
     if (scaler) skip = at::maximum(skip, scaler->found_inf());
-    optimizer.step(1e-4, std::nullopt, skip);
+    {
+      ComponentScope scope("kiln::AdamW");
+      optimizer.step(1e-4, std::nullopt, skip);
+    }
     if (dp) dp->after_step();
     if (scaler) scaler->update();
     if (dp) {
@@ -422,6 +432,12 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     device::synchronize(ctx.device);
     row.counters = ctx.counters->stop();
   }
+  if (ctx.config.component_times && ctx.device.is_cpu()) {
+    // As many steps again under the profiler, untimed (its bookkeeping slows each op a little).
+    torch_internals::OpEventRecorder recorder;
+    for (int64_t i = 0; i < ctx.config.steps; ++i) step();
+    row.component_times = attribute_component_times(recorder.stop(), ctx.config.steps);
+  }
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
 }
 
@@ -434,6 +450,12 @@ void fill_utilisation(const SweepReport& report, const SweepConfig& config, bool
   row.traffic_bytes = traffic.kiln_step().bytes;
   if (report.roofline) {
     row.components = component_rows(traffic, *report.roofline);
+    if (row.component_times) {
+      for (ComponentRow& c : row.components) {
+        const auto it = row.component_times->seconds.find({c.component, c.pass});
+        if (it != row.component_times->seconds.end()) c.measured_seconds = it->second;
+      }
+    }
     row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
     const auto u = cost::modelled_utilisation(traffic, *report.roofline, row.seconds_per_step);
     row.memory_bandwidth.modelled = u.memory_bandwidth;

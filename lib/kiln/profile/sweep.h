@@ -29,6 +29,7 @@
 #include "kiln/cost/memory.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
+#include "kiln/profile/component_times.h"
 #include "kiln/profile/counters.h"
 
 namespace kiln::profile {
@@ -69,6 +70,10 @@ struct SweepConfig {
   // Hardware counters (profile/counters.h) over `steps` more steps of each point after its timed
   // ones (not timed: CUPTI serialises the kernels it counts), filling the counted columns.
   bool counters = false;
+  // Measured time per component (profile/component_times.h): `steps` more steps of each point
+  // under LibTorch's profiler after its timed ones, their CPU ops attributed to the traffic
+  // model's rows. CPU only: on a GPU the ops' CPU times are launch times (the rows stay n/a).
+  bool component_times = false;
 
   void validate() const;  // throws config::ConfigError naming source and key
   // "none", "full", "every_2", "selective": what the points run.
@@ -104,8 +109,9 @@ struct ComponentRow {
   double intensity = 0;                               // FLOP per byte (0 when no bytes move)
   std::string bound;                                  // compute | memory | - (nothing to do)
   double modelled_seconds = 0;                        // per step, at the roofline
-  // Per step, from a profiler. kiln-profile has no per-component timing (its step has no ranges
-  // per component): always empty, reported as n/a.
+  // Per step, from the profiler (--component-times on a CPU: profile/component_times.h); empty
+  // where not measured or where no scope covers the row (autocast casts, autograd's sums: their
+  // time is inside the GEMM rows' and the nodes').
   std::optional<double> measured_seconds;
 };
 std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof);
@@ -144,13 +150,14 @@ struct ProfileRow {
   // (GEMM FLOPs on the tensor cores / their peak / step time), fp engine (the rest on the vector
   // units), modelled and counted.
   Utilisation memory_bandwidth, tensor_core, fp_engine;
-  std::vector<ComponentRow> components;    // the traffic model's rows (empty for a point that failed)
-  double modelled_step_seconds = 0;        // their modelled times summed (0 without a roofline)
-  double executed_flops = 0;               // per step, kiln's rows (recomputation included)
-  double traffic_bytes = 0;                // per step, kiln's rows
-  std::optional<CounterReading> counters;  // with --counters, when a session could start
-  bool mfu_exceeds_peak = false;           // a bug: reported in SweepReport::warnings
-  double ratio() const;                    // measured / predicted peak
+  std::vector<ComponentRow> components;           // the traffic model's rows (empty for a point that failed)
+  double modelled_step_seconds = 0;               // their modelled times summed (0 without a roofline)
+  double executed_flops = 0;                      // per step, kiln's rows (recomputation included)
+  double traffic_bytes = 0;                       // per step, kiln's rows
+  std::optional<CounterReading> counters;         // with --counters, when a session could start
+  std::optional<ComponentTimes> component_times;  // with --component-times on a CPU
+  bool mfu_exceeds_peak = false;                  // a bug: reported in SweepReport::warnings
+  double ratio() const;                           // measured / predicted peak
   // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.
   std::string speed() const;
 };

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kiln/common/component_scope.h"
 #include "kiln/common/torch_internals.h"
 
 #include "kiln/ops/attention.h"
@@ -306,23 +307,53 @@ at::Tensor selective_layer_forward(model::LlamaDecoderLayerImpl& layer, const at
   auto& mlp = *layer.mlp;
   const int64_t batch = x.size(0), seq = x.size(1);
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, attn.head_dim}).transpose(1, 2); };
-  const variable_list qkv =
-      NormLinears::apply(x, layer.input_layernorm->weight, layer.input_layernorm->eps, attn.q_proj->weight,
-                         optional_tensor(attn.q_proj->bias), attn.k_proj->weight, optional_tensor(attn.k_proj->bias),
-                         std::optional<at::Tensor>(attn.v_proj->weight), optional_tensor(attn.v_proj->bias));
+  // Profiler scopes (common/component_scope.h): the fused Functions' parts share one scope each,
+  // named after the traffic-model rows they merge (kiln-profile lists them beside the table).
+  variable_list qkv;
+  {
+    ComponentScope scope("kiln::input RMSNorm + q_proj + k_proj + v_proj");
+    qkv =
+        NormLinears::apply(x, layer.input_layernorm->weight, layer.input_layernorm->eps, attn.q_proj->weight,
+                           optional_tensor(attn.q_proj->bias), attn.k_proj->weight, optional_tensor(attn.k_proj->bias),
+                           std::optional<at::Tensor>(attn.v_proj->weight), optional_tensor(attn.v_proj->bias));
+  }
   // The projections' outputs are fresh (and not saved), so RoPE rotates them in place.
-  const at::Tensor q = ops::apply_rope_(heads(qkv[0], attn.num_heads), cos, sin);
-  const at::Tensor k = ops::apply_rope_(heads(qkv[1], attn.num_kv_heads), cos, sin);
+  at::Tensor q, k;
+  {
+    ComponentScope scope("kiln::RoPE (q, k)");
+    q = ops::apply_rope_(heads(qkv[0], attn.num_heads), cos, sin);
+    k = ops::apply_rope_(heads(qkv[1], attn.num_kv_heads), cos, sin);
+  }
   const at::Tensor v = heads(qkv[2], attn.num_kv_heads);
   ops::AttentionOptions options;
   options.segment_ids = segment_ids;
-  const at::Tensor o = ops::attention(q, k, v, options);
-  const at::Tensor h = x + HeadsLinear::apply(o, attn.o_proj->weight, optional_tensor(attn.o_proj->bias));
-  const variable_list gu =
-      NormLinears::apply(h, layer.post_attention_layernorm->weight, layer.post_attention_layernorm->eps,
-                         mlp.gate_proj->weight, optional_tensor(mlp.gate_proj->bias), mlp.up_proj->weight,
-                         optional_tensor(mlp.up_proj->bias), std::nullopt, std::nullopt);
-  return h + SwiGluLinear::apply(gu[0], gu[1], mlp.down_proj->weight, optional_tensor(mlp.down_proj->bias));
+  at::Tensor o, h;
+  {
+    ComponentScope scope("kiln::attention core");
+    o = ops::attention(q, k, v, options);
+  }
+  {
+    ComponentScope scope("kiln::attention output merge + o_proj");
+    o = HeadsLinear::apply(o, attn.o_proj->weight, optional_tensor(attn.o_proj->bias));
+  }
+  {
+    ComponentScope scope("kiln::residual adds (2)");
+    h = x + o;
+  }
+  variable_list gu;
+  {
+    ComponentScope scope("kiln::post-attention RMSNorm + gate_proj + up_proj");
+    gu = NormLinears::apply(h, layer.post_attention_layernorm->weight, layer.post_attention_layernorm->eps,
+                            mlp.gate_proj->weight, optional_tensor(mlp.gate_proj->bias), mlp.up_proj->weight,
+                            optional_tensor(mlp.up_proj->bias), std::nullopt, std::nullopt);
+  }
+  at::Tensor down;
+  {
+    ComponentScope scope("kiln::SwiGLU + down_proj");
+    down = SwiGluLinear::apply(gu[0], gu[1], mlp.down_proj->weight, optional_tensor(mlp.down_proj->bias));
+  }
+  ComponentScope scope("kiln::residual adds (2)");
+  return h + down;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
+#include "kiln/common/component_scope.h"
+
 namespace kiln::train {
 
 int64_t count_targets(const at::Tensor& labels) {
@@ -52,7 +54,11 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
     at::Tensor objective = loss_sum * inv_targets;
     if (options.loss_scale) objective = objective * options.loss_scale->squeeze();
     if (options.before_backward) options.before_backward(i + 1 == micro_batches.size());
-    objective.backward();
+    {
+      // The profiler's backward window: component scopes inside it are recomputation.
+      ComponentScope scope(kBackwardScope);
+      objective.backward();
+    }
     if (options.after_backward) options.after_backward();
     result.loss_sum.add_(loss_sum.detach());
   }

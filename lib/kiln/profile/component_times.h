@@ -1,0 +1,43 @@
+// Measured time per component of a training step, from LibTorch's profiler (kiln-profile
+// --component-times; docs/performance.md, "Measured time per component"). The model, the step and
+// the optimizer run each part inside a profiler scope named after its traffic-model row
+// (common/component_scope.h: "kiln::q_proj", ...). From the CPU op events of profiled steps:
+//   fwd        a component scope's time, less the autocast casts inside it (aten::to / _to_copy:
+//              their own row, "autocast casts");
+//   recompute  the same, for a scope inside a backward ("kiln::backward": activation checkpointing
+//              runs the forward again there);
+//   bwd        the time of each autograd node (the engine's "evaluate_function: <Node>" events),
+//              credited to the scope of the forward op that made the node: autograd gives the node
+//              that op's sequence number and thread;
+//   step       the AdamW, clipping and unscale scopes of the optimizer step.
+// Every time is exclusive: an event's own time, less that of the events of interest nested in it
+// (a checkpointed layer's backward node holds its recomputation and the nodes of the inner graph).
+// What no scope covers (autograd's gradient sums inside a node are the node's; the engine's own
+// book-keeping, the loss's division) is `unattributed`. On a CPU the ops' times are the work's;
+// on a GPU they would be launch times, so the sweep measures only on a CPU.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/common/torch_internals.h"
+
+namespace kiln::profile {
+
+struct ComponentTimes {
+  // (component, pass) -> seconds per step; pass is fwd | bwd | recompute | step.
+  std::map<std::pair<std::string, std::string>, double> seconds;
+  // (component, pass) -> events per step (scopes or autograd nodes).
+  std::map<std::pair<std::string, std::string>, double> events;
+  double profiled_seconds = 0;      // per step: the top-level events' time on all threads
+  double unattributed_seconds = 0;  // per step: profiled_seconds less every component's
+  double seconds_of(const std::string& component, const std::string& pass) const;  // 0 when absent
+};
+
+// The attribution of `events` (those of `steps` whole steps) to components.
+ComponentTimes attribute_component_times(const std::vector<torch_internals::OpEvent>& events, int64_t steps);
+
+}  // namespace kiln::profile
