@@ -4,6 +4,8 @@ says does not fit, does hit the cap; for several caps. Also its formats and its 
 import csv
 import json
 import math
+import os
+import subprocess
 
 import pytest
 
@@ -107,13 +109,26 @@ def test_plan_errors_are_one_line(run_kiln, tmp_path, args, message):
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
-def test_auto_fit_applies_the_plan_in_the_banner(run_kiln, tmp_path):
-    res = run_kiln("kiln-pretrain", "--dry-run", "--auto-fit", "--model", "llama-100m", "--cutoff_len", "1024",
-                   "--per_device_train_batch_size", "8", "--auto_fit_memory", "2.3GB", "--bf16", "true")
+def test_auto_fit_applies_the_plan_in_the_banner(run_kiln, kiln_bin, tmp_path):
+    # On a CPU the plan depends on the projections' GEMM (ops::linear: fp32 on a CPU without AMX,
+    # the native bf16 one with AMX, where autocast's casts are kept five times per layer, not
+    # twice: cost/memory.cpp); each is forced here, so that the test means the same on either.
+    def dry_run(gemm):
+        env = dict(os.environ, KILN_CPU_LOW_PRECISION_GEMM=gemm)
+        return subprocess.run([str(kiln_bin("kiln-pretrain")), "--dry-run", "--auto-fit", "--model", "llama-100m",
+                               "--cutoff_len", "1024", "--per_device_train_batch_size", "8", "--auto_fit_memory",
+                               "2.3GB", "--bf16", "true"], capture_output=True, text=True, timeout=300, env=env)
+
+    res = dry_run("fp32")
     assert res.returncode == 0, res.stderr
     assert "Instantaneous batch size per device = 2" in res.stdout
     assert "Gradient Accumulation steps = 4" in res.stdout
     assert "Auto-fit = micro-batch 2 x accumulation 4 x 1 rank = 8 sequences (target 8)" in res.stdout
+    res = dry_run("native")
+    assert res.returncode == 0, res.stderr
+    assert "Instantaneous batch size per device = 1" in res.stdout
+    assert "Gradient Accumulation steps = 8" in res.stdout
+    assert "Auto-fit = micro-batch 1 x accumulation 8 x 1 rank = 8 sequences (target 8)" in res.stdout
     res = run_kiln("kiln-pretrain", "--dry-run", "--auto-fit", "--model", "llama-100m", "--cutoff_len", "1024",
                    "--auto_fit_memory", "1GB")
     assert res.returncode == 2 and "nothing fits" in res.stderr
