@@ -53,22 +53,34 @@ std::vector<at::Tensor> backprop_from(const GradientRoot& root, const at::Tensor
                                                                outputs);
 }
 
-KinetoTrace::KinetoTrace(bool cuda) {
+namespace {
+
+// The Kineto profiler on (CPU ops; CUDA kernels too with `cuda`), and off from a destructor.
+void enable_kineto(bool cuda, bool input_shapes) {
   namespace prof = torch::profiler::impl;
   std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
   if (cuda) activities.insert(prof::ActivityType::CUDA);
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, input_shapes);
   torch::autograd::profiler::prepareProfiler(config, activities);
   torch::autograd::profiler::enableProfiler(config, activities);
-  active_ = true;
 }
 
-KinetoTrace::~KinetoTrace() {
-  if (!active_) return;
+void disable_kineto_quietly() {
   try {
     torch::autograd::profiler::disableProfiler();
   } catch (...) {  // a destructor on an error path: the profiler is off either way
   }
+}
+
+}  // namespace
+
+KinetoTrace::KinetoTrace(bool cuda) {
+  enable_kineto(cuda, /*input_shapes=*/true);
+  active_ = true;
+}
+
+KinetoTrace::~KinetoTrace() {
+  if (active_) disable_kineto_quietly();
 }
 
 void KinetoTrace::save(const std::string& path) {
@@ -79,20 +91,12 @@ void KinetoTrace::save(const std::string& path) {
 }
 
 OpEventRecorder::OpEventRecorder() {
-  namespace prof = torch::profiler::impl;
-  const std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/false);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
+  enable_kineto(/*cuda=*/false, /*input_shapes=*/false);
   active_ = true;
 }
 
 OpEventRecorder::~OpEventRecorder() {
-  if (!active_) return;
-  try {
-    torch::autograd::profiler::disableProfiler();
-  } catch (...) {  // a destructor on an error path: the profiler is off either way
-  }
+  if (active_) disable_kineto_quietly();
 }
 
 std::vector<OpEvent> OpEventRecorder::stop() {

@@ -2,13 +2,13 @@
 // --component-times; docs/performance.md, "Measured time per component"). The model, the step and
 // the optimizer run each part inside a profiler scope named after its traffic-model row
 // (common/component_scope.h: "kiln::q_proj", ...). From the CPU op events of profiled steps:
-//   fwd        a component scope's time, less the autocast casts inside it (aten::to / _to_copy:
-//              their own row, "autocast casts");
+//   fwd        a component scope's exclusive time (autocast's casts of a projection's input run
+//              inside its scope and count for it: the "autocast casts" row has no measured time);
 //   recompute  the same, for a scope inside a backward ("kiln::backward": activation checkpointing
 //              runs the forward again there);
 //   bwd        the time of each autograd node (the engine's "evaluate_function: <Node>" events),
-//              credited to the scope of the forward op that made the node: autograd gives the node
-//              that op's sequence number and thread;
+//              credited to the scope in whose sequence-number range (component_scope.h) the node's
+//              number lies, on the node's forward thread;
 //   step       the AdamW, clipping and unscale scopes of the optimizer step.
 // Every time is exclusive: an event's own time, less that of the events of interest nested in it
 // (a checkpointed layer's backward node holds its recomputation and the nodes of the inner graph).
