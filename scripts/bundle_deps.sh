@@ -75,7 +75,7 @@ if ((python_part)) && [[ -x "$KILN_PYTHON" ]]; then
   echo "bundle_deps: $(du -sh "$pydest" | cut -f1) of Python packages in $pydest"
 fi
 
-# --prebuilt BUILD_DIR: the programs device_check.sh runs, built here for the GPU machine (a build
+# --prebuilt BUILD_DIR: the programs device_check.sh runs (kiln-hf for scripts/bench_vs_hf.py), built here for the GPU machine (a build
 # folder configured with -DKILN_CUDA=ON -DKILN_BUILD_TESTS=ON -DKILN_PARQUET=OFF and that GPU's
 # CMAKE_CUDA_ARCHITECTURES), stripped, into .deps/prebuilt/{bin,tests}, with the shared libraries
 # they load that are neither LibTorch's (the GPU machine's own torch wheel provides those, the same
@@ -85,7 +85,7 @@ fi
 if [[ -n "$prebuilt_from" ]]; then
   pre="$dest/prebuilt"
   mkdir -p "$pre/bin" "$pre/tests" "$pre/lib"
-  for p in bin/kiln-bench bin/kiln-profile bin/kiln-pretrain tests/kiln_tests; do
+  for p in bin/kiln-bench bin/kiln-hf bin/kiln-profile bin/kiln-pretrain tests/kiln_tests; do
     [[ -x "$prebuilt_from/$p" ]] || { echo "bundle_deps: $prebuilt_from/$p is not built" >&2; exit 1; }
     strip -o "$pre/$p" "$prebuilt_from/$p"
   done

@@ -57,6 +57,7 @@ only="${KILN_DEVICE_ONLY:-}"
 summary() {
   grep -E "^(== |All tests passed|test cases:|assertions:|device_check:|FAILED|.*: FAILED:)" "$out/tests.log" \
     "$out/counters.log" 2>/dev/null
+  grep -h "^device_check: exit status" "$log" 2>/dev/null
   grep -hE "^(\||counters:|# |peak:|roofline)" "$out/profile_100m.md" "$out/profile_1b.md" 2>/dev/null
   cat "$out/bench.md" 2>/dev/null
   if grep -q "^## kiln" "$out/bench_attention.md" 2>/dev/null; then
@@ -96,6 +97,14 @@ step() {
     return 124
   fi
   timeout "$secs" "$@"
+  local rc=$?
+  # A program that dies by a signal leaves no message of its own: say how each step ended.
+  if ((rc == 124)); then
+    echo "device_check: exit status 124 (timed out after ${secs}s): $*" | tee -a "$log" >&2
+  elif ((rc != 0)); then
+    echo "device_check: exit status $rc: $*" | tee -a "$log" >&2
+  fi
+  return $rc
 }
 
 if [[ ! -d "$deps" ]]; then
@@ -167,7 +176,7 @@ targets=()
 if [[ -n "$only" ]]; then
   want tests || want counters && targets+=(--target kiln_tests)
   want bench || want attention || want dist && targets+=(--target kiln-bench)
-  want bench && targets+=(--target kiln-profile)
+  want bench && targets+=(--target kiln-profile --target kiln-hf)
   want dist && targets+=(--target kiln-pretrain)
   want counters && targets+=(--target kiln-profile)
 fi
