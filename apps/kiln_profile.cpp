@@ -296,7 +296,9 @@ int main(int argc, char** argv) {
                 "nothing runs (cost/traffic.h)")
     ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
     ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
-    ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU) over as many steps again after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
+    ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU: one range over the counted steps) over --counter-steps more steps after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
+    ("counter-steps", "with --counters: steps counted per point (default: as many as --steps)", cxxopts::value<int64_t>())
+    ("counters-per-kernel", "--counters on a GPU with one CUPTI range per kernel (each kernel's columns in profile.json); CUPTI serialises the kernels, so the counted steps run much slower; implies --counters")
     ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones; CPU only (docs/performance.md, \"Measured time per component\")")
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
@@ -346,6 +348,8 @@ int main(int argc, char** argv) {
     if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
     if (args.count("no-overlap")) config.ddp_overlap = false;
     if (args.count("counters")) config.counters = true;
+    if (args.count("counters-per-kernel")) config.counters = config.counters_per_kernel = true;
+    if (args.count("counter-steps")) config.counter_steps = args["counter-steps"].as<int64_t>();
     if (args.count("component-times")) config.component_times = true;
     config.validate();
 

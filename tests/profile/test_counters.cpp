@@ -306,6 +306,8 @@ TEST_CASE("CUPTI metric plan: one pass per chip, each column's metric or why not
 }
 #endif
 
+// Both CUPTI collections on the same work: one range over the interval (the default, what
+// kiln-profile --counters uses) and one range per kernel (--counters-per-kernel).
 TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][cuda]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: the CUPTI session is not exercised here");
@@ -314,14 +316,6 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
   const c10::Device device(c10::kCUDA, 0);
   const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
   const double peak = spec ? spec->memory_bandwidth : 0;
-  auto session = CounterSession::open(device, peak);
-  if (!session->available()) {
-    // Counters restricted to administrators, or another profiler: the one-line reason, no crash.
-    WARN("CUPTI unavailable: " << session->reason());
-    CHECK_THAT(session->reason(), StartsWith("n/a: "));
-    CHECK(session->reason().find('\n') == std::string::npos);
-    return;
-  }
 
   // 1 GiB read and 1 GiB written, 4 times: DRAM-bound, no tensor cores. An element-wise kernel,
   // not copy_: a contiguous device-to-device copy_ is a cudaMemcpy, no kernel, and CUPTI's range
@@ -329,55 +323,98 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
   const at::Tensor src = at::rand({256, 1024, 1024}, at::TensorOptions().device(device));
   at::Tensor dst = at::empty_like(src);
   at::mul_out(dst, src, 2.0);
-  torch::cuda::synchronize();
-  session->start();
-  for (int i = 0; i < 4; ++i) at::mul_out(dst, src, 2.0);
-  torch::cuda::synchronize();
-  const CounterReading copy = session->stop();
-  INFO(copy.detail);
-  INFO(copy.reason);
-  CHECK(copy.source == "cupti");
-  REQUIRE(copy.gpu_seconds);
-  CHECK(*copy.gpu_seconds > 0);
-  CHECK(*copy.gpu_seconds <= copy.seconds);
-  REQUIRE(copy.dram_bytes);
   const double moved = 4.0 * 2 * static_cast<double>(src.nbytes());
-  WARN("copy: " << *copy.dram_bytes / 1e9 << " GB counted for " << moved / 1e9 << " GB moved, memory throughput "
-                << copy.memory_throughput.value_or(-1) << ", bandwidth " << copy.memory_bandwidth.value_or(-1) << " of "
-                << peak / 1e12 << " TB/s, " << copy.kernels.size() << " kernel names");
-  CHECK(*copy.dram_bytes == Approx(moved).epsilon(0.05));
-  REQUIRE(copy.memory_throughput);
-  CHECK(*copy.memory_throughput > 0.5);
-  if (peak > 0) {
-    REQUIRE(copy.memory_bandwidth);
-    CHECK(*copy.memory_bandwidth > 0.5);
-    CHECK(*copy.memory_bandwidth < 1.05);
-  }
-  REQUIRE(copy.tensor_core);
-  CHECK(*copy.tensor_core < 0.01);
-  REQUIRE_FALSE(copy.kernels.empty());
-  if (copy.detail.find("named from the launch callbacks") != std::string::npos) {
-    CHECK(copy.kernels.front().launches == 4);  // one copy kernel, four launches
-  }
-  CHECK(copy.per_range.front().first == copy.kernels.front().name);
-
-  // A bf16 matmul: tensor cores busy, little DRAM traffic per FLOP.
   const auto bf16 = at::TensorOptions().device(device).dtype(at::kBFloat16);
   const at::Tensor a = at::randn({8192, 8192}, bf16), b = at::randn({8192, 8192}, bf16);
   at::Tensor c = at::matmul(a, b);
+  // Many small kernels: what a training step launches. Their wall time uncounted, then counted.
+  at::Tensor small = at::ones({4096}, at::TensorOptions().device(device));
+  auto small_kernels = [&] {
+    torch::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 500; ++i) small.mul_(1.0);
+    torch::cuda::synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  small_kernels();
+  const double uncounted = small_kernels();
   torch::cuda::synchronize();
-  session->start();
-  for (int i = 0; i < 3; ++i) c = at::matmul(a, b);
-  torch::cuda::synchronize();
-  const CounterReading mm = session->stop();
-  INFO(mm.detail);
-  INFO(mm.reason);
-  REQUIRE(mm.tensor_core);
-  WARN("matmul: tensor core " << *mm.tensor_core << ", fp engine " << mm.fp_engine.value_or(-1)
-                              << ", memory throughput " << mm.memory_throughput.value_or(-1)
-                              << ", kernels: " << (mm.kernels.empty() ? std::string("none") : mm.kernels.front().name));
-  CHECK(*mm.tensor_core > 0.3);
-  CHECK(*mm.tensor_core <= 1.05);
-  REQUIRE(mm.memory_throughput);
-  CHECK(*mm.memory_throughput < *copy.memory_throughput);
+
+  for (const bool per_kernel : {false, true}) {
+    INFO((per_kernel ? "one range per kernel" : "one range over the interval"));
+    auto session = CounterSession::open(device, peak, kiln::profile::CounterOptions{.per_kernel = per_kernel});
+    if (!session->available()) {
+      // Counters restricted to administrators, or another profiler: the one-line reason, no crash.
+      WARN("CUPTI unavailable: " << session->reason());
+      CHECK_THAT(session->reason(), StartsWith("n/a: "));
+      CHECK(session->reason().find('\n') == std::string::npos);
+      return;
+    }
+    session->start();
+    for (int i = 0; i < 4; ++i) at::mul_out(dst, src, 2.0);
+    torch::cuda::synchronize();
+    const CounterReading copy = session->stop();
+    INFO(copy.detail);
+    INFO(copy.reason);
+    CHECK(copy.source == "cupti");
+    CHECK(copy.ranges == (per_kernel ? 4 : 1));
+    REQUIRE(copy.gpu_seconds);
+    CHECK(*copy.gpu_seconds > 0);
+    CHECK(*copy.gpu_seconds <= copy.seconds);
+    REQUIRE(copy.dram_bytes);
+    WARN((per_kernel ? "per kernel" : "interval")
+         << " copy: " << *copy.dram_bytes / 1e9 << " GB counted for " << moved / 1e9 << " GB moved, memory throughput "
+         << copy.memory_throughput.value_or(-1) << ", bandwidth " << copy.memory_bandwidth.value_or(-1) << " of "
+         << peak / 1e12 << " TB/s, GPU " << *copy.gpu_seconds * 1e3 << " ms, stop() " << copy.collect_seconds * 1e3
+         << " ms, " << copy.kernels.size() << " kernel names");
+    CHECK(*copy.dram_bytes == Approx(moved).epsilon(0.05));
+    REQUIRE(copy.memory_throughput);
+    CHECK(*copy.memory_throughput > 0.5);
+    if (peak > 0) {
+      REQUIRE(copy.memory_bandwidth);
+      CHECK(*copy.memory_bandwidth > 0.5);
+      CHECK(*copy.memory_bandwidth < 1.05);
+    }
+    REQUIRE(copy.tensor_core);
+    CHECK(*copy.tensor_core < 0.01);
+    if (per_kernel) {
+      REQUIRE_FALSE(copy.kernels.empty());
+      if (copy.detail.find("named from the launch callbacks") != std::string::npos) {
+        CHECK(copy.kernels.front().launches == 4);  // one copy kernel, four launches
+      }
+      CHECK(copy.per_range.front().first == copy.kernels.front().name);
+    } else {
+      CHECK(copy.kernels.empty());  // one range: no per-kernel rows
+    }
+
+    // A bf16 matmul: tensor cores busy, little DRAM traffic per FLOP.
+    torch::cuda::synchronize();
+    session->start();
+    for (int i = 0; i < 3; ++i) c = at::matmul(a, b);
+    torch::cuda::synchronize();
+    const CounterReading mm = session->stop();
+    INFO(mm.detail);
+    INFO(mm.reason);
+    REQUIRE(mm.tensor_core);
+    WARN((per_kernel ? "per kernel" : "interval")
+         << " matmul: tensor core " << *mm.tensor_core << ", fp engine " << mm.fp_engine.value_or(-1)
+         << ", memory throughput " << mm.memory_throughput.value_or(-1)
+         << ", kernels: " << (mm.kernels.empty() ? std::string("none") : mm.kernels.front().name));
+    CHECK(*mm.tensor_core > 0.3);
+    CHECK(*mm.tensor_core <= 1.05);
+    REQUIRE(mm.memory_throughput);
+    CHECK(*mm.memory_throughput < *copy.memory_throughput);
+
+    // 500 small kernels under the counters: one range leaves them at their own pace (no
+    // serialisation, nothing saved); per kernel, each waits for CUPTI. The ratio is the figure.
+    session->start();
+    const double counted = small_kernels();
+    const CounterReading many = session->stop();
+    INFO(many.detail);
+    WARN((per_kernel ? "per kernel" : "interval")
+         << ": 500 small kernels in " << counted * 1e3 << " ms counted, " << uncounted * 1e3 << " ms uncounted ("
+         << counted / uncounted << "x), " << many.ranges << " ranges, stop() " << many.collect_seconds * 1e3 << " ms");
+    CHECK(many.ranges == (per_kernel ? 500 : 1));
+    if (!per_kernel) CHECK(counted < 3 * uncounted + 0.05);
+  }
 }

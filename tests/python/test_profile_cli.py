@@ -159,3 +159,6 @@ def test_bad_input_names_the_option_or_key(run_kiln, tmp_path):
     assert r.returncode == 2 and str(cfg) in r.stderr and "cutoff_lens" in r.stderr
     r = run_kiln("kiln-profile", "--model", "tiny", "--dtype", "fp8")
     assert r.returncode == 2 and "dtype" in r.stderr and "fp8" in r.stderr
+    cfg.write_text("model: tiny\ncounters: true\ncounter_steps: -2\n")
+    r = run_kiln("kiln-profile", "--config", cfg)
+    assert r.returncode == 2 and str(cfg) in r.stderr and "counter_steps" in r.stderr and "-2" in r.stderr

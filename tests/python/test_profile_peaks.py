@@ -400,11 +400,15 @@ def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
     # perf_event on the CPU (profile/counters.h): wherever the PMU or permissions lack an event,
     # the column keeps the model's value and its reason says why, in one line.
     r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
-                 "--steps", "1", "--warmup", "0", "--counters", "--format", "csv,json", "--output", tmp_path,
-                 timeout=300)
+                 "--steps", "2", "--warmup", "0", "--counters", "--counter-steps", "1", "--format", "csv,json",
+                 "--output", tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "profile.json").read_text())
-    assert doc["counters_requested"] is True
+    assert doc["counters_requested"] is True and doc["counter_steps"] == 1 and doc["counters_per_kernel"] is False
+    # Each phase of the point on stderr as it ends: a point that stalls shows where.
+    for line in ("cutoff_len 16 batch 1 GA 1: 2 timed steps in ", "cutoff_len 16 batch 1 GA 1: counting 1 step\n",
+                 "cutoff_len 16 batch 1 GA 1: counted in "):
+        assert "kiln-profile: " + line in r.stderr, r.stderr
     row, cells = doc["rows"][0], next(csv.DictReader((tmp_path / "profile.csv").open()))
     note = next(l for l in r.stdout.splitlines() if l.startswith("counters: "))
     assert note.startswith("counters: counted (") or note.startswith("counters: counters unavailable: ")

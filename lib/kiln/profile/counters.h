@@ -8,11 +8,16 @@
 //         The uncore events count the whole socket (every process) and need perf_event_paranoid <= 0
 //         or CAP_PERFMON; per-process counting needs <= 2 (user space only at 2).
 //   CUDA  CUPTI's range profiler (cupti_range_profiler.h, cupti_profiler_host.h; CUDA 12.6+, compute
-//         capability 7.5+), one range per kernel (auto range, kernel replay): per kernel its GPU time,
-//         DRAM bytes, dram__throughput, and the tensor and FMA pipes' active cycles as a share of
-//         the elapsed cycles; the interval's values are their GPU-time-weighted means. Only metrics
-//         that fit one pass are collected, so no kernel is replayed; each kernel is still followed
-//         by a synchronisation, so sampled steps run slower than the others.
+//         capability 7.5+) with metrics that fit one pass: GPU time, DRAM bytes, dram__throughput,
+//         and the tensor and FMA pipes' active cycles as a share of the elapsed cycles. By default
+//         one user range spans the whole interval (user replay, one pass: nothing is replayed,
+//         saved or serialised, so the counted steps run at their own speed and the shares are over
+//         the interval's GPU time, gaps between kernels included). With
+//         CounterOptions::per_kernel, one range per kernel instead (auto range): per kernel its
+//         values, the interval's being their GPU-time-weighted means over the kernels' time only.
+//         Auto range serialises the kernels, and under kernel replay (the default replay there)
+//         CUPTI saves the memory each kernel may touch before it runs: slow for a whole training
+//         step, so it is for small intervals (docs/performance.md, "Hardware counters").
 //
 // Nothing here throws because a counter is missing: a session that cannot count says why, in one
 // line, e.g. "n/a: perf_event_paranoid=3 ..." or "n/a: CUPTI: GPU performance counters are
@@ -56,10 +61,12 @@ struct CounterReading {
   // hardware's own sustained peak rather than the data sheet's).
   std::optional<double> memory_throughput;
   double seconds = 0;  // the interval measured, wall clock (on CUDA slowed by the per-kernel profiling)
-  // CUDA: the kernels' GPU time within the interval; memory_bandwidth, tensor_core and fp_engine
-  // are over this time (the gaps between kernels are not in it).
+  // CUDA: the GPU time the fractions are over: the interval's range (one range, the default), or
+  // the kernels' summed time (per kernel: the gaps between kernels are not in it).
   std::optional<double> gpu_seconds;
-  std::string reason;  // why any column is empty, one line ("" when all are present)
+  int64_t ranges = 0;          // CUDA: the ranges counted (1, or one per kernel)
+  double collect_seconds = 0;  // CUDA: stop()'s own time (decoding and evaluating the ranges)
+  std::string reason;          // why any column is empty, one line ("" when all are present)
   // The column's own reason, "" when its value is present.
   std::string memory_reason, tensor_reason, fp_reason;
   std::string detail;  // what was counted and how, one line (events, metrics, threads, passes)
@@ -69,8 +76,12 @@ struct CounterReading {
 };
 
 struct CounterOptions {
-  // CUPTI: kernel launches one interval can hold (the counter data image's ranges); launches past
-  // it are not counted, and the reading says how many were dropped.
+  // CUPTI: one range per kernel (names and columns per kernel in CounterReading::kernels) instead
+  // of one range over the interval. The environment variable KILN_CUPTI_REPLAY=user|kernel picks
+  // its replay mode (default kernel; both count the same with one pass, user replay saves nothing).
+  bool per_kernel = false;
+  // CUPTI, per kernel: kernel launches one interval can hold (the counter data image's ranges);
+  // launches past it are not counted, and the reading says how many were dropped.
   int64_t max_kernels = 8192;
 };
 

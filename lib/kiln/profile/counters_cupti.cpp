@@ -1,13 +1,17 @@
-// The CUDA counter session: CUPTI's range profiler over the kernels of an interval (counters.h).
+// The CUDA counter session: CUPTI's range profiler over an interval (counters.h).
 //
-// Collection: auto range (each kernel launch is a range) with kernel replay, metrics chosen by
-// plan_cupti_metrics to fit one pass, so that no kernel is actually replayed; CUPTI synchronizes
-// after each kernel, which slows the sampled steps, not the others. Evaluation: per range the
-// metrics' GPU values (cuptiProfilerHostEvaluateToGpuValues); the interval's fractions are the
-// ranges' values weighted by their gpu__time_duration. Names: the kernels' names come from CUPTI's
-// launch callbacks (runtime and driver launch APIs, in launch order, which auto range serializes);
-// when their count differs from the ranges' (a launch CUPTI did not report, or another CUPTI
-// subscriber), kernels are named by their index instead, and the detail says so.
+// Metrics: chosen by plan_cupti_metrics to fit one pass, so nothing is ever replayed.
+// Collection, by default: one user range from start() to stop() (user replay): CUPTI neither
+// serialises the kernels nor saves memory, so a counted training step runs at its own speed.
+// Per kernel (CounterOptions::per_kernel): auto range, each kernel launch a range; CUPTI
+// synchronizes after each kernel, and under kernel replay saves the memory a kernel may access
+// before its first pass, which makes a whole training step slow (the first H200 run's kiln-profile
+// points did not finish in 90 s that way). Evaluation: per range the metrics' GPU values
+// (cuptiProfilerHostEvaluateToGpuValues); per kernel, the interval's fractions are the ranges'
+// values weighted by their gpu__time_duration. Names (per kernel): from CUPTI's launch callbacks
+// (runtime and driver launch APIs, in launch order, which auto range serializes); when their count
+// differs from the ranges' (a launch CUPTI did not report, or another CUPTI subscriber), kernels
+// are named by their index instead, and the detail says so.
 //
 // Compiled only where CMake found CUPTI's range profiler (KILN_WITH_CUPTI); the CUcontext comes
 // from the runtime's driver entry point, so nothing links libcuda.
@@ -325,8 +329,11 @@ std::string support_problems(const CUpti_Profiler_DeviceSupported_Params& p) {
 class CuptiSession final : public CounterSession {
  public:
   CuptiSession(const c10::Device& device, double peak_bandwidth, const CounterOptions& options)
-      : peak_bandwidth_(peak_bandwidth), max_kernels_(std::max<int64_t>(1, options.max_kernels)) {
+      : peak_bandwidth_(peak_bandwidth),
+        per_kernel_(options.per_kernel),
+        max_kernels_(std::max<int64_t>(1, options.max_kernels)) {
     try {
+      replay_ = replay_mode();
       open(device);
     } catch (const std::exception& e) {
       reason_ = one_line(e);
@@ -357,37 +364,52 @@ class CuptiSession final : public CounterSession {
       config.pConfig = config_.data();
       config.counterDataImageSize = image_.size();
       config.pCounterDataImage = image_.data();
-      config.range = CUPTI_AutoRange;
-      config.replayMode = CUPTI_KernelReplay;
-      config.maxRangesPerPass = static_cast<size_t>(max_kernels_);
+      config.range = per_kernel_ ? CUPTI_AutoRange : CUPTI_UserRange;
+      config.replayMode = replay_;
+      config.maxRangesPerPass = static_cast<size_t>(range_capacity());
       config.numNestingLevels = 1;
       config.minNestingLevel = 1;
       config.passIndex = 0;
-      config.targetNestingLevel = 0;
+      config.targetNestingLevel = per_kernel_ ? 0 : 1;
       check("cuptiRangeProfilerSetConfig", cuptiRangeProfilerSetConfig(&config));
-      {
-        std::lock_guard<std::mutex> lock(names_.mutex);
-        names_.names.clear();
+      if (per_kernel_) {
+        {
+          std::lock_guard<std::mutex> lock(names_.mutex);
+          names_.names.clear();
+        }
+        names_.interval.fetch_add(1);
+        // The launch callbacks name the kernels. Subscribed for the interval only, so that another
+        // CUPTI client (LibTorch's profiler) can subscribe between intervals; without them kernels
+        // are named by index.
+        const CUptiResult subscribed = cuptiSubscribe(&subscriber_, on_launch, &names_);
+        if (subscribed != CUPTI_SUCCESS) {
+          subscriber_ = nullptr;
+          names_note_ = "kernel names unknown (" + failure("cuptiSubscribe", subscribed) + ")";
+        } else {
+          names_note_.clear();
+        }
+        set_callbacks(true);
       }
-      names_.interval.fetch_add(1);
-      // The launch callbacks name the kernels. Subscribed for the interval only, so that another
-      // CUPTI client (LibTorch's profiler) can subscribe between intervals; without them kernels
-      // are named by index.
-      const CUptiResult subscribed = cuptiSubscribe(&subscriber_, on_launch, &names_);
-      if (subscribed != CUPTI_SUCCESS) {
-        subscriber_ = nullptr;
-        names_note_ = "kernel names unknown (" + failure("cuptiSubscribe", subscribed) + ")";
-      } else {
-        names_note_.clear();
-      }
-      set_callbacks(true);
       start_ = std::chrono::steady_clock::now();
       auto s = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Start_Params);
       s.pRangeProfilerObject = profiler_;
       check("cuptiRangeProfilerStart", cuptiRangeProfilerStart(&s));
       running_ = true;
+      if (!per_kernel_) {
+        auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
+        push.pRangeProfilerObject = profiler_;
+        push.pRangeName = "kiln interval";
+        check("cuptiRangeProfilerPushRange", cuptiRangeProfilerPushRange(&push));
+        pushed_ = true;
+      }
     } catch (const std::exception& e) {
       set_callbacks(false);
+      if (running_) {  // started, but its range could not be opened: stopped, so the next start() can
+        auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
+        p.pRangeProfilerObject = profiler_;
+        cuptiRangeProfilerStop(&p);
+        running_ = false;
+      }
       failure_ = one_line(e);
     }
   }
@@ -395,7 +417,8 @@ class CuptiSession final : public CounterSession {
   CounterReading stop() override {
     CounterReading r;
     r.source = available() ? "cupti" : "";
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const auto stop_called = std::chrono::steady_clock::now();
+    r.seconds = std::chrono::duration<double>(stop_called - start_).count();
     std::string why = !available() ? reason_ : !started_ ? "n/a: stop() without start()" : failure_;
     started_ = false;
     if (why.empty()) {
@@ -405,6 +428,7 @@ class CuptiSession final : public CounterSession {
         why = one_line(e);
       }
     }
+    r.collect_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_called).count();
     set_callbacks(false);
     if (!why.empty()) {
       r.memory_reason = r.tensor_reason = r.fp_reason = r.reason = why;
@@ -417,6 +441,20 @@ class CuptiSession final : public CounterSession {
   }
 
  private:
+  int64_t range_capacity() const { return per_kernel_ ? max_kernels_ : 1; }
+
+  // One user range: user replay (a user range cannot be replayed per kernel). Per kernel: kernel
+  // replay unless KILN_CUPTI_REPLAY=user; with one pass neither replays anything.
+  CUpti_ProfilerReplayMode replay_mode() const {
+    if (!per_kernel_) return CUPTI_UserReplay;
+    const char* env = std::getenv("KILN_CUPTI_REPLAY");
+    const std::string mode = env ? env : "";
+    if (mode.empty() || mode == "kernel") return CUPTI_KernelReplay;
+    if (mode == "user") return CUPTI_UserReplay;
+    throw Unavailable("n/a: KILN_CUPTI_REPLAY='" + mode + "' is not 'kernel' or 'user'");
+  }
+  std::string replay_name() const { return replay_ == CUPTI_UserReplay ? "user replay" : "kernel replay"; }
+
   void open(const c10::Device& device) {
     int count = 0;
     if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
@@ -491,8 +529,8 @@ class CuptiSession final : public CounterSession {
     size.pRangeProfilerObject = profiler_;
     size.pMetricNames = names.data();
     size.numMetrics = names.size();
-    size.maxNumOfRanges = static_cast<size_t>(max_kernels_);
-    size.maxNumRangeTreeNodes = static_cast<uint32_t>(max_kernels_);
+    size.maxNumOfRanges = static_cast<size_t>(range_capacity());
+    size.maxNumRangeTreeNodes = static_cast<uint32_t>(range_capacity());
     check("cuptiRangeProfilerGetCounterDataSize", cuptiRangeProfilerGetCounterDataSize(&size));
     counter_data_size_ = size.counterDataSize;
   }
@@ -500,6 +538,12 @@ class CuptiSession final : public CounterSession {
   void close() {
     set_callbacks(false);
     host_.reset();
+    if (pushed_) {
+      auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
+      p.pRangeProfilerObject = profiler_;
+      cuptiRangeProfilerPopRange(&p);
+      pushed_ = false;
+    }
     if (running_) {  // destroyed inside an interval
       auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
       p.pRangeProfilerObject = profiler_;
@@ -535,6 +579,14 @@ class CuptiSession final : public CounterSession {
   // Stops the range profiler, decodes the ranges and fills `r`.
   void collect(CounterReading& r) {
     const c10::cuda::CUDAGuard guard(device_index_);
+    if (pushed_) {
+      // The range ends when its work has: every kernel of the interval inside it.
+      pushed_ = false;
+      check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
+      auto pop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
+      pop.pRangeProfilerObject = profiler_;
+      check("cuptiRangeProfilerPopRange", cuptiRangeProfilerPopRange(&pop));
+    }
     auto stop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
     stop.pRangeProfilerObject = profiler_;
     running_ = false;
@@ -550,13 +602,14 @@ class CuptiSession final : public CounterSession {
     info.counterDataImageSize = image_.size();
     check("cuptiRangeProfilerGetCounterDataInfo", cuptiRangeProfilerGetCounterDataInfo(&info));
     const size_t ranges = info.numTotalRanges, dropped = decode.numOfRangeDropped;
+    r.ranges = static_cast<int64_t>(ranges);
 
     std::vector<std::string> launches;
     {
       std::lock_guard<std::mutex> lock(names_.mutex);
       launches.swap(names_.names);
     }
-    const bool named = names_note_.empty() && launches.size() == ranges + dropped;
+    const bool named = per_kernel_ && names_note_.empty() && launches.size() == ranges + dropped;
 
     // Where each column's metrics sit among the evaluated values.
     std::map<std::string, std::vector<size_t>> at;
@@ -623,7 +676,7 @@ class CuptiSession final : public CounterSession {
     };
     const std::string time_reason = !column_reason("duration").empty() ? column_reason("duration")
                                     : !duration_note_.empty()          ? duration_note_
-                                    : ranges == 0                      ? "n/a: no kernel ran in the interval"
+                                    : ranges == 0                      ? "n/a: no range was counted in the interval"
                                                                        : "";
     auto fill = [&](const Sums& s, auto& out) {
       const bool timed = time_reason.empty() && s.seconds > 0;
@@ -639,7 +692,7 @@ class CuptiSession final : public CounterSession {
     };
     fill(total, r);
     if (time_reason.empty()) r.gpu_seconds = total.seconds;
-    for (const std::string& name : order) {
+    for (const std::string& name : per_kernel_ ? order : std::vector<std::string>{}) {
       const Sums& s = by_name[name];
       KernelCounters k;
       k.name = name;
@@ -675,10 +728,17 @@ class CuptiSession final : public CounterSession {
           fmt::format("{} kernel launches past the {} the counter data holds were not counted", dropped, max_kernels_));
     }
     r.reason = fmt::format("{}", fmt::join(reasons, "; "));
+    if (!per_kernel_) {
+      r.detail = fmt::format(
+          "cupti: range profiler on {} ({}), one user range over the interval (user replay, {} pass, kernels not "
+          "serialised; shares over the range's GPU time, gaps between kernels included), metrics {}",
+          device_name_, chip_, plan_.passes, fmt::join(metrics_, ", "));
+      return;
+    }
     r.detail = fmt::format(
-        "cupti: range profiler on {} ({}), one range per kernel (auto range, kernel replay, {} pass), metrics {}; {} "
+        "cupti: range profiler on {} ({}), one range per kernel (auto range, {}, {} pass), metrics {}; {} "
         "kernel launches, {}",
-        device_name_, chip_, plan_.passes, fmt::join(metrics_, ", "), ranges,
+        device_name_, chip_, replay_name(), plan_.passes, fmt::join(metrics_, ", "), ranges,
         named ? std::string("named from the launch callbacks")
         : !names_note_.empty()
             ? names_note_
@@ -686,7 +746,10 @@ class CuptiSession final : public CounterSession {
   }
 
   double peak_bandwidth_ = 0;
+  bool per_kernel_ = false;
   int64_t max_kernels_ = 8192;
+  CUpti_ProfilerReplayMode replay_ = CUPTI_UserReplay;
+  bool pushed_ = false;  // the interval's user range is open
   c10::DeviceIndex device_index_ = 0;
   std::string reason_, failure_, device_name_, chip_, names_note_, duration_note_;
   CUpti_SubscriberHandle subscriber_ = nullptr;

@@ -22,6 +22,7 @@
 
 #include "kiln/common/component_scope.h"
 #include "kiln/common/device.h"
+#include "kiln/common/logger.h"
 #include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
 #include "kiln/cost/cpu_peak.h"
@@ -93,6 +94,7 @@ void SweepConfig::validate() const {
   positive(grad_accums, "gradient_accumulation_steps");
   if (steps < 1) fail("steps", fmt::format("{} (at least 1 timed step)", steps));
   if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
+  if (counter_steps < 0) fail("counter_steps", fmt::format("{} is negative (0: as many as steps)", counter_steps));
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
   if (gradient_checkpointing_every < 1)
@@ -164,6 +166,9 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("ddp_bucket_cap_mb", c.ddp_bucket_cap_mb);
   reader.read("ddp_overlap", c.ddp_overlap);
   reader.read("counters", c.counters);
+  reader.read("counters_per_kernel", c.counters_per_kernel);
+  reader.read("counter_steps", c.counter_steps);
+  if (c.counters_per_kernel) c.counters = true;
   reader.read("component_times", c.component_times);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
@@ -389,8 +394,19 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
   };
 
+  // Each phase's time on the log as it ends (stderr, flushed): a point that stalls shows where.
+  const std::string where =
+      fmt::format("kiln-profile: cutoff_len {} batch {} GA {}", p.cutoff_len, p.batch_size, p.grad_accum);
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  auto phase = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < ctx.config.warmup; ++i) step();
   device::synchronize(ctx.device);
+  auto plural = [](int64_t n) { return n == 1 ? "" : "s"; };
+  if (ctx.config.warmup > 0)
+    kiln::logger()->info("{}: {} warmup step{} in {:.2f} s", where, ctx.config.warmup, plural(ctx.config.warmup),
+                         since(phase));
   comm_seconds = 0;
   const dist::LaunchCounts launched_before = dp ? dp->launch_counts() : dist::LaunchCounts{};
   double seconds = 0, peak = 0;
@@ -416,6 +432,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     row.buckets_launched = dp->launch_counts().buckets - launched_before.buckets;
     row.buckets_overlapped = dp->launch_counts().overlapped - launched_before.overlapped;
   }
+  kiln::logger()->info("{}: {} timed step{} in {:.2f} s", where, ctx.config.steps, plural(ctx.config.steps), seconds);
   row.seconds_per_step = seconds / static_cast<double>(ctx.config.steps);
   row.tokens_per_second = tokens / row.seconds_per_step;
   row.tflops = cost::flops_per_token(ctx.model_config, p.cutoff_len).train() * row.tokens_per_second / world / 1e12;
@@ -425,20 +442,40 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   if (const auto rss = device::read_rss(); rss && rss_baseline)
     row.rss_peak_over_baseline_bytes = static_cast<double>(rss->peak_bytes - *rss_baseline);
   if (ctx.counters) {
-    // As many steps again under the counters, untimed: the CUPTI session serialises the kernels.
+    // counter_steps more steps under the counters, untimed (per kernel, CUPTI serialises them).
+    const int64_t counted = ctx.config.counted_steps();
     device::synchronize(ctx.device);
+    kiln::logger()->info(
+        "{}: counting {} step{}{}", where, counted, plural(counted),
+        ctx.config.counters_per_kernel && ctx.device.is_cuda() ? " (one CUPTI range per kernel: slow)" : "");
+    phase = std::chrono::steady_clock::now();
     ctx.counters->start();
-    for (int64_t i = 0; i < ctx.config.steps; ++i) step();
+    for (int64_t i = 0; i < counted; ++i) step();
     device::synchronize(ctx.device);
     row.counters = ctx.counters->stop();
+    const CounterReading& c = *row.counters;
+    kiln::logger()->info("{}: counted in {:.2f} s{}", where, since(phase),
+                         c.source == "cupti" ? fmt::format(" ({} CUPTI ranges, {:.2f} s of it reading them)", c.ranges,
+                                                           c.collect_seconds)
+                                             : "");
   }
   if (ctx.config.component_times && ctx.device.is_cpu()) {
     // As many steps again under the profiler, untimed (its bookkeeping slows each op a little).
+    phase = std::chrono::steady_clock::now();
     torch_internals::OpEventRecorder recorder;
     for (int64_t i = 0; i < ctx.config.steps; ++i) step();
     row.component_times = attribute_component_times(recorder.stop(), ctx.config.steps);
+    kiln::logger()->info("{}: {} step{} under the profiler in {:.2f} s", where, ctx.config.steps,
+                         plural(ctx.config.steps), since(phase));
   }
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
+}
+
+// "1 step after each point's timed ones", "as many steps again after ...".
+std::string counted_steps_text(const SweepConfig& config) {
+  if (config.counter_steps == 0) return "as many steps again after each point's timed ones";
+  return fmt::format("{} step{} after each point's timed ones", config.counter_steps,
+                     config.counter_steps == 1 ? "" : "s");
 }
 
 // The model's three columns at the measured step time, the components, and the counted columns.
@@ -557,10 +594,10 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   }
   std::unique_ptr<CounterSession> counters;
   if (config.counters) {
-    counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0);
-    report.counters_note = counters->available()
-                               ? "counted: hardware counters over as many steps again after the timed ones"
-                               : "counters unavailable: " + counters->reason();
+    counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0,
+                                    CounterOptions{.per_kernel = config.counters_per_kernel});
+    report.counters_note = counters->available() ? "counted: hardware counters over " + counted_steps_text(config)
+                                                 : "counters unavailable: " + counters->reason();
     if (!counters->available()) counters.reset();
   } else {
     report.counters_note = "not counted (run with --counters): the columns show the traffic model's values";
@@ -662,8 +699,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       }
       if (!counted && !reason.empty()) missing += fmt::format("; {}: {}", name, reason);
     }
-    report.counters_note = fmt::format("counted ({}) over as many steps again after each point's timed ones{}",
-                                       what.empty() ? "no point ran" : what, missing);
+    report.counters_note = fmt::format("counted ({}) over {}{}", what.empty() ? "no point ran" : what,
+                                       counted_steps_text(config), missing);
   }
   return report;
 }

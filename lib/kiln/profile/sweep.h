@@ -67,9 +67,14 @@ struct SweepConfig {
   int64_t zero_stage = 0;
   int64_t ddp_bucket_cap_mb = 25;
   bool ddp_overlap = true;  // false: every bucket after backward (to measure what the overlap hides)
-  // Hardware counters (profile/counters.h) over `steps` more steps of each point after its timed
-  // ones (not timed: CUPTI serialises the kernels it counts), filling the counted columns.
+  // Hardware counters (profile/counters.h) over `counter_steps` more steps of each point after its
+  // timed ones (0: as many as `steps`), filling the counted columns. On a GPU one CUPTI range spans
+  // those steps; with counters_per_kernel one range per kernel instead (per-kernel rows in the
+  // JSON; the kernels serialised and much slower, so keep counter_steps small).
   bool counters = false;
+  bool counters_per_kernel = false;  // implies counters
+  int64_t counter_steps = 0;
+  int64_t counted_steps() const { return counter_steps > 0 ? counter_steps : steps; }
   // Measured time per component (profile/component_times.h): `steps` more steps of each point
   // under LibTorch's profiler after its timed ones, their CPU ops attributed to the traffic
   // model's rows. CPU only: on a GPU the ops' CPU times are launch times (the rows stay n/a).
