@@ -5,10 +5,12 @@
 #      torch's own CMake package, build kiln for this GPU's architecture with -Xptxas -v;
 #   2. run the [cuda] tests, again on the kernels' Volta code paths (KILN_KERNEL_ARCH=70: what a
 #      V100 runs); the CPU tests are CI's;
-#   3. hardware counters (lib/kiln/profile/counters.h): the [counters] tests (CUPTI over a copy and a
-#      bf16 matmul, the perf_event session), then kiln-profile --counters over llama-100m (bf16,
-#      cutoff_len 1024 x batch 8) and llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x
-#      16), each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones;
+#   3. hardware counters (lib/kiln/profile/counters.h): the [counters] tests (CUPTI over a copy, a
+#      bf16 matmul and 500 small kernels, one range over each interval and one per kernel; the
+#      perf_event session), kiln-profile --counters on the tiny preset (one range; per kernel under
+#      kernel replay and under user replay), then over llama-100m (bf16, cutoff_len 1024 x batch 8)
+#      and llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x 16), one counted step each:
+#      each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones;
 #   4. run kiln-bench (the fused ops, kiln vs ATen; fp16 both ways), then scripts/bench_vs_hf.py: kiln's
 #      training step against transformers' on this GPU, bf16, llama-100m at cutoff_len 1024 (batch 8)
 #      and 8192 (batch 1) and llama-3.2-1b at 2048 (batch 4), alternated over up to 2 rounds (no new
@@ -21,12 +23,14 @@
 # The steps run in that order: what is worth most first, so that a budget cut takes the least.
 # Every file goes to a work folder (device_work/): env.log, build.log, ptxas.txt, tests.log (both
 # test runs), bench.{md,json}, bench_vs_hf.{md,json}, bench_attention.{md,json}, dist.log,
-# bench_comm.{md,json}, counters.log, profile_100m.{md,json}, profile_1b.{md,json}; when the script
+# bench_comm.{md,json}, counters.log, profile_{tiny,tinyk,tinyu,100m_plain,100m,1b}.{md,json}, stalls.log; when the script
 # ends, $OUT (the device tool's result folder, which returns at most 8 files; ./device_out
 # elsewhere) gets them as device_results.tar.gz and the summary printed last as summary.txt.
 # Each step has its own time limit, cut to what is left of the script's budget
 # (KILN_DEVICE_BUDGET_S, 540 s by default), and a failed or skipped step does not stop the later
-# ones. KILN_DEVICE_ONLY="counters" (a list of: tests counters bench attention dist) runs only those
+# ones. A step that runs out of time is first looked at (stalls.log: each thread's state, CPU time
+# and kernel wait channel twice, 2 s apart, the GPU's utilisation, and gdb's backtraces where gdb
+# exists), then stopped. KILN_DEVICE_ONLY="counters" (a list of: tests counters bench attention dist) runs only those
 # steps after the build, and builds only what they run.
 #
 # The build: on the GPU machine itself (a few minutes of its 16 cores), or none where .deps/prebuilt
@@ -58,7 +62,9 @@ summary() {
   grep -E "^(== |All tests passed|test cases:|assertions:|device_check:|FAILED|.*: FAILED:)" "$out/tests.log" \
     "$out/counters.log" 2>/dev/null
   grep -h "^device_check: exit status" "$log" 2>/dev/null
-  grep -hE "^(\||counters:|# |peak:|roofline)" "$out/profile_100m.md" "$out/profile_1b.md" 2>/dev/null
+  grep -hE "(copy|matmul): |small kernels in " "$out/counters.log" 2>/dev/null | sort -u
+  grep -hE "^(\||counters:|# |peak:|roofline|kiln-profile: cutoff_len)" "$out"/profile_*.md 2>/dev/null
+  grep -hE "^== |^stall:" "$out/stalls.log" 2>/dev/null | head -n 60
   cat "$out/bench.md" 2>/dev/null
   if grep -q "^## kiln" "$out/bench_attention.md" 2>/dev/null; then
     grep -h "^WARNING: T=" "$out/bench_attention.md"
@@ -87,7 +93,36 @@ limit() {
   ((left < 0)) && left=0
   echo $((left < $1 ? left : $1))
 }
-# Runs "$@" under timeout with limit $1 (seconds), or records that no time was left for it.
+# What a process that ran out of time is doing (stalls.log): per thread of it and of its children,
+# state, user and system CPU ticks and wait channel, twice 2 s apart (growing ticks: busy; the
+# same: blocked, the wait channel says on what); the GPU's utilisation; gdb's backtraces if any.
+diagnose() {
+  local pid=$1 p t round
+  shift
+  {
+    echo "== stall after ${SECONDS}s: $*"
+    for round in 1 2; do
+      for p in $pid $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+        for t in /proc/"$p"/task/*; do
+          [[ -r "$t/stat" ]] || continue
+          # stat: pid (comm) state ... utime(14) stime(15); comm may hold spaces, so cut after ')'.
+          echo "stall: round $round pid $p tid ${t##*/} $(cut -d')' -f1 "$t/stat" | cut -d'(' -f2)" \
+            "$(cut -d')' -f2- "$t/stat" | awk '{print "state", $1, "utime", $12, "stime", $13}')" \
+            "wchan $(cat "$t/wchan" 2>/dev/null)"
+        done
+      done
+      ((round == 1)) && sleep 2
+    done
+    nvidia-smi --query-gpu=utilization.gpu,utilization.memory,memory.used,power.draw --format=csv 2>&1 | sed 's/^/stall: /'
+    if command -v gdb >/dev/null; then
+      timeout 30 gdb -p "$pid" -batch -ex "thread apply all bt 12" 2>&1 | grep -E "^(Thread|#)" | head -n 200
+    else
+      echo "stall: no gdb here for backtraces"
+    fi
+  } >>"$out/stalls.log" 2>&1
+}
+# Runs "$@" with limit $1 (seconds), or records that no time was left for it. Past the limit the
+# process is diagnosed, then sent SIGTERM, and SIGKILL 5 s later.
 step() {
   local secs
   secs="$(limit "$1")"
@@ -96,8 +131,23 @@ step() {
     echo "device_check: no time left for: $*" | tee -a "$log"
     return 124
   fi
-  timeout "$secs" "$@"
-  local rc=$?
+  "$@" &
+  local pid=$! waited=0 rc
+  while kill -0 "$pid" 2>/dev/null && ((waited < secs)); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    diagnose "$pid" "$@"
+    kill -TERM "$pid" 2>/dev/null
+    sleep 5
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rc=124
+  else
+    wait "$pid"
+    rc=$?
+  fi
   # A program that dies by a signal leaves no message of its own: say how each step ended.
   if ((rc == 124)); then
     echo "device_check: exit status 124 (timed out after ${secs}s): $*" | tee -a "$log" >&2
@@ -196,19 +246,34 @@ if want tests && [[ -x "$build/tests/kiln_tests" ]]; then
     status=1
 fi
 
-# 3. hardware counters: the [counters] tests (-s: their figures), then kiln-profile --counters over
-# the 100M and 1B sweeps (3 timed steps each, then as many under the counters).
+# 3. hardware counters: the [counters] tests (their figures as warnings), kiln-profile on the tiny
+# preset three ways (one range; per kernel, kernel replay; per kernel, user replay: what a counted
+# step costs each way), then the 100M point without counters and the 100M and 1B sweeps (3 timed
+# steps each, then 1 counted). Each
+# kiln-profile logs its phases' times on stderr (into its .md) as they end.
 if want counters && [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [counters] tests" >"$out/counters.log"
-  step 60 "$build/tests/kiln_tests" "[counters]" -s >>"$out/counters.log" 2>&1 || status=1
+  step 90 "$build/tests/kiln_tests" "[counters]" -s >>"$out/counters.log" 2>&1 || status=1
 fi
 if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
-  step 90 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
-    --steps 3 --warmup 2 --device cuda --counters --format md,json --output "$out/profile_100m_out" \
-    >"$out/profile_100m.md" 2>&1 || status=1
-  step 120 "$build/bin/kiln-profile" --config "$root/configs/profile/llama-3.2-1b.yaml" --steps 3 --warmup 1 \
-    --device cuda --counters --format md,json --output "$out/profile_1b_out" >"$out/profile_1b.md" 2>&1 || status=1
-  for name in 100m 1b; do
+  tiny=("$build/bin/kiln-profile" --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1
+    --device cuda --counter-steps 1 --format md,json)
+  step 45 "${tiny[@]}" --counters --output "$out/profile_tiny_out" >"$out/profile_tiny.md" 2>&1 || status=1
+  step 45 "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyk_out" >"$out/profile_tinyk.md" 2>&1 ||
+    status=1
+  step 45 env KILN_CUPTI_REPLAY=user "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyu_out" \
+    >"$out/profile_tinyu.md" 2>&1 || status=1
+  # llama-100m without counters first: the timed steps alone, to set beside the counted run's.
+  step 60 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
+    --steps 3 --warmup 2 --device cuda --format md,json --output "$out/profile_100m_plain_out" \
+    >"$out/profile_100m_plain.md" 2>&1 || status=1
+  step 120 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
+    --steps 3 --warmup 2 --device cuda --counters --counter-steps 1 --format md,json \
+    --output "$out/profile_100m_out" >"$out/profile_100m.md" 2>&1 || status=1
+  step 150 "$build/bin/kiln-profile" --config "$root/configs/profile/llama-3.2-1b.yaml" --steps 3 --warmup 1 \
+    --device cuda --counters --counter-steps 1 --format md,json --output "$out/profile_1b_out" \
+    >"$out/profile_1b.md" 2>&1 || status=1
+  for name in tiny tinyk tinyu 100m_plain 100m 1b; do
     cp "$out/profile_${name}_out/profile.json" "$out/profile_${name}.json" 2>/dev/null
     rm -rf "$out/profile_${name}_out"
   done
