@@ -94,12 +94,16 @@ bool use_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 }
 }  // namespace
 
-FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const FlashAttentionParams& p) {
+namespace {
+// `kernel`: the CUDA kernels (use_kernel's answer), else the blocked ATen reference.
+FlashForward forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashAttentionParams& p,
+                          bool kernel) {
   const Shape sh = check(q, k, v, p);
   const double scale = scale_of(p, sh.d);
 #ifdef KILN_WITH_CUDA
-  if (use_kernel(q, k, v, p)) return flash_forward_cuda(q, k, v, p, scale);
+  if (kernel) return flash_forward_cuda(q, k, v, p, scale);
+#else
+  (void)kernel;
 #endif
   const at::ScalarType acc = at::promote_types(q.scalar_type(), at::kFloat);
   const at::Tensor q5 = q.view({sh.b, sh.hkv, sh.g, sh.t, sh.d});
@@ -128,15 +132,17 @@ FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, c
   return {out.view({sh.b, sh.hq, sh.t, sh.d}), lse.view({sh.b, sh.hq, sh.t})};
 }
 
-FlashGrads flash_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const FlashForward& fwd, const at::Tensor& dout, const FlashAttentionParams& p) {
+FlashGrads backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlashForward& fwd,
+                         const at::Tensor& dout, const FlashAttentionParams& p, bool kernel) {
   const Shape sh = check(q, k, v, p);
   const double scale = scale_of(p, sh.d);
 #ifdef KILN_WITH_CUDA
-  if (use_kernel(q, k, v, p)) {
+  if (kernel) {
     return flash_backward_cuda(q, k, v, fwd, dout, p, scale,
                                p.deterministic || at::globalContext().deterministicAlgorithms());
   }
+#else
+  (void)kernel;
 #endif
   const at::ScalarType acc = at::promote_types(q.scalar_type(), at::kFloat);
   const at::Tensor q5 = q.view({sh.b, sh.hkv, sh.g, sh.t, sh.d});
@@ -167,6 +173,17 @@ FlashGrads flash_attention_backward(const at::Tensor& q, const at::Tensor& k, co
   }
   return {dq.view({sh.b, sh.hq, sh.t, sh.d}).to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
 }
+}  // namespace
+
+FlashForward flash_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const FlashAttentionParams& p) {
+  return forward_impl(q, k, v, p, use_kernel(q, k, v, p));
+}
+
+FlashGrads flash_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const FlashForward& fwd, const at::Tensor& dout, const FlashAttentionParams& p) {
+  return backward_impl(q, k, v, fwd, dout, p, use_kernel(q, k, v, p));
+}
 
 namespace {
 
@@ -180,7 +197,11 @@ struct FlashAttentionFunction : public torch::autograd::Function<FlashAttentionF
                             std::optional<at::Tensor> segment_ids, double scale, bool causal, int64_t block_q,
                             int64_t block_k, bool deterministic) {
     const FlashAttentionParams p{scale, causal, segment_ids.value_or(at::Tensor()), block_q, block_k, deterministic};
-    FlashForward f = flash_attention_forward(q, k, v, p);
+    // Decided here, where the caller's BackendScope holds: backward follows it (autograd may run
+    // backward on its device thread, which sees only the process-wide setting).
+    const bool kernel = use_kernel(q, k, v, p);
+    FlashForward f = forward_impl(q, k, v, p, kernel);
+    ctx->saved_data["kernel"] = kernel;
     ctx->save_for_backward({q, k, v, f.out, f.lse});
     ctx->saved_data["segment_ids"] = segment_ids;
     ctx->saved_data["scale"] = scale;
@@ -200,7 +221,7 @@ struct FlashAttentionFunction : public torch::autograd::Function<FlashAttentionF
                                  ctx->saved_data["block_q"].toInt(),
                                  ctx->saved_data["block_k"].toInt(),
                                  ctx->saved_data["deterministic"].toBool()};
-    const FlashGrads g = flash_attention_backward(s[0], s[1], s[2], {s[3], s[4]}, grads[0], p);
+    const FlashGrads g = backward_impl(s[0], s[1], s[2], {s[3], s[4]}, grads[0], p, ctx->saved_data["kernel"].toBool());
     return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
