@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     ("grads", "forward: also write every parameter's gradient of the loss")
     ("fused-loss", "forward: the trainer's loss (chunked linear + cross-entropy; no logits written)")
     ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>()->default_value(""))
-    ("kernels", "forward: ops backends as kiln-pretrain's key, e.g. kiln,linear=aten", cxxopts::value<std::string>()->default_value("kiln"))
+    ("kernels", "forward: ops backends as kiln-pretrain's key, e.g. kiln,linear=aten", cxxopts::value<std::string>()->default_value(kiln::ops::kDefaultKernels))
     ("steps", "train: AdamW steps on the batch", cxxopts::value<int64_t>()->default_value("3"))
     ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))
     ("seed", "init: weight seed", cxxopts::value<uint64_t>()->default_value("0"))

@@ -108,7 +108,7 @@ int explain(const cxxopts::ParseResult& args) {
   o.batch = one_value(args, "batch-size", std::nullopt);
   o.grad_accum = one_value(args, "grad-accum", 1);
   if (args.count("dtype")) o.dtype = args["dtype"].as<std::string>();
-  const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : "kiln";
+  const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : kiln::ops::kDefaultKernels;
   if (args.count("world-size")) o.world_size = args["world-size"].as<int>();
   if (args.count("zero-stage")) o.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
   if (args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy")) {
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
     ("batch-size", "comma-separated per-device batch sizes", cxxopts::value<std::string>())
     ("grad-accum", "comma-separated gradient_accumulation_steps", cxxopts::value<std::string>())
     ("dtype", "bf16 | fp16 | fp32 compute (parameters stay fp32)", cxxopts::value<std::string>())
-    ("kernels", "ops backends as kiln-pretrain's key: kiln (default), aten, or per op, e.g. kiln,linear_ce=aten", cxxopts::value<std::string>())
+    ("kernels", "ops backends as kiln-pretrain's key: kiln,attention=aten (default: kiln's kernels, SDPA's attention), kiln (every op, kiln's flash attention too), aten, or per op, e.g. kiln,linear_ce=aten", cxxopts::value<std::string>())
     ("steps", "timed steps per point", cxxopts::value<int64_t>())
     ("warmup", "untimed steps before them", cxxopts::value<int64_t>())
     ("device", "auto | cpu | cuda (--explain: cpu takes this CPU's theoretical peak and measured bandwidth)", cxxopts::value<std::string>())

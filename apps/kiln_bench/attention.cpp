@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/ops/flash_attention.h"
 
 namespace kiln::bench {
@@ -72,6 +73,8 @@ std::vector<AttentionImpl> attention_impls(bool cuda, bool gqa) {
   std::vector<AttentionImpl> impls;
   impls.push_back({"kiln",
                    [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                     // kiln's kernels whatever the process-wide default (attention=aten: SDPA).
+                     const kiln::ops::BackendScope kiln_kernels("kiln");
                      return kiln::ops::flash_attention(q, k, v, {.causal = true});
                    },
                    false});

@@ -1,9 +1,13 @@
 // The backend spec string of ops/dispatch.h: its documented grammar, checked item by item.
+#include <string>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "kiln/cost/plan.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/profile/sweep.h"
+#include "kiln/train/pretrain_config.h"
 #include "support.h"
 
 using kiln::ops::Backend;
@@ -19,11 +23,34 @@ TEST_CASE("backend specs set a default and per-op overrides", "[ops][dispatch]")
   kiln::ops::set_backends("kiln,attention=aten");
   CHECK(kiln::ops::backend(Op::kAttention) == Backend::kAten);
   CHECK(kiln::ops::backend(Op::kRmsNorm) == Backend::kKiln);
-  kiln::ops::set_backends("swiglu=aten");  // no bare item: the default is kiln
+  kiln::ops::set_backends("swiglu=aten");  // no bare item: on top of the default (kDefaultKernels)
   CHECK(kiln::ops::backend(Op::kSwiGlu) == Backend::kAten);
   CHECK(kiln::ops::backend(Op::kRope) == Backend::kKiln);
+  CHECK(kiln::ops::backend(Op::kAttention) == Backend::kAten);
+  CHECK(kiln::ops::backends_spec() == "kiln,swiglu=aten,attention=aten");
+  kiln::ops::set_backends("attention=kiln");
+  CHECK(kiln::ops::backend(Op::kAttention) == Backend::kKiln);
   kiln::ops::set_backend(Backend::kKiln);  // clears overrides
   CHECK(kiln::ops::backends_spec() == "kiln");
+  CHECK(kiln::ops::backend(Op::kAttention) == Backend::kKiln);  // a bare "kiln": every op, attention too
+}
+
+TEST_CASE("the default kernels: kiln's everywhere but attention, which is SDPA until kiln's pays", "[ops][dispatch]") {
+  CHECK(std::string(kiln::ops::kDefaultKernels) == "kiln,attention=aten");
+  for (int i = 0; i < static_cast<int>(Op::kCount); ++i) {
+    const auto op = static_cast<Op>(i);
+    CAPTURE(kiln::ops::op_name(op));
+    const Backend want = op == Op::kAttention ? Backend::kAten : Backend::kKiln;
+    CHECK(kiln::ops::backend_in_spec(kiln::ops::kDefaultKernels, op) == want);
+    CHECK(kiln::ops::backend_in_spec("rope=kiln", op) == want);  // no bare item: the default's choices
+    CHECK(kiln::ops::backend_in_spec("kiln", op) == Backend::kKiln);
+    const kiln::ops::BackendScope scope(kiln::ops::kDefaultKernels);
+    CHECK(kiln::ops::backend(op) == want);
+  }
+  // The programs' defaults are this spec (kiln-profile's, kiln-pretrain's, the planner's string).
+  CHECK(kiln::train::PretrainConfig{}.kernels == kiln::ops::kDefaultKernels);
+  CHECK(kiln::profile::SweepConfig{}.kernels == kiln::ops::kDefaultKernels);
+  CHECK(kiln::cost::PlanConfig{}.kernels == kiln::ops::kDefaultKernels);
 }
 
 TEST_CASE("bad backend specs are rejected and change nothing", "[ops][dispatch]") {

@@ -240,6 +240,40 @@ TEST_CASE("flash-attention CUDA kernels: deterministic backward, segment masks, 
       CHECK(max_abs_diff(got.dv, ref.dv) <= 2 * max_abs_diff(same.dv, ref.dv) + 2e-3);
     }
   }
+  SECTION("the default kernels run SDPA's attention; attention=kiln the kernel") {
+    kiln::ops::set_backends(kiln::ops::kDefaultKernels);
+    const at::Tensor sdpa = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                                             /*enable_gqa=*/true);
+    CHECK(at::equal(kiln::ops::attention(q, k, v), sdpa));
+    kiln::ops::set_backends("attention=kiln");
+    const at::Tensor kernel = kiln::ops::attention(q, k, v);
+    CHECK(at::equal(kernel, kiln::ops::flash_attention(q, k, v, {})));
+    CHECK_FALSE(at::equal(kernel, sdpa));  // two computations: the check above cannot pass by accident
+
+    // Backward follows the forward's choice: the kernel's forward under a scope, its backward
+    // outside it (where autograd's device thread sees only the process-wide attention=aten).
+    kiln::ops::set_backends(kiln::ops::kDefaultKernels);
+    const FlashAttentionParams det{.deterministic = true};
+    const at::Tensor ql = q.detach().requires_grad_(), kl = k.detach().requires_grad_(),
+                     vl = v.detach().requires_grad_();
+    at::Tensor out;
+    {
+      const kiln::ops::BackendScope scope("kiln");
+      out = kiln::ops::flash_attention(ql, kl, vl, det);
+    }
+    const auto grads = torch::autograd::grad({(out * w.to(out.scalar_type())).sum()}, {ql, kl, vl});
+    kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+    const GpuResult all_kiln =
+        run_with_grads(q, k, v, w, [&](auto& a, auto& b, auto& c) { return kiln::ops::flash_attention(a, b, c, det); });
+    CHECK(at::equal(grads[0], all_kiln.dq));
+    CHECK(at::equal(grads[1], all_kiln.dk));
+    CHECK(at::equal(grads[2], all_kiln.dv));
+    kiln::ops::set_backend(kiln::ops::Backend::kAten);
+    const GpuResult reference =
+        run_with_grads(q, k, v, w, [&](auto& a, auto& b, auto& c) { return kiln::ops::flash_attention(a, b, c, det); });
+    kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+    CHECK_FALSE(at::equal(grads[0], reference.dq));  // the blocked ATen backward would differ
+  }
   SECTION("ops::attention runs the kernel on the GPU, under autocast too, and the decode shape") {
     const at::Tensor want = kiln::ops::flash_attention(q, k, v, {});
     CHECK(at::equal(kiln::ops::attention(q, k, v), want));

@@ -20,22 +20,31 @@ namespace {
 // Logs which implementation ops::attention picked, once per distinct choice (path, dtype,
 // head_dim, heads, device), so a run's log says what its attention ran on without a line per
 // call. Called per layer per step: the key is a tuple, the message is formatted only when new.
-void log_choice(bool kernel, const at::Tensor& q, const at::Tensor& k) {
-  using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int>;
+enum class Choice { kKernel, kNotApplicable, kNotChosen };
+void log_choice(Choice choice, const at::Tensor& q, const at::Tensor& k) {
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int>;
   static std::mutex mutex;
   static std::set<Key> logged;
-  const Key key{kernel, static_cast<int>(q.scalar_type()), q.size(3), q.size(1), k.size(1), q.device().index()};
+  const Key key{static_cast<int>(choice), static_cast<int>(q.scalar_type()), q.size(3), q.size(1), k.size(1),
+                q.device().index()};
   {
     const std::lock_guard<std::mutex> lock(mutex);
     if (!logged.insert(key).second) return;
   }
   const std::string what = fmt::format("{}, head_dim {}, {} query / {} KV heads, {}", c10::toString(q.scalar_type()),
                                        q.size(3), q.size(1), k.size(1), q.device().str());
-  if (kernel) {
+  if (choice == Choice::kKernel) {
     kiln::logger()->info("kiln attention: kiln flash-attention kernels ({})", what);
+  } else if (choice == Choice::kNotChosen) {
+    kiln::logger()->info(
+        "kiln attention: ATen SDPA, the default; kiln's flash-attention kernels are opt-in (kernels: "
+        "kiln,attention=kiln) ({})",
+        what);
   } else {
-    kiln::logger()->info("kiln attention: ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ ({})",
-                         what);
+    kiln::logger()->info(
+        "kiln attention: ATen SDPA; kiln's kernels need bf16/fp16, head_dim 64/128 and sm_80+ (sm_70: fp16, "
+        "head_dim 64) ({})",
+        what);
   }
 }
 
@@ -66,10 +75,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const FlashAttentionParams fp{
         .scale = options.scale.value_or(0.0), .causal = options.causal, .segment_ids = options.segment_ids};
     if (flash_attention_kernel_applies(qk, kk, vk, fp)) {
-      log_choice(true, qk, kk);
+      log_choice(Choice::kKernel, qk, kk);
       return flash_attention(qk, kk, vk, fp);
     }
-    log_choice(false, qk, kk);
+    log_choice(Choice::kNotApplicable, qk, kk);
+  } else if (q.is_cuda()) {
+    log_choice(Choice::kNotChosen, q, k);
   }
   const bool gqa = q.size(1) != k.size(1);
   const int64_t t = q.size(2), s = k.size(2);

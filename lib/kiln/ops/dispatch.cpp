@@ -13,7 +13,17 @@ constexpr int kNumOps = static_cast<int>(Op::kCount);
 constexpr int kNoOverride = -1;
 
 std::atomic<Backend> g_backend{Backend::kKiln};
-std::array<std::atomic<int>, kNumOps> g_override{};  // kNoOverride or a Backend
+// Per op kNoOverride or a Backend; at start kDefaultKernels' (attention: ATen). (A zeroed array
+// would read as kKiln overrides: 0 is Backend::kKiln.)
+struct Overrides {
+  std::array<std::atomic<int>, kNumOps> op;
+  Overrides() {
+    for (auto& o : op) o.store(kNoOverride);
+    op[static_cast<int>(Op::kAttention)].store(static_cast<int>(Backend::kAten));
+  }
+};
+Overrides g_overrides;
+std::array<std::atomic<int>, kNumOps>& g_override = g_overrides.op;
 
 struct Parsed {
   std::optional<Backend> all;
@@ -50,6 +60,12 @@ Parsed parse_spec(const std::string& spec) {
     first = false;
   }
   if (!any) throw std::invalid_argument("kernels: empty backend spec");
+  if (!parsed.all) {
+    // No bare item: the items apply on top of the default spec (its overrides where not given).
+    parsed.all = Backend::kKiln;
+    const int attention = static_cast<int>(Op::kAttention);
+    if (parsed.per_op[attention] == kNoOverride) parsed.per_op[attention] = static_cast<int>(Backend::kAten);
+  }
   return parsed;
 }
 

@@ -7,7 +7,8 @@
 //
 // The choice is written as one string (config key `kernels`, CLI `--kernels`): "kiln", "aten",
 // or a comma list whose first item may be the default and whose other items are op=backend,
-// e.g. "kiln,rope=aten" or "aten,linear_ce=kiln". It lives in two places:
+// e.g. "kiln,rope=aten" or "aten,linear_ce=kiln". A bare first item sets every op; without one
+// the items apply on top of kDefaultKernels. It lives in two places:
 //   - a process-wide setting (set_backend / set_backends), what programs and tests use;
 //   - a BackendScope, which overrides it for the current thread while it lives. A Trainer runs
 //     its forward, backward and evaluation inside one, so two trainers in one process (two
@@ -25,6 +26,13 @@ enum class Backend { kKiln, kAten };
 
 // The ops with a kiln implementation; names as in the spec string.
 enum class Op { kRmsNorm, kRope, kSwiGlu, kLinearCrossEntropy, kAttention, kLinear, kCount };
+
+// What runs when nothing is chosen (the process-wide setting at start, the programs' `kernels`
+// default): kiln's implementation of every op except attention, which is ATen's SDPA (its
+// flash / cuDNN / memory-efficient backends). kiln's flash-attention kernels ran at 0.07-0.14x
+// SDPA flash's TFLOP/s forward and 0.18-0.42x backward on an H200 (docs/attention.md), so they
+// are opt-in ("kiln" or "...,attention=kiln") until they pay.
+inline constexpr const char* kDefaultKernels = "kiln,attention=aten";
 
 // Sets the default for every op and clears per-op overrides.
 void set_backend(Backend backend);

@@ -29,6 +29,7 @@
 #include "kiln/cost/memory.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
+#include "kiln/ops/dispatch.h"
 #include "kiln/profile/component_times.h"
 #include "kiln/profile/counters.h"
 
@@ -49,12 +50,12 @@ struct SweepConfig {
   // With it: full (layers 0, n, 2n, ... as gradient_checkpointing_every says: 1 = all), every_n
   // (the same) or selective (matmul outputs kept, element-wise parts recomputed; ignores every).
   std::string gradient_checkpointing_policy = "full";
-  int64_t gradient_checkpointing_every = 1;  // with it: recompute layers 0, n, 2n, ... (1 = all)
-  std::string attention = "sdpa";            // recorded for the memory model (kiln uses SDPA)
-  std::string kernels = "kiln";              // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
-  double peak_tflops = 0;                    // > 0 overrides the device table / CPU measurement
-  int64_t memory_cap_bytes = 0;              // > 0: allocations past it fail as out-of-memory
-  std::string task = "pretrain";             // the table's first column
+  int64_t gradient_checkpointing_every = 1;    // with it: recompute layers 0, n, 2n, ... (1 = all)
+  std::string attention = "sdpa";              // recorded for the memory model (kiln uses SDPA)
+  std::string kernels = ops::kDefaultKernels;  // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
+  double peak_tflops = 0;                      // > 0 overrides the device table / CPU measurement
+  int64_t memory_cap_bytes = 0;                // > 0: allocations past it fail as out-of-memory
+  std::string task = "pretrain";               // the table's first column
   std::vector<std::string> formats{"md", "csv", "json", "html"};
   std::string output_dir = "profile";
   // Non-empty: after the timed steps of each point, `steps` more steps run under LibTorch's

@@ -87,8 +87,10 @@ struct KILN_API PretrainConfig {
   int checkpoint_every() const;
   // gradient_checkpointing with policy selective.
   bool selective_recomputation() const;
-  std::string device = "auto";      // auto (cuda if available), cpu, cuda
-  std::string kernels = "kiln";     // kiln, aten, or per op: "kiln,rope=aten" (ops/dispatch.h)
+  std::string device = "auto";  // auto (cuda if available), cpu, cuda
+  // kiln, aten, or per op: "kiln,rope=aten"; the default is ops::kDefaultKernels (ops/dispatch.h,
+  // not an installed header; tests/ops/test_dispatch.cpp checks the two agree).
+  std::string kernels = "kiln,attention=aten";
   std::string nan_policy = "stop";  // stop or skip: what a non-finite loss does
   // HF's full_determinism: PyTorch's deterministic algorithms (warn-only for ops without one),
   // which also selects the flash-attention kernels' deterministic backward, and cuBLAS's
