@@ -258,13 +258,13 @@ fi
 if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
   tiny=("$build/bin/kiln-profile" --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1
     --device cuda --counter-steps 1 --format md,json)
-  step 45 "${tiny[@]}" --counters --output "$out/profile_tiny_out" >"$out/profile_tiny.md" 2>&1 || status=1
-  step 45 "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyk_out" >"$out/profile_tinyk.md" 2>&1 ||
+  step 30 "${tiny[@]}" --counters --output "$out/profile_tiny_out" >"$out/profile_tiny.md" 2>&1 || status=1
+  step 30 "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyk_out" >"$out/profile_tinyk.md" 2>&1 ||
     status=1
-  step 45 env KILN_CUPTI_REPLAY=user "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyu_out" \
+  step 30 env KILN_CUPTI_REPLAY=user "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyu_out" \
     >"$out/profile_tinyu.md" 2>&1 || status=1
   # llama-100m without counters first: the timed steps alone, to set beside the counted run's.
-  step 60 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
+  step 45 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
     --steps 3 --warmup 2 --device cuda --format md,json --output "$out/profile_100m_plain_out" \
     >"$out/profile_100m_plain.md" 2>&1 || status=1
   step 120 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
