@@ -212,6 +212,14 @@ TEST_CASE("full_determinism turns on PyTorch's deterministic algorithms and cuBL
     CHECK(at::globalContext().deterministicAlgorithmsWarnOnly());
   }
   at::globalContext().setDeterministicAlgorithms(before, warn_before);
+  // The default kernels run SDPA's attention, whose fused backwards are not deterministic in
+  // warn-only mode: under full_determinism the trainer takes kiln's kernels (a deterministic
+  // backward) unless the spec was written otherwise.
+  using kiln::train::trainer_kernels;
+  CHECK(trainer_kernels(kiln::ops::kDefaultKernels, true) == "kiln");
+  CHECK(trainer_kernels(kiln::ops::kDefaultKernels, false) == kiln::ops::kDefaultKernels);
+  CHECK(trainer_kernels("aten", true) == "aten");
+  CHECK(trainer_kernels("kiln,rope=aten", true) == "kiln,rope=aten");
   // cuBLAS's fixed workspace is a process setting: the program's (kiln-pretrain's) to set, never
   // the library's; a user's own value wins.
   const char* saved = std::getenv("CUBLAS_WORKSPACE_CONFIG");

@@ -6,6 +6,10 @@
 
 namespace kiln::train {
 
+std::string trainer_kernels(const std::string& kernels, bool full_determinism) {
+  return full_determinism && kernels == ops::kDefaultKernels ? "kiln" : kernels;
+}
+
 cost::KernelChoices kernel_choices(const std::string& kernels, int compute_bytes, bool cuda) {
   auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(kernels, op) == ops::Backend::kKiln; };
   // compute_bytes 2 is taken as bf16 (the rules differ between bf16 and fp16 only on the CPU,

@@ -14,4 +14,10 @@ namespace kiln::train {
 // 2 (bf16/fp16 autocast) or 4 (fp32); `cuda`: the step runs on a GPU.
 cost::KernelChoices kernel_choices(const std::string& kernels, int compute_bytes, bool cuda);
 
+// The spec a trainer runs: `kernels`, except that under full_determinism the default spec
+// (ops::kDefaultKernels, SDPA's attention) becomes "kiln": SDPA's flash and memory-efficient
+// backwards are not deterministic under PyTorch's warn-only deterministic mode, kiln's flash
+// kernels have a deterministic backward. A spec the user wrote otherwise is kept as written.
+std::string trainer_kernels(const std::string& kernels, bool full_determinism);
+
 }  // namespace kiln::train

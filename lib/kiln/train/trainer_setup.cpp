@@ -56,6 +56,13 @@ void Trainer::init() {
           "may not be deterministic (kiln::set_cublas_deterministic_workspace() sets it before the first tensor)");
     }
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    if (const std::string k = trainer_kernels(config_.kernels, true); k != config_.kernels) {
+      logger()->info(
+          "kiln-pretrain: full_determinism: kernels {} instead of the default {}: kiln's flash-attention kernels "
+          "have a deterministic backward, SDPA's fused ones do not under warn-only determinism",
+          k, config_.kernels);
+      config_.kernels = k;
+    }
   }
   if (config_.device == "cuda" && !torch::cuda::is_available()) {
     throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
