@@ -175,9 +175,10 @@ int explain(const cxxopts::ParseResult& args) {
   fmt::print("Ops: RMSNorm {}, SwiGLU {}, RoPE {}, attention {}, loss head {}.\n",
              o.kernels.fused_rmsnorm ? "kiln kernel" : "ATen composition",
              o.kernels.fused_swiglu ? "kiln kernel" : "ATen composition",
-             o.fused_rope && !autocast ? "kiln kernel (in place)"
-             : autocast                ? "ATen composition (bf16/fp16 q, k with fp32 tables: ops/rope.cpp)"
-                                       : "ATen composition",
+             o.fused_rope && !autocast                        ? "kiln kernel (in place)"
+             : o.fused_rope && autocast && o.mixed_rope_fused ? "kiln mixed-dtype kernel (bf16/fp16 q, k into fp32)"
+             : autocast ? "ATen composition (bf16/fp16 q, k with fp32 tables: ops/rope.cpp)"
+                        : "ATen composition",
              o.attention == "flash" ? "kiln flash kernels" : "ATen SDPA (" + o.attention + ")",
              o.kernels.fused_loss_head ? "kiln chunked linear + cross-entropy" : "full logits (ATen)");
   fmt::print(

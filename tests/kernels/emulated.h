@@ -23,6 +23,7 @@ void launch_rmsnorm_fwd(const RmsNormFwdParams& params, Stream stream);
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
 void launch_rmsnorm_bwd(const RmsNormBwdParams& params, Stream stream);
 void launch_rope(const RopeParams& params, Stream stream);
+void launch_rope_mixed(const RopeMixedParams& params, Stream stream);
 void launch_swiglu_fwd(const SwiGluParams& params, Stream stream);
 void launch_swiglu_bwd(const SwiGluParams& params, Stream stream);
 void launch_cross_entropy_fwd_bwd(const CrossEntropyParams& params, Stream stream);

@@ -127,6 +127,53 @@ TEST_CASE("RoPE kernel (emulated) rotates a strided view in place, and its trans
   }
 }
 
+// Autocast's mixed form (bf16/fp16 q or k, fp32 tables): the kernel gives the bits of autograd
+// through the reference composition, forward (fp32 y) and backward (dx in x's dtype), per-sequence
+// and shared tables, out of a strided view into a strided result.
+TEST_CASE("RoPE mixed-dtype kernel (emulated) gives the reference's bits, forward and backward", "[ops][emulated]") {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (int64_t table_batch : {int64_t{2}, int64_t{1}}) {
+      CAPTURE(dtype, table_batch);
+      const int64_t b = 2, heads = 3, t = 7, d = 16;
+      const at::Tensor x = at::randn({b, t, heads, d}).to(dtype).transpose(1, 2);  // [B, H, T, D] strided
+      const at::Tensor dy = at::randn({b, heads, t, d});
+      const at::Tensor ang = at::rand({table_batch, t, 1}) * 100 * at::rand({d});
+      const at::Tensor cos = ang.cos().contiguous(), sin = ang.sin().contiguous();
+      // The reference: ATen's promotion forward, autograd's casts backward.
+      const at::Tensor leaf = x.detach().requires_grad_();
+      const at::Tensor y_ref = leaf * cos.unsqueeze(1) + rotate_half(leaf) * sin.unsqueeze(1);
+      REQUIRE(y_ref.scalar_type() == at::kFloat);
+      const at::Tensor dx_ref = torch::autograd::grad({y_ref}, {leaf}, {dy})[0];
+      REQUIRE(dx_ref.scalar_type() == dtype);
+
+      at::Tensor y = at::empty({b, t, heads, d}).transpose(1, 2), dx = at::empty({b, heads, t, d}, x.options());
+      kk::RopeMixedParams p;
+      p.cos = cos.data_ptr<float>();
+      p.sin = sin.data_ptr<float>();
+      p.batch = b;
+      p.heads = heads;
+      p.seq = t;
+      p.dim = d;
+      p.table_batched = table_batch == b;
+      p.dtype = dtype_of(dtype);
+      for (bool backward : {false, true}) {
+        const at::Tensor& src = backward ? dy : x;
+        at::Tensor& dst = backward ? dx : y;
+        p.src = src.data_ptr();
+        p.dst = dst.data_ptr();
+        for (int k = 0; k < 3; ++k) {
+          p.src_stride[k] = src.stride(k);
+          p.dst_stride[k] = dst.stride(k);
+        }
+        p.backward = backward;
+        kk::emulated::launch_rope_mixed(p, nullptr);
+      }
+      CHECK(at::equal(y, y_ref));
+      CHECK(at::equal(dx, dx_ref));
+    }
+  }
+}
+
 TEST_CASE("SwiGLU kernels (emulated) match autograd through silu(gate) * up", "[ops][emulated]") {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     for (int64_t n : {4096, 1001}) {

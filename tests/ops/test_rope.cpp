@@ -114,6 +114,32 @@ TEST_CASE("rope's CPU loop gives the ATen composition's bits in bf16, and stride
   CHECK(max_abs_diff(leaf.grad(), ref_leaf.grad()) == 0);
 }
 
+TEST_CASE("rope CUDA mixed-dtype kernel gives the reference's bits under autocast's dtypes", "[ops][rope][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  REQUIRE(kiln::ops::kernels_compiled());
+  at::manual_seed(33);
+  const int64_t head_dim = kiln::model::load_llama_config("tiny").resolved_head_dim();
+  // bf16/fp16 projections with fp32 tables: the reference promotes y to fp32 and rounds each term
+  // of dx to x's dtype; the kernel's __fmul_rn / __fadd_rn give the same bits as ATen's ops.
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (int64_t table_batch : {int64_t{2}, int64_t{1}}) {
+      const auto t32 = tables(true, table_batch, 37, at::kFloat, at::kCUDA);
+      const at::Tensor x = at::randn({2, 37, 3, head_dim}).to(dtype).cuda(),
+                       dy = at::randn({2, 3, 37, head_dim}).cuda();
+      const Grads want = run(x, t32, dy, 0);
+      REQUIRE(want.y.scalar_type() == at::kFloat);
+      REQUIRE(want.dx.scalar_type() == dtype);
+      for (int mode : {1, 2}) {
+        const Grads got = run(x, t32, dy, mode);
+        CAPTURE(dtype, table_batch, mode);
+        REQUIRE(got.y.scalar_type() == at::kFloat);
+        CHECK(at::equal(got.y, want.y));
+        CHECK(at::equal(got.dx, want.dx));
+      }
+    }
+  }
+}
+
 TEST_CASE("rope CUDA kernel matches the reference, forward and backward", "[ops][rope][cuda]") {
   REQUIRE(torch::cuda::is_available());
   REQUIRE(kiln::ops::kernels_compiled());

@@ -150,6 +150,12 @@ Passes rope_fused(double e, double nd) {
   return {other(3 * e, 4 * e + 8 * nd, 4 * e), other(3 * e, 8 * e + 8 * nd, 8 * e)};
 }
 
+// kiln's mixed-dtype RoPE under autocast (ops/rope.cpp's mixed Function) on e elements of xb bytes,
+// out of place: forward R x, cos, sin W y (fp32); backward R dy (fp32), cos, sin W dx (xb).
+Passes rope_mixed_fused(double e, double xb, double nd) {
+  return {other(3 * e, xb * e + 8 * nd, 4 * e), other(3 * e, 4 * e + 8 * nd, xb * e)};
+}
+
 struct AttentionShape {
   double n = 0, eq = 0, ekv = 0;  // tokens; q and k/v elements of a micro-batch (N q, N kv)
   double rows = 0;                // N x heads: rows of the log-sum-exp
@@ -312,10 +318,12 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   add_passes("v_proj", per_layer, kv_proj, kv_proj, true);
 
   // RoPE on q and k. The projections' outputs are c bytes; tables fp32.
-  const bool rope_kernel = o.fused_rope && !autocast;
+  const bool rope_kernel = o.fused_rope && !autocast, rope_mixed = o.fused_rope && o.mixed_rope_fused && autocast;
   Passes rope_kiln, rope_eager;
   for (const double e : {n * q, n * kv}) {
-    const Passes kp = rope_kernel ? rope_fused(e, nd) : rope_unfused(e, c, nd, !autocast);
+    const Passes kp = rope_kernel  ? rope_fused(e, nd)
+                      : rope_mixed ? rope_mixed_fused(e, c, nd)
+                                   : rope_unfused(e, c, nd, !autocast);
     const Passes ep = rope_unfused(e, c, nd, false);
     rope_kiln.fwd += kp.fwd, rope_kiln.bwd += kp.bwd, rope_eager.fwd += ep.fwd, rope_eager.bwd += ep.bwd;
   }

@@ -61,10 +61,12 @@ struct TrafficOptions {
   // kiln's fused ops (train/kernel_choices.h fills them: fused_rmsnorm, fused_swiglu,
   // fused_loss_head, loss_head_low_precision, loss_chunk_tokens).
   KernelChoices kernels;
-  // The spec runs RoPE with kiln's kernel. It rotates in place only when activations and tables
-  // share a dtype, i.e. in fp32; under autocast (bf16 projections, fp32 tables) the model's RoPE
-  // is ATen's composition either way (ops/rope.cpp, apply_rope_).
+  // The spec runs RoPE with kiln's kernel. It rotates in place when activations and tables share
+  // a dtype, i.e. in fp32. Under autocast (bf16/fp16 projections, fp32 tables) the result is fp32:
+  // with mixed_rope_fused kiln's mixed Function (ops/rope.cpp: the CUDA kernel in bf16 and fp16,
+  // the CPU loop in bf16) writes it in one pass, else ATen's composition.
   bool fused_rope = false;
+  bool mixed_rope_fused = false;
   // "flash": kiln's flash-attention kernels (kiln_attention_path); "sdpa": ATen's SDPA with a
   // fused backend (flash or memory-efficient: no T x T tensor); "math": SDPA's math backend
   // (scores and probabilities materialised in the compute dtype).

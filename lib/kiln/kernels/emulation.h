@@ -244,6 +244,15 @@ inline float __logf(float x) {
 inline float rsqrtf(float x) {
   return 1.f / std::sqrt(x);
 }
+// Rounded on their own, never contracted into an FMA (volatile keeps the host compiler from it).
+inline float __fmul_rn(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float s = a + b;
+  return s;
+}
 inline float atomicAdd(float* address, float value) {  // fibers never preempt one another
   const float old = *address;
   *address = old + value;

@@ -1,5 +1,6 @@
 // RoPE in place: one thread per (b, h, t, i < D/2) pair, reading x[i], x[i + D/2] and the table
-// entries once and writing both results. Forward keeps the reference's rounding
+// entries once and writing both results (and, out of place, autocast's mixed form: rope.cuh). Forward keeps the
+// reference's rounding
 //   y = T( float(T(x * cos)) + float(T(rotate_half(x) * sin)) )
 // and the backward applies the transposed rotation with the same rounding pattern.
 #ifndef KILN_CUDA_EMULATION
@@ -52,7 +53,59 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
   }
 }
 
+// The mixed form: one thread per pair, as rope_kernel. __fmul_rn / __fadd_rn keep each fp32
+// product and sum rounded on its own (no FMA contraction), as ATen's separate ops round them.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) rope_mixed_kernel(RopeMixedParams p) {
+  const int64_t half = p.dim / 2;
+  const int64_t total = p.batch * p.heads * p.seq * half;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; idx < total; idx += stride) {
+    const int64_t i = idx % half;
+    const int64_t t = (idx / half) % p.seq;
+    const int64_t h = (idx / (half * p.seq)) % p.heads;
+    const int64_t b = idx / (half * p.seq * p.heads);
+    const int64_t src = b * p.src_stride[0] + h * p.src_stride[1] + t * p.src_stride[2];
+    const int64_t dst = b * p.dst_stride[0] + h * p.dst_stride[1] + t * p.dst_stride[2];
+    const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
+    const float* c = p.cos + table;
+    const float* s = p.sin + table;
+    if (!p.backward) {
+      // y1 = x1 c1 + (-x2) s1, y2 = x2 c2 + x1 s2, in fp32
+      const T* x = static_cast<const T*>(p.src) + src;
+      float* y = static_cast<float*>(p.dst) + dst;
+      const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
+      y[i] = __fadd_rn(__fmul_rn(x1, c[i]), __fmul_rn(-x2, s[i]));
+      y[i + half] = __fadd_rn(__fmul_rn(x2, c[i + half]), __fmul_rn(x1, s[i + half]));
+    } else {
+      // dx1 = T(T(dy1 c1) + T(dy2 s2)), dx2 = T(T(dy2 c2) - T(dy1 s1))
+      const float* dy = static_cast<const float*>(p.src) + src;
+      T* dx = static_cast<T*>(p.dst) + dst;
+      const float d1 = dy[i], d2 = dy[i + half];
+      const float a1 = static_cast<float>(static_cast<T>(__fmul_rn(d1, c[i])));
+      const float b1 = static_cast<float>(static_cast<T>(__fmul_rn(d2, s[i + half])));
+      const float a2 = static_cast<float>(static_cast<T>(__fmul_rn(d2, c[i + half])));
+      const float b2 = static_cast<float>(static_cast<T>(__fmul_rn(d1, s[i])));
+      dx[i] = static_cast<T>(__fadd_rn(a1, b1));
+      dx[i + half] = static_cast<T>(__fadd_rn(a2, -b2));
+    }
+  }
+}
+
 }  // namespace
+
+void launch_rope_mixed(const RopeMixedParams& p, Stream stream) {
+  const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
+  if (total == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  if (p.dtype == DType::kFloat16) {
+    const auto kernel = rope_mixed_kernel<__half>;
+    KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
+  } else {
+    const auto kernel = rope_mixed_kernel<__nv_bfloat16>;
+    KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
+  }
+}
 
 void launch_rope(const RopeParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);

@@ -20,4 +20,24 @@ struct RopeParams {
 
 void launch_rope(const RopeParams& params, Stream stream);
 
+// Autocast's mixed form (bf16/fp16 projections, fp32 tables), out of place, as ATen's type
+// promotion and autograd compute the reference (ops/rope.cpp, kernels/cpu_loops.h):
+//   forward   y (fp32) = x * cos + rotate_half(x) * sin, each product rounded to fp32, then the sum;
+//   backward  dx (dtype) from an fp32 dy: each term's product rounded to dtype (autograd casts a
+//             term's gradient to x's dtype), then their sum rounded to dtype.
+struct RopeMixedParams {
+  const void* src = nullptr;   // forward: x (dtype); backward: dy (fp32). [B, H, T, D], unit stride on D
+  void* dst = nullptr;         // forward: y (fp32); backward: dx (dtype). [B, H, T, D], unit stride on D
+  const float* cos = nullptr;  // [Bc, T, D] contiguous, Bc = B or 1
+  const float* sin = nullptr;
+  int64_t batch = 0, heads = 0, seq = 0, dim = 0;
+  int64_t src_stride[3] = {0, 0, 0};  // b, h, t, in elements
+  int64_t dst_stride[3] = {0, 0, 0};
+  bool table_batched = false;
+  bool backward = false;
+  DType dtype = DType::kBFloat16;  // x's and dx's: kBFloat16 or kFloat16
+};
+
+void launch_rope_mixed(const RopeMixedParams& params, Stream stream);
+
 }  // namespace kiln::kernels

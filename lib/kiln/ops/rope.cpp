@@ -17,6 +17,10 @@ namespace kiln::ops {
 // ops/rope_cuda.cpp: rotates x in place (backward = the transposed rotation).
 void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward);
 bool rope_cuda_applies(const at::Tensor& x);
+// Autocast's mixed form (bf16/fp16 x, fp32 tables): src into dst, x's dtype `dtype`.
+bool rope_mixed_cuda_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void rope_mixed_cuda(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
+                     at::ScalarType dtype, bool backward);
 #endif
 
 namespace {
@@ -114,29 +118,50 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
-// Autocast's mixed case on the CPU (bf16 projections, fp32 tables): the reference promotes the
-// result to fp32, so this is not in place: a fresh fp32 y from the loop, and a bf16 dx with each
-// term rounded as autograd's casts round it (kernels/cpu_loops.h). The same bits as the reference.
+// Autocast's mixed case (bf16/fp16 projections, fp32 tables): the reference promotes the result
+// to fp32, so this is not in place: a fresh fp32 y, and a dx in x's dtype with each term rounded
+// as autograd's casts round it. On the CPU the loop of kernels/cpu_loops.h (bf16; the same bits
+// as the reference), on CUDA the kernel of kernels/rope.cu (bf16 and fp16).
 bool use_cpu_mixed_loop(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x.is_cpu() && x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kFloat &&
          sin.scalar_type() == at::kFloat && x.stride(3) == 1 && x.size(3) % 2 == 0;  // reads x only
+}
+bool use_mixed_function(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef KILN_WITH_CUDA
+  if (rope_mixed_cuda_applies(x, cos, sin)) return true;
+#endif
+  return use_cpu_mixed_loop(x, cos, sin);
 }
 
 struct RopeMixedFunction : public torch::autograd::Function<RopeMixedFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     at::Tensor y = at::empty_like(x, x.options().dtype(at::kFloat));  // x's layout, as the reference's
     if (y.stride(3) != 1) y = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->save_for_backward({cos, sin});
+#ifdef KILN_WITH_CUDA
+    if (x.is_cuda()) {
+      rope_mixed_cuda(x, y, cos, sin, x.scalar_type(), /*backward=*/false);
+      return y;
+    }
+#endif
     kernels::cpu::rope_bf16_to_fp32(reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
                                     y.mutable_data_ptr<float>(), cos.const_data_ptr<float>(),
                                     sin.const_data_ptr<float>(), shape_of(x, y, cos));
-    ctx->save_for_backward({cos, sin});
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     at::Tensor dy = grads[0].to(at::kFloat);
     if (dy.stride(3) != 1) dy = dy.contiguous();
-    at::Tensor dx = at::empty(dy.sizes(), dy.options().dtype(at::kBFloat16));
+    at::Tensor dx = at::empty(dy.sizes(), dy.options().dtype(dtype));
+#ifdef KILN_WITH_CUDA
+    if (dy.is_cuda()) {
+      rope_mixed_cuda(dy, dx, s[0], s[1], dtype, /*backward=*/true);
+      return {dx, at::Tensor(), at::Tensor()};
+    }
+#endif
     kernels::cpu::rope_backward_fp32_to_bf16(
         dy.const_data_ptr<float>(), reinterpret_cast<uint16_t*>(dx.mutable_data_ptr<at::BFloat16>()),
         s[0].const_data_ptr<float>(), s[1].const_data_ptr<float>(), shape_of(dy, dx, s[0]));
@@ -165,18 +190,18 @@ at::Tensor apply_rope_reference(const at::Tensor& x, const at::Tensor& cos, cons
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   check(x, cos, sin);
   if (backend(Op::kRope) == Backend::kAten) return apply_rope_reference(x, cos, sin);
-  if (use_cpu_mixed_loop(x, cos, sin)) return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
+  if (use_mixed_function(x, cos, sin)) return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
   if (cos.scalar_type() != x.scalar_type()) return apply_rope_reference(x, cos, sin);
   return RopeFunction::apply(x.clone(), cos.contiguous(), sin.contiguous());
 }
 
 at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   check(x, cos, sin);
-  // Tables of another dtype (fp32 tables with bf16 activations under autocast) promote the
+  // Tables of another dtype (fp32 tables with bf16/fp16 activations under autocast) promote the
   // result in the reference, which an in-place rotation cannot do: a fresh fp32 result then
-  // (the CPU's mixed loop, or the reference).
+  // (the mixed Function: the CPU's loop or the CUDA kernel; else the reference).
   if (cos.scalar_type() != x.scalar_type()) {
-    if (backend(Op::kRope) != Backend::kAten && use_cpu_mixed_loop(x, cos, sin)) {
+    if (backend(Op::kRope) != Backend::kAten && use_mixed_function(x, cos, sin)) {
       return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
     }
     return apply_rope_reference(x, cos, sin);

@@ -37,4 +37,37 @@ void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, boo
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+bool rope_mixed_cuda_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!x.is_cuda() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf) || x.stride(3) != 1) {
+    return false;
+  }
+  if (cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat) return false;
+  const KernelTarget& t = kernel_target(x.device());
+  return t.image && t.arch >= 70;
+}
+
+// src [B, H, T, D] into dst (both unit stride on D); cos, sin contiguous fp32.
+void rope_mixed_cuda(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin,
+                     at::ScalarType dtype, bool backward) {
+  const c10::cuda::CUDAGuard guard(src.device());
+  kernels::RopeMixedParams p;
+  p.src = src.const_data_ptr();
+  p.dst = dst.mutable_data_ptr();
+  p.cos = cos.const_data_ptr<float>();
+  p.sin = sin.const_data_ptr<float>();
+  p.batch = src.size(0);
+  p.heads = src.size(1);
+  p.seq = src.size(2);
+  p.dim = src.size(3);
+  for (int d = 0; d < 3; ++d) {
+    p.src_stride[d] = src.stride(d);
+    p.dst_stride[d] = dst.stride(d);
+  }
+  p.table_batched = cos.size(0) == src.size(0) && src.size(0) > 1;
+  p.backward = backward;
+  p.dtype = kernel_dtype(dtype);
+  kernels::launch_rope_mixed(p, at::cuda::getCurrentCUDAStream().stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace kiln::ops

@@ -202,6 +202,8 @@ void set_traffic_kernels(cost::TrafficOptions& o, const std::string& kernels, bo
   using ops::Backend, ops::Op;
   o.kernels = train::kernel_choices(kernels, o.dtype == "fp32" ? 4 : 2, cuda);
   o.fused_rope = ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
+  // Under autocast the mixed Function: CUDA's kernel (bf16, fp16), the CPU's loop (bf16 only).
+  o.mixed_rope_fused = cuda || o.dtype == "bf16";
   const bool kiln_attention = ops::backend_in_spec(kernels, Op::kAttention) == Backend::kKiln;
   // kiln's flash kernels are CUDA kernels; on the CPU (and on a GPU the table does not know)
   // attention is ATen's SDPA with a fused backend: no T x T tensor.
