@@ -99,6 +99,17 @@ void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double c
       const at::Tensor y = kiln::ops::apply_rope_(x, cos, sin);
       torch::autograd::grad({y}, {base}, {gy});
     });
+    if (dtype != at::kFloat) {
+      // Autocast's case: bf16/fp16 q or k with fp32 tables, an fp32 result (the mixed kernel, or
+      // ATen's six ops). fwd: read x, write fp32 y; bwd: read fp32 dy, write dx.
+      const at::Tensor cos32 = ang.cos().unsqueeze(0), sin32 = ang.sin().unsqueeze(0);
+      const at::Tensor gy32 = gy.to(at::kFloat);
+      bench("rope fwd+bwd, fp32 tables", (2.0 * esize + 8.0) * tokens * hidden, [&] {
+        const at::Tensor x = (base * 1).view({1, tokens, heads, head_dim}).transpose(1, 2);
+        const at::Tensor y = kiln::ops::apply_rope_(x, cos32, sin32);
+        torch::autograd::grad({y}, {base}, {gy32});
+      });
+    }
   }
   if (ops.find(",linear_ce,") != std::string::npos) {
     const at::Tensor h = (at::randn({tokens, ce_hidden}, opt) * 0.5).requires_grad_(true);
