@@ -4,6 +4,7 @@
 // paths and is held to one-rounding tolerances. Sizes are chosen to hit both the packed and the
 // scalar path (lengths that are and are not multiples of 8), several blocks and grid-stride tails.
 #include <cmath>
+#include <utility>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <catch2/catch.hpp>
@@ -95,10 +96,13 @@ TEST_CASE("RoPE kernel (emulated) rotates a strided view in place, and its trans
     const at::Tensor ang = at::arange(t).to(at::kFloat).unsqueeze(1) * at::rand({d});
     const at::Tensor cos = ang.cos().to(dtype).unsqueeze(0).contiguous(),
                      sin = ang.sin().to(dtype).unsqueeze(0).contiguous();
-    for (bool backward : {false, true}) {
-      CAPTURE(backward);
+    // 32-bit pair indices (what these sizes take), and the 64-bit path forced (limit 0).
+    for (const auto [backward, limit] : {std::pair{false, int64_t{1} << 30}, std::pair{true, int64_t{1} << 30},
+                                         std::pair{false, int64_t{0}}, std::pair{true, int64_t{0}}}) {
+      CAPTURE(backward, limit);
       at::Tensor x = base.clone().transpose(1, 2);  // strided
       kk::RopeParams p;
+      p.narrow_index_limit = limit;
       p.x = x.data_ptr();
       p.cos = cos.data_ptr();
       p.sin = sin.data_ptr();
@@ -156,20 +160,27 @@ TEST_CASE("RoPE mixed-dtype kernel (emulated) gives the reference's bits, forwar
       p.dim = d;
       p.table_batched = table_batch == b;
       p.dtype = dtype_of(dtype);
-      for (bool backward : {false, true}) {
-        const at::Tensor& src = backward ? dy : x;
-        at::Tensor& dst = backward ? dx : y;
-        p.src = src.data_ptr();
-        p.dst = dst.data_ptr();
-        for (int k = 0; k < 3; ++k) {
-          p.src_stride[k] = src.stride(k);
-          p.dst_stride[k] = dst.stride(k);
+      // 32-bit pair indices (what these sizes take), and the 64-bit path forced (limit 0).
+      for (const int64_t limit : {int64_t{1} << 30, int64_t{0}}) {
+        CAPTURE(limit);
+        p.narrow_index_limit = limit;
+        y.zero_();
+        dx.zero_();
+        for (bool backward : {false, true}) {
+          const at::Tensor& src = backward ? dy : x;
+          at::Tensor& dst = backward ? dx : y;
+          p.src = src.data_ptr();
+          p.dst = dst.data_ptr();
+          for (int k = 0; k < 3; ++k) {
+            p.src_stride[k] = src.stride(k);
+            p.dst_stride[k] = dst.stride(k);
+          }
+          p.backward = backward;
+          kk::emulated::launch_rope_mixed(p, nullptr);
         }
-        p.backward = backward;
-        kk::emulated::launch_rope_mixed(p, nullptr);
+        CHECK(at::equal(y, y_ref));
+        CHECK(at::equal(dx, dx_ref));
       }
-      CHECK(at::equal(y, y_ref));
-      CHECK(at::equal(dx, dx_ref));
     }
   }
 }

@@ -1,8 +1,10 @@
 // RoPE in place: one thread per (b, h, t, i < D/2) pair, reading x[i], x[i + D/2] and the table
-// entries once and writing both results (and, out of place, autocast's mixed form: rope.cuh). Forward keeps the
-// reference's rounding
+// entries once and writing both results (and, out of place, autocast's mixed form: rope.cuh).
+// Forward keeps the reference's rounding
 //   y = T( float(T(x * cos)) + float(T(rotate_half(x) * sin)) )
-// and the backward applies the transposed rotation with the same rounding pattern.
+// and the backward applies the transposed rotation with the same rounding pattern. A pair's
+// (b, h, t, i) comes from its flat index by three divisions, in 32 bits while the pairs fit (a
+// GPU's 64-bit division is a long instruction sequence, and these kernels are memory-bound).
 #ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
 #endif
@@ -25,16 +27,30 @@ __device__ __forceinline__ T add(T a, T b) {
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
-template <typename T>
+// A pair's coordinates from its flat index: idx = ((b * heads + h) * seq + t) * half + i.
+struct Pair {
+  int64_t b, h, t, i;
+};
+template <typename Index>
+__device__ __forceinline__ Pair pair_of(Index idx, Index half, Index seq, Index heads) {
+  const Index row = idx / half, bh = row / seq, b = bh / heads;
+  return {static_cast<int64_t>(b), static_cast<int64_t>(bh - b * heads), static_cast<int64_t>(row - bh * seq),
+          static_cast<int64_t>(idx - row * half)};
+}
+
+// Whether `pairs` are indexed in 32 bits: below the limit, with room for a grid stride past it.
+inline bool narrow_index(int64_t pairs, int64_t limit) {
+  return pairs < std::min<int64_t>(limit, int64_t{1} << 30);
+}
+
+template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
-  const int64_t half = p.dim / 2;
-  const int64_t total = p.batch * p.heads * p.seq * half;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; idx < total; idx += stride) {
-    const int64_t i = idx % half;
-    const int64_t t = (idx / half) % p.seq;
-    const int64_t h = (idx / (half * p.seq)) % p.heads;
-    const int64_t b = idx / (half * p.seq * p.heads);
+  const Index half = static_cast<Index>(p.dim / 2), seq = static_cast<Index>(p.seq),
+              heads = static_cast<Index>(p.heads);
+  const Index total = static_cast<Index>(p.batch) * heads * seq * half;
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index idx = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += stride) {
+    const auto [b, h, t, i] = pair_of(idx, half, seq, heads);
     T* row = static_cast<T*>(p.x) + b * p.stride_b + h * p.stride_h + t * p.stride_t;
     const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
     const T* c = static_cast<const T*>(p.cos) + table;
@@ -55,16 +71,14 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
 
 // The mixed form: one thread per pair, as rope_kernel. __fmul_rn / __fadd_rn keep each fp32
 // product and sum rounded on its own (no FMA contraction), as ATen's separate ops round them.
-template <typename T>
+template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads) rope_mixed_kernel(RopeMixedParams p) {
-  const int64_t half = p.dim / 2;
-  const int64_t total = p.batch * p.heads * p.seq * half;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; idx < total; idx += stride) {
-    const int64_t i = idx % half;
-    const int64_t t = (idx / half) % p.seq;
-    const int64_t h = (idx / (half * p.seq)) % p.heads;
-    const int64_t b = idx / (half * p.seq * p.heads);
+  const Index half = static_cast<Index>(p.dim / 2), seq = static_cast<Index>(p.seq),
+              heads = static_cast<Index>(p.heads);
+  const Index total = static_cast<Index>(p.batch) * heads * seq * half;
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index idx = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += stride) {
+    const auto [b, h, t, i] = pair_of(idx, half, seq, heads);
     const int64_t src = b * p.src_stride[0] + h * p.src_stride[1] + t * p.src_stride[2];
     const int64_t dst = b * p.dst_stride[0] + h * p.dst_stride[1] + t * p.dst_stride[2];
     const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
@@ -98,11 +112,12 @@ void launch_rope_mixed(const RopeMixedParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
   if (total == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  const bool narrow = narrow_index(total, p.narrow_index_limit);
   if (p.dtype == DType::kFloat16) {
-    const auto kernel = rope_mixed_kernel<__half>;
+    const auto kernel = narrow ? rope_mixed_kernel<__half, uint32_t> : rope_mixed_kernel<__half, int64_t>;
     KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
   } else {
-    const auto kernel = rope_mixed_kernel<__nv_bfloat16>;
+    const auto kernel = narrow ? rope_mixed_kernel<__nv_bfloat16, uint32_t> : rope_mixed_kernel<__nv_bfloat16, int64_t>;
     KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
   }
 }
@@ -111,8 +126,9 @@ void launch_rope(const RopeParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
   if (total == 0) return;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  const bool narrow = narrow_index(total, p.narrow_index_limit);
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
-    const auto kernel = rope_kernel<T>;
+    const auto kernel = narrow ? rope_kernel<T, uint32_t> : rope_kernel<T, int64_t>;
     KILN_LAUNCH(kernel, grid, kThreads, 0, stream, p);
   });
 }

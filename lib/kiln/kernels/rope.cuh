@@ -16,6 +16,8 @@ struct RopeParams {
   bool table_batched = false;                        // Bc == B (else the table is shared)
   bool backward = false;                             // apply the transpose: dx = dy * cos + rotate_half^T(dy * sin)
   DType dtype = DType::kFloat32;
+  // Pairs (B H T D/2) below this (and 2^30) are indexed in 32 bits; tests set 0 to run the 64-bit path.
+  int64_t narrow_index_limit = int64_t{1} << 30;
 };
 
 void launch_rope(const RopeParams& params, Stream stream);
@@ -35,7 +37,8 @@ struct RopeMixedParams {
   int64_t dst_stride[3] = {0, 0, 0};
   bool table_batched = false;
   bool backward = false;
-  DType dtype = DType::kBFloat16;  // x's and dx's: kBFloat16 or kFloat16
+  DType dtype = DType::kBFloat16;                 // x's and dx's: kBFloat16 or kFloat16
+  int64_t narrow_index_limit = int64_t{1} << 30;  // as RopeParams'
 };
 
 void launch_rope_mixed(const RopeMixedParams& params, Stream stream);
