@@ -16,8 +16,9 @@
 //         CounterOptions::per_kernel, one range per kernel instead (auto range): per kernel its
 //         values, the interval's being their GPU-time-weighted means over the kernels' time only.
 //         Auto range serialises the kernels, and under kernel replay (the default replay there)
-//         CUPTI saves the memory each kernel may touch before it runs: slow for a whole training
-//         step, so it is for small intervals (docs/performance.md, "Hardware counters").
+//         CUPTI saves the memory each kernel may touch before it runs: expected to be slow over a
+//         whole training step, so it is for small intervals (docs/performance.md, "Hardware
+//         counters").
 //
 // Nothing here throws because a counter is missing: a session that cannot count says why, in one
 // line, e.g. "n/a: perf_event_paranoid=3 ..." or "n/a: CUPTI: GPU performance counters are
