@@ -38,21 +38,36 @@ __device__ __forceinline__ Pair pair_of(Index idx, Index half, Index seq, Index 
           static_cast<int64_t>(idx - row * half)};
 }
 
+// Runs f(pair, table offset) for every pair of a [batch, heads, seq, dim] tensor this thread owns
+// (a grid-stride loop over the flat pair index, in Index arithmetic). Both kernels' loop.
+template <typename Index, typename F>
+__device__ __forceinline__ void for_each_pair(int64_t batch, int64_t heads_, int64_t seq_, int64_t dim,
+                                              bool table_batched, F f) {
+  const Index half = static_cast<Index>(dim / 2), seq = static_cast<Index>(seq_), heads = static_cast<Index>(heads_);
+  const Index total = static_cast<Index>(batch) * heads * seq * half;
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index idx = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += stride) {
+    const Pair q = pair_of(idx, half, seq, heads);
+    f(q, ((table_batched ? q.b : 0) * seq_ + q.t) * dim);
+  }
+}
+
 // Whether `pairs` are indexed in 32 bits: below the limit, with room for a grid stride past it.
 inline bool narrow_index(int64_t pairs, int64_t limit) {
   return pairs < std::min<int64_t>(limit, int64_t{1} << 30);
 }
 
+// One thread per pair, at most 8 x 65535 blocks (then grid-stride).
+inline unsigned grid_for(int64_t pairs) {
+  return static_cast<unsigned>(std::min<int64_t>((pairs + kThreads - 1) / kThreads, 65535 * 8));
+}
+
 template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
-  const Index half = static_cast<Index>(p.dim / 2), seq = static_cast<Index>(p.seq),
-              heads = static_cast<Index>(p.heads);
-  const Index total = static_cast<Index>(p.batch) * heads * seq * half;
-  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
-  for (Index idx = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += stride) {
-    const auto [b, h, t, i] = pair_of(idx, half, seq, heads);
-    T* row = static_cast<T*>(p.x) + b * p.stride_b + h * p.stride_h + t * p.stride_t;
-    const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
+  const int64_t half = p.dim / 2;
+  for_each_pair<Index>(p.batch, p.heads, p.seq, p.dim, p.table_batched, [&](const Pair& q, int64_t table) {
+    const int64_t i = q.i;
+    T* row = static_cast<T*>(p.x) + q.b * p.stride_b + q.h * p.stride_h + q.t * p.stride_t;
     const T* c = static_cast<const T*>(p.cos) + table;
     const T* s = static_cast<const T*>(p.sin) + table;
     const T x1 = row[i], x2 = row[i + half];
@@ -66,22 +81,18 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
       row[i] = add(mul(x1, c[i]), mul(x2, s[i + half]));
       row[i + half] = add(mul(x2, c[i + half]), mul(neg_x1, s[i]));
     }
-  }
+  });
 }
 
 // The mixed form: one thread per pair, as rope_kernel. __fmul_rn / __fadd_rn keep each fp32
 // product and sum rounded on its own (no FMA contraction), as ATen's separate ops round them.
 template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads) rope_mixed_kernel(RopeMixedParams p) {
-  const Index half = static_cast<Index>(p.dim / 2), seq = static_cast<Index>(p.seq),
-              heads = static_cast<Index>(p.heads);
-  const Index total = static_cast<Index>(p.batch) * heads * seq * half;
-  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
-  for (Index idx = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += stride) {
-    const auto [b, h, t, i] = pair_of(idx, half, seq, heads);
-    const int64_t src = b * p.src_stride[0] + h * p.src_stride[1] + t * p.src_stride[2];
-    const int64_t dst = b * p.dst_stride[0] + h * p.dst_stride[1] + t * p.dst_stride[2];
-    const int64_t table = ((p.table_batched ? b : 0) * p.seq + t) * p.dim;
+  const int64_t half = p.dim / 2;
+  for_each_pair<Index>(p.batch, p.heads, p.seq, p.dim, p.table_batched, [&](const Pair& q, int64_t table) {
+    const int64_t i = q.i;
+    const int64_t src = q.b * p.src_stride[0] + q.h * p.src_stride[1] + q.t * p.src_stride[2];
+    const int64_t dst = q.b * p.dst_stride[0] + q.h * p.dst_stride[1] + q.t * p.dst_stride[2];
     const float* c = p.cos + table;
     const float* s = p.sin + table;
     if (!p.backward) {
@@ -103,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) rope_mixed_kernel(RopeMixedParams p)
       dx[i] = static_cast<T>(__fadd_rn(a1, b1));
       dx[i + half] = static_cast<T>(__fadd_rn(a2, -b2));
     }
-  }
+  });
 }
 
 }  // namespace
@@ -111,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) rope_mixed_kernel(RopeMixedParams p)
 void launch_rope_mixed(const RopeMixedParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
   if (total == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  const unsigned grid = grid_for(total);
   const bool narrow = narrow_index(total, p.narrow_index_limit);
   if (p.dtype == DType::kFloat16) {
     const auto kernel = narrow ? rope_mixed_kernel<__half, uint32_t> : rope_mixed_kernel<__half, int64_t>;
@@ -125,7 +136,7 @@ void launch_rope_mixed(const RopeMixedParams& p, Stream stream) {
 void launch_rope(const RopeParams& p, Stream stream) {
   const int64_t total = p.batch * p.heads * p.seq * (p.dim / 2);
   if (total == 0) return;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
+  const unsigned grid = grid_for(total);
   const bool narrow = narrow_index(total, p.narrow_index_limit);
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
     const auto kernel = narrow ? rope_kernel<T, uint32_t> : rope_kernel<T, int64_t>;
