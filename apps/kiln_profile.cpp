@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU: one range over the counted steps) over --counter-steps more steps after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
     ("counter-steps", "with --counters: steps counted per point (default: as many as --steps)", cxxopts::value<int64_t>())
     ("counters-per-kernel", "--counters on a GPU with one CUPTI range per kernel (each kernel's columns in profile.json); CUPTI serialises the kernels, so the counted steps run much slower; implies --counters")
-    ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones; CPU only (docs/performance.md, \"Measured time per component\")")
+    ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones: its ops' CPU time on a CPU, the GPU time of the kernels they launch on a GPU (docs/performance.md, \"Measured time per component\")")
     ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
     ("h,help", "this text");
   // clang-format on

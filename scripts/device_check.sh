@@ -7,8 +7,10 @@
 #      V100 runs); the CPU tests are CI's;
 #   3. hardware counters (lib/kiln/profile/counters.h): the [counters] tests (CUPTI over a copy, a
 #      bf16 matmul and 500 small kernels, one range over each interval and one per kernel; the
-#      perf_event session), kiln-profile --counters on the tiny preset (one range; per kernel under
-#      kernel replay and under user replay), then over llama-100m (bf16, cutoff_len 1024 x batch 8)
+#      perf_event session) and the [component_times] test (GPU time per component through Kineto),
+#      kiln-profile --counters on the tiny preset (one range; per kernel under kernel replay and
+#      under user replay), llama-100m without counters but with --component-times, then
+#      --counters over llama-100m (bf16, cutoff_len 1024 x batch 8)
 #      and llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x 16), one counted step each:
 #      each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones;
 #   4. run kiln-bench (the fused ops, kiln vs ATen; fp16 both ways), then scripts/bench_vs_hf.py: kiln's
@@ -253,7 +255,7 @@ fi
 # kiln-profile logs its phases' times on stderr (into its .md) as they end.
 if want counters && [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [counters] tests" >"$out/counters.log"
-  step 90 "$build/tests/kiln_tests" "[counters]" -s >>"$out/counters.log" 2>&1 || status=1
+  step 90 "$build/tests/kiln_tests" "[counters],[component_times]" -s >>"$out/counters.log" 2>&1 || status=1
 fi
 if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
   tiny=("$build/bin/kiln-profile" --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1
@@ -263,9 +265,10 @@ if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
     status=1
   step 30 env KILN_CUPTI_REPLAY=user "${tiny[@]}" --counters-per-kernel --output "$out/profile_tinyu_out" \
     >"$out/profile_tinyu.md" 2>&1 || status=1
-  # llama-100m without counters first: the timed steps alone, to set beside the counted run's.
-  step 45 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
-    --steps 3 --warmup 2 --device cuda --format md,json --output "$out/profile_100m_plain_out" \
+  # llama-100m without counters first: the timed steps alone, to set beside the counted run's, then
+  # 3 steps under LibTorch's profiler (the per-component table's measured GPU time).
+  step 60 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
+    --steps 3 --warmup 2 --device cuda --component-times --format md,json --output "$out/profile_100m_plain_out" \
     >"$out/profile_100m_plain.md" 2>&1 || status=1
   step 120 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
     --steps 3 --warmup 2 --device cuda --counters --counter-steps 1 --format md,json \

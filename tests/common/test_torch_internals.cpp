@@ -3,9 +3,12 @@
 // ones it dropped (ops/autocast_off.h). A LibTorch upgrade that changes any of these fails here.
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -87,6 +90,40 @@ TEST_CASE("a Kineto trace of a region is a Chrome trace naming its ATen ops", "[
   ti::KinetoTrace again(false);
   again.save((dir / "again.json").string());
   CHECK(std::filesystem::exists(dir / "again.json"));
+}
+
+TEST_CASE("OpEventRecorder on the CPU: ops and user scopes, each with its own correlation id",
+          "[common][torch_internals]") {
+  std::vector<ti::OpEvent> events;
+  {
+    ti::OpEventRecorder recorder;  // CPU activity only
+    at::RecordFunction scope(at::RecordScope::USER_SCOPE);
+    if (scope.isActive()) scope.before("kiln::test scope", -1);
+    const at::Tensor a = at::randn({64, 64});
+    (void)at::mm(a, a);
+    scope.end();
+    events = recorder.stop();
+  }
+  std::set<uint64_t> ids;
+  bool mm = false, user = false;
+  for (const ti::OpEvent& e : events) {
+    CAPTURE(e.name);
+    CHECK(e.kind == ti::OpEventKind::op);  // no launches or GPU activities without CUDA activity
+    CHECK(e.end_ns >= e.start_ns);
+    CHECK(e.linked_correlation_id == 0);
+    // What a GPU activity's link names (component_times.cpp): every op has an id of its own.
+    CHECK(e.correlation_id != 0);
+    CHECK(ids.insert(e.correlation_id).second);
+    mm = mm || e.name == "aten::mm";
+    user = user || e.name == "kiln::test scope";
+  }
+  CHECK(mm);
+  CHECK(user);
+  // Stopped by its destructor when stop() is never called: another can start.
+  { ti::OpEventRecorder unstopped; }
+  ti::OpEventRecorder again;
+  CHECK_NOTHROW(again.stop());
+  CHECK_THROWS(again.stop());  // once only
 }
 
 TEST_CASE("AutocastOff disables autocast on this thread and restores it (the public form of excluding its keys)",

@@ -274,6 +274,7 @@ def test_component_times_fill_the_measured_column(run_kiln, tmp_path):
     assert r.returncode == 0, r.stderr
     row = json.loads((tmp_path / "profile.json").read_text())["rows"][0]
     t = row["component_times"]
+    assert t["source"] == "cpu"
     assert 0 < t["unattributed_seconds"] < t["profiled_seconds"]
     measured = {(c["component"], c["pass"]): c["measured_seconds"] for c in row["components"]}
     total = sum(v for v in measured.values() if v is not None)

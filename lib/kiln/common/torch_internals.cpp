@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -90,8 +91,8 @@ void KinetoTrace::save(const std::string& path) {
   result->save(path);
 }
 
-OpEventRecorder::OpEventRecorder() {
-  enable_kineto(/*cuda=*/false, /*input_shapes=*/false);
+OpEventRecorder::OpEventRecorder(bool cuda) {
+  enable_kineto(cuda, /*input_shapes=*/false);
   active_ = true;
 }
 
@@ -103,11 +104,24 @@ std::vector<OpEvent> OpEventRecorder::stop() {
   TORCH_CHECK(active_, "OpEventRecorder::stop: already stopped");
   active_ = false;
   const auto result = torch::autograd::profiler::disableProfiler();
+  using libkineto::ActivityType;
+  auto is = [](const torch::autograd::profiler::KinetoEvent& e, ActivityType t) {
+    return e.activityType() == static_cast<uint8_t>(t);
+  };
   std::vector<OpEvent> out;
   out.reserve(result->events().size());
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CPU || e.isAsync()) continue;
-    out.push_back(OpEvent{e.name(), e.startNs(), e.endNs(), e.startThreadId(), e.fwdThreadId(), e.sequenceNr()});
+    OpEvent ev{e.name(), e.startNs(), e.endNs(), e.startThreadId(), e.fwdThreadId(), e.sequenceNr()};
+    ev.correlation_id = e.correlationId();
+    ev.linked_correlation_id = e.linkedCorrelationId();
+    if (is(e, ActivityType::CONCURRENT_KERNEL) || is(e, ActivityType::GPU_MEMCPY) || is(e, ActivityType::GPU_MEMSET)) {
+      ev.kind = OpEventKind::gpu;
+    } else if (is(e, ActivityType::CUDA_RUNTIME) || is(e, ActivityType::CUDA_DRIVER)) {
+      ev.kind = OpEventKind::launch;
+    } else if (!(is(e, ActivityType::CPU_OP) || is(e, ActivityType::USER_ANNOTATION)) || e.isAsync()) {
+      continue;  // allocations, instant events, GPU-side annotations, Kineto's own records
+    }
+    out.push_back(std::move(ev));
   }
   return out;
 }

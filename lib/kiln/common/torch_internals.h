@@ -67,25 +67,37 @@ class KinetoTrace {
   bool active_ = false;
 };
 
-// ---- The CPU ops of a code region, as events (profile/component_times.h) ----
+// ---- The ops of a code region, as events (profile/component_times.h) ----
 // One op or record_function scope the profiler saw on the CPU: its name ("aten::mm",
 // "kiln::q_proj", "autograd::engine::evaluate_function: MmBackward0"), when it ran, on which thread,
 // and, for autograd, the sequence number of the graph node (-1 for none) and the thread of the
 // forward op that made that node: a backward node's event carries its forward op's sequence number
 // and thread, which is how a backward op is traced to the forward scope it came from.
+// With CUDA, two more kinds: a launch (a CUDA runtime or driver call on the CPU: cudaLaunchKernel,
+// cudaMemcpyAsync, ...) and a GPU activity (a kernel, copy or memset, its start and end on the
+// GPU). A launch and the activity it made share a correlation id (CUPTI's); each carries, as
+// linked_correlation_id, the correlation id of the innermost op that was open on the launching
+// thread (0 for none: Kineto links to ops, not to record_function user scopes, so a kernel
+// launched directly inside a kiln:: scope, outside any ATen op, is linked to nothing, and only
+// its launch's time places it). An op's own correlation_id is what those links name.
+enum class OpEventKind : uint8_t { op, launch, gpu };
 struct OpEvent {
   std::string name;
   uint64_t start_ns = 0, end_ns = 0;
   uint64_t thread = 0, fwd_thread = 0;
   int64_t sequence_nr = -1;
+  OpEventKind kind = OpEventKind::op;
+  uint64_t correlation_id = 0, linked_correlation_id = 0;
 };
-// Starts the Kineto profiler (CPU activity only, no shapes) on construction; stop() ends it and
-// returns its CPU events. Wraps the same calls as KinetoTrace and the result's
+// Starts the Kineto profiler (CPU activity, no shapes; CUDA activity too with `cuda`) on
+// construction; stop() ends it and returns its events: the CPU ops (async ones left out) and, with
+// `cuda`, the launches and GPU activities (GPU-side user annotations, synchronisation and overhead
+// records left out). Wraps the same calls as KinetoTrace and the result's
 // torch::autograd::profiler::KinetoEvent list: LibTorch's C++ API has no other way to read op
 // events (torch.profiler's key_averages is Python).
 class OpEventRecorder {
  public:
-  OpEventRecorder();
+  explicit OpEventRecorder(bool cuda = false);
   ~OpEventRecorder();  // stops the profiler if stop() was not called
   std::vector<OpEvent> stop();
   OpEventRecorder(const OpEventRecorder&) = delete;

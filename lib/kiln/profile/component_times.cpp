@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 
 #include "kiln/common/component_scope.h"
 
@@ -28,6 +29,73 @@ struct SeqRange {
   size_t scope = 0;  // index into the events
 };
 
+// GPU activities to components (component_times.h): each to an op (through Kineto's link, its
+// launch's link, or its launch's time), then to that op's owner.
+template <typename IsScope, typename IsNode>
+ComponentTimes attribute_gpu(ComponentTimes& out, const std::vector<const torch_internals::OpEvent*>& gpu,
+                             const std::vector<const torch_internals::OpEvent*>& launches,
+                             const std::vector<const torch_internals::OpEvent*>& events, const std::vector<long>& owner,
+                             const std::vector<std::string>& component, const std::vector<std::string>& pass,
+                             IsScope is_scope, IsNode is_node, int64_t steps) {
+  using torch_internals::OpEvent;
+  out.source = "gpu";
+  std::unordered_map<uint64_t, size_t> op_of;  // an op's correlation id -> its index
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i]->correlation_id != 0) op_of.emplace(events[i]->correlation_id, i);
+  }
+  std::unordered_map<uint64_t, const OpEvent*> launch_of;  // CUPTI correlation id -> the launch
+  for (const OpEvent* l : launches) {
+    if (l->correlation_id != 0) launch_of.emplace(l->correlation_id, l);
+  }
+  // Scopes and nodes by start (an enclosing one first): the innermost one open at time t is the
+  // last to start at or before t that has not ended by then (those that started after it closed).
+  std::vector<size_t> spans;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (is_scope(i) || is_node(i)) spans.push_back(i);
+  }
+  std::sort(spans.begin(), spans.end(), [&](size_t a, size_t b) {
+    return std::tie(events[a]->start_ns, events[b]->end_ns) < std::tie(events[b]->start_ns, events[a]->end_ns);
+  });
+  auto open_at = [&](uint64_t t) -> long {
+    auto it = std::upper_bound(spans.begin(), spans.end(), t,
+                               [&](uint64_t time, size_t i) { return time < events[i]->start_ns; });
+    while (it != spans.begin()) {
+      --it;
+      if (events[*it]->end_ns >= t) return static_cast<long>(*it);
+    }
+    return -1;
+  };
+  auto linked = [&](uint64_t id) -> long {
+    if (id == 0) return -1;
+    const auto it = op_of.find(id);
+    return it == op_of.end() ? -1 : static_cast<long>(it->second);
+  };
+  const double per_step = 1e-9 / static_cast<double>(steps), count = 1.0 / static_cast<double>(steps);
+  double attributed = 0;
+  for (const OpEvent* g : gpu) {
+    long op = linked(g->linked_correlation_id);
+    bool timed = false;
+    if (op < 0 && g->correlation_id != 0) {
+      if (const auto it = launch_of.find(g->correlation_id); it != launch_of.end()) {
+        op = linked(it->second->linked_correlation_id);
+        if (op < 0) {
+          op = open_at(it->second->start_ns);
+          timed = op >= 0;
+        }
+      }
+    }
+    (op < 0 ? out.unplaced_activities : timed ? out.timed_activities : out.linked_activities) += count;
+    const double s = static_cast<double>(g->end_ns - g->start_ns) * per_step;
+    out.profiled_seconds += s;
+    const long o = op >= 0 ? owner[static_cast<size_t>(op)] : -1;
+    if (o < 0 || component[static_cast<size_t>(o)].empty()) continue;
+    out.seconds[{component[static_cast<size_t>(o)], pass[static_cast<size_t>(o)]}] += s;
+    attributed += s;
+  }
+  out.unattributed_seconds = std::max(0.0, out.profiled_seconds - attributed);
+  return out;
+}
+
 }  // namespace
 
 double ComponentTimes::seconds_of(const std::string& component, const std::string& pass) const {
@@ -42,10 +110,14 @@ ComponentTimes attribute_component_times(const std::vector<torch_internals::OpEv
   // The backward windows (on any thread: the autograd engine may run on its own), then the other
   // events, sorted per thread by start, an enclosing event before the events it contains.
   std::vector<std::pair<uint64_t, uint64_t>> backward;
-  std::vector<const OpEvent*> events;
+  std::vector<const OpEvent*> events, launches, gpu;
   for (const OpEvent& e : all) {
     if (e.end_ns < e.start_ns) continue;
-    if (e.name == kBackwardScope) {
+    if (e.kind == torch_internals::OpEventKind::launch) {
+      launches.push_back(&e);
+    } else if (e.kind == torch_internals::OpEventKind::gpu) {
+      gpu.push_back(&e);
+    } else if (e.name == kBackwardScope) {
       backward.emplace_back(e.start_ns, e.end_ns);
     } else {
       events.push_back(&e);
@@ -130,7 +202,13 @@ ComponentTimes attribute_component_times(const std::vector<torch_internals::OpEv
     attributed += s;
   }
   out.unattributed_seconds = std::max(0.0, out.profiled_seconds - attributed);
-  return out;
+  if (gpu.empty()) return out;
+  // With GPU activities, they are the time: the scopes and nodes counted above stay, their CPU
+  // times go.
+  out.seconds.clear();
+  for (const auto& [key, count] : out.events) out.seconds[key] = 0;  // ran, launched nothing: 0 s on the GPU
+  out.profiled_seconds = out.unattributed_seconds = 0;
+  return attribute_gpu(out, gpu, launches, events, owner, component, pass, is_scope, is_node, steps);
 }
 
 }  // namespace kiln::profile

@@ -13,8 +13,14 @@
 // Every time is exclusive: an event's own time, less that of the events of interest nested in it
 // (a checkpointed layer's backward node holds its recomputation and the nodes of the inner graph).
 // What no scope covers (autograd's gradient sums inside a node are the node's; the engine's own
-// book-keeping, the loss's division) is `unattributed`. On a CPU the ops' times are the work's;
-// on a GPU they would be launch times, so the sweep measures only on a CPU.
+// book-keeping, the loss's division) is `unattributed`. On a CPU the ops' times are the work's.
+// On a GPU the ops' times are launch times, so there a component's time is that of the GPU
+// activities (kernels, copies, memsets) its ops launched, on the GPU's clock: an activity goes to
+// the op Kineto linked it to (the innermost ATen op or autograd node open when it was launched),
+// else, through its launch (the runtime call with the same correlation id), to the op the launch
+// is linked to, else to the innermost scope or autograd node whose time holds the launch (a kiln
+// kernel launched straight from a scope, with no ATen op around it); then, as on a CPU, to that
+// op's nearest enclosing scope or node. Activities that reach no component are `unattributed`.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +38,13 @@ struct ComponentTimes {
   std::map<std::pair<std::string, std::string>, double> seconds;
   // (component, pass) -> events per step (scopes or autograd nodes).
   std::map<std::pair<std::string, std::string>, double> events;
-  double profiled_seconds = 0;      // per step: the top-level events' time on all threads
+  // "cpu": the ops' exclusive CPU times; "gpu": the GPU activities' times (events held some).
+  std::string source = "cpu";
+  double profiled_seconds = 0;      // per step: the top-level events' time on all threads (gpu: the activities')
   double unattributed_seconds = 0;  // per step: profiled_seconds less every component's
+  // gpu: activities per step placed through Kineto's link (theirs or their launch's), through
+  // their launch's time, and not at all (no link, no launch, or nothing open around it).
+  double linked_activities = 0, timed_activities = 0, unplaced_activities = 0;
   double seconds_of(const std::string& component, const std::string& pass) const;  // 0 when absent
 };
 

@@ -431,9 +431,16 @@ std::vector<std::string> describe(const SweepReport& report) {
 
 // Where the measured column comes from, for one point.
 std::string component_times_note(const ProfileRow& r) {
-  if (!r.component_times)
-    return "measured per component: n/a (--component-times measures it on a CPU: docs/performance.md)";
+  if (!r.component_times) return "measured per component: n/a (--component-times measures it: docs/performance.md)";
   const ComponentTimes& t = *r.component_times;
+  if (t.source == "gpu") {
+    return fmt::format(
+        "measured per component: LibTorch's profiler over as many steps again, {:.3f} ms of GPU kernels, copies and "
+        "memsets per step, {:.3f} ms of them launched in no component's scope ({:g} of {:g} activities per step "
+        "placed by their launch's time, {:g} unplaced)",
+        t.profiled_seconds * 1e3, t.unattributed_seconds * 1e3, t.timed_activities,
+        t.linked_activities + t.timed_activities + t.unplaced_activities, t.unplaced_activities);
+  }
   return fmt::format(
       "measured per component: LibTorch's profiler over as many steps again, {:.3f} ms of CPU ops per step, "
       "{:.3f} ms of them in no component's scope",
@@ -704,7 +711,11 @@ std::string to_json(const SweepReport& report) {
       json merged = json::array();
       for (const auto& [component, pass, seconds] : unmatched_component_times(r))
         merged.push_back({{"component", component}, {"pass", pass}, {"measured_seconds", seconds}});
-      row["component_times"] = {{"profiled_seconds", r.component_times->profiled_seconds},
+      row["component_times"] = {{"source", r.component_times->source},
+                                {"linked_activities", r.component_times->linked_activities},
+                                {"timed_activities", r.component_times->timed_activities},
+                                {"unplaced_activities", r.component_times->unplaced_activities},
+                                {"profiled_seconds", r.component_times->profiled_seconds},
                                 {"unattributed_seconds", r.component_times->unattributed_seconds},
                                 {"merged_rows", merged}};
     } else {

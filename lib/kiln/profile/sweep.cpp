@@ -336,7 +336,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   } else {
     for (int64_t i = 0; i < p.grad_accum; ++i) {
       const at::Tensor ids = at::randint(0, ctx.model_config.vocab_size, {p.batch_size, p.cutoff_len}, at::kLong);
-      synthetic.push_back({ids, ids.clone()});
+      synthetic.push_back({ids, ids.clone(), at::Tensor()});
     }
   }
 
@@ -348,7 +348,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     for (int64_t i = 0; i < p.grad_accum; ++i) {
       if (loader) {
         data::Batch b = loader->next();
-        micro.push_back({std::move(b.input_ids), std::move(b.labels)});
+        micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
       } else {
         micro.push_back(synthetic[static_cast<size_t>(i)]);
       }
@@ -461,14 +461,23 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
                                                            c.collect_seconds)
                                              : "");
   }
-  if (ctx.config.component_times && ctx.device.is_cpu()) {
-    // As many steps again under the profiler, untimed (its bookkeeping slows each op a little).
+  if (ctx.config.component_times) {
+    // As many steps again under the profiler, untimed (its bookkeeping slows each op a little; on
+    // a GPU the kernels' own times are what it reads).
     phase = std::chrono::steady_clock::now();
-    torch_internals::OpEventRecorder recorder;
+    torch_internals::OpEventRecorder recorder(ctx.device.is_cuda());
     for (int64_t i = 0; i < ctx.config.steps; ++i) step();
+    device::synchronize(ctx.device);
     row.component_times = attribute_component_times(recorder.stop(), ctx.config.steps);
-    kiln::logger()->info("{}: {} step{} under the profiler in {:.2f} s", where, ctx.config.steps,
-                         plural(ctx.config.steps), since(phase));
+    const ComponentTimes& t = *row.component_times;
+    kiln::logger()->info(
+        "{}: {} step{} under the profiler in {:.2f} s{}", where, ctx.config.steps, plural(ctx.config.steps),
+        since(phase),
+        t.source == "gpu"
+            ? fmt::format(" (GPU activities per step: {:g} linked to an op, {:g} placed by their launch's "
+                          "time, {:g} unplaced)",
+                          t.linked_activities, t.timed_activities, t.unplaced_activities)
+            : "");
   }
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
 }

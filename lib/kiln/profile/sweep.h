@@ -77,8 +77,8 @@ struct SweepConfig {
   int64_t counter_steps = 0;
   int64_t counted_steps() const { return counter_steps > 0 ? counter_steps : steps; }
   // Measured time per component (profile/component_times.h): `steps` more steps of each point
-  // under LibTorch's profiler after its timed ones, their CPU ops attributed to the traffic
-  // model's rows. CPU only: on a GPU the ops' CPU times are launch times (the rows stay n/a).
+  // under LibTorch's profiler after its timed ones, attributed to the traffic model's rows: on a
+  // CPU the ops' CPU times, on a GPU the times of the kernels, copies and memsets they launched.
   bool component_times = false;
 
   void validate() const;  // throws config::ConfigError naming source and key
@@ -115,7 +115,7 @@ struct ComponentRow {
   double intensity = 0;                               // FLOP per byte (0 when no bytes move)
   std::string bound;                                  // compute | memory | - (nothing to do)
   double modelled_seconds = 0;                        // per step, at the roofline
-  // Per step, from the profiler (--component-times on a CPU: profile/component_times.h); empty
+  // Per step, from the profiler (--component-times: profile/component_times.h); empty
   // where not measured or where no scope covers the row (autocast casts, autograd's sums: their
   // time is inside the GEMM rows' and the nodes').
   std::optional<double> measured_seconds;
@@ -161,7 +161,7 @@ struct ProfileRow {
   double executed_flops = 0;                      // per step, kiln's rows (recomputation included)
   double traffic_bytes = 0;                       // per step, kiln's rows
   std::optional<CounterReading> counters;         // with --counters, when a session could start
-  std::optional<ComponentTimes> component_times;  // with --component-times on a CPU
+  std::optional<ComponentTimes> component_times;  // with --component-times
   bool mfu_exceeds_peak = false;                  // a bug: reported in SweepReport::warnings
   double ratio() const;                           // measured / predicted peak
   // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.

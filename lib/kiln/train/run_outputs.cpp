@@ -68,10 +68,6 @@ std::string token_content(const json& config, const char* key) {
   return "";
 }
 
-json token_id(int64_t id) {
-  return id < 0 ? json(nullptr) : json(id);
-}
-
 }  // namespace
 
 EvalSchedule eval_schedule(const PretrainConfig& c) {
