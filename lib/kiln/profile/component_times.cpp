@@ -78,8 +78,9 @@ ComponentTimes attribute_gpu(ComponentTimes& out, const std::vector<const torch_
     if (op < 0 && g->correlation_id != 0) {
       if (const auto it = launch_of.find(g->correlation_id); it != launch_of.end()) {
         op = linked(it->second->linked_correlation_id);
-        if (op < 0) {
-          op = open_at(it->second->start_ns);
+        if (op < 0) {  // the launch's midpoint: the safer side of a small clock offset
+          const OpEvent& l = *it->second;
+          op = open_at(l.start_ns + (l.end_ns - l.start_ns) / 2);
           timed = op >= 0;
         }
       }
