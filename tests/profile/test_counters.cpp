@@ -387,6 +387,25 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
       CHECK(copy.kernels.empty());  // one range: no per-kernel rows
     }
 
+    // The same kernels launched from another thread inside the interval, as autograd launches the
+    // backward's from its device thread: counted as the main thread's (CUPTI's guide has the range
+    // profiler per context; Kineto's comment on the older API says it must be enabled on the thread
+    // that runs the kernels: this settles which holds).
+    session->start();
+    std::thread other([&] {
+      for (int i = 0; i < 4; ++i) at::mul_out(dst, src, 2.0);
+      torch::cuda::synchronize();
+    });
+    other.join();
+    const CounterReading threaded = session->stop();
+    INFO(threaded.reason);
+    REQUIRE(threaded.dram_bytes);
+    WARN((per_kernel ? "per kernel" : "interval")
+         << " copy from a second thread: " << *threaded.dram_bytes / 1e9 << " GB counted for " << moved / 1e9
+         << " GB moved, " << threaded.ranges << " ranges");
+    CHECK(*threaded.dram_bytes == Approx(moved).epsilon(0.05));
+    CHECK(threaded.ranges == (per_kernel ? 4 : 1));
+
     // A bf16 matmul: tensor cores busy, little DRAM traffic per FLOP.
     torch::cuda::synchronize();
     session->start();

@@ -15,9 +15,8 @@
 //         the interval's GPU time, gaps between kernels included). With
 //         CounterOptions::per_kernel, one range per kernel instead (auto range): per kernel its
 //         values, the interval's being their GPU-time-weighted means over the kernels' time only.
-//         Auto range serialises the kernels, and under kernel replay (the default replay there)
-//         CUPTI saves the memory each kernel may touch before it runs: expected to be slow over a
-//         whole training step, so it is for small intervals (docs/performance.md, "Hardware
+//         Auto range synchronises after every kernel, serialising them: slow over a whole
+//         training step, so it is for small intervals (docs/performance.md, "Hardware
 //         counters").
 //
 // Nothing here throws because a counter is missing: a session that cannot count says why, in one

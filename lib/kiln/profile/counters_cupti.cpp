@@ -4,10 +4,10 @@
 // Collection, by default: one user range from start() to stop() (user replay): CUPTI neither
 // serialises the kernels nor saves memory, so a counted training step runs at its own speed.
 // Per kernel (CounterOptions::per_kernel): auto range, each kernel launch a range; CUPTI
-// synchronizes after each kernel, and under kernel replay saves the memory a kernel may access
-// before its first pass, which is expected to make a whole training step slow (the first H200
-// run's kiln-profile points, counted that way, did not finish in 90 s; the cause is not yet
-// confirmed). Evaluation: per range the metrics' GPU values
+// synchronizes the context after each kernel (its guide says so), which serialises a whole
+// training step (the first H200 run's kiln-profile points, counted that way under kernel replay,
+// did not finish in 90 s; whether kernel replay also saves memory when one pass suffices is not
+// documented: KILN_CUPTI_REPLAY=user tells the two costs apart). Evaluation: per range the metrics' GPU values
 // (cuptiProfilerHostEvaluateToGpuValues); per kernel, the interval's fractions are the ranges'
 // values weighted by their gpu__time_duration. Names (per kernel): from CUPTI's launch callbacks
 // (runtime and driver launch APIs, in launch order, which auto range serializes); when their count
@@ -85,8 +85,8 @@ std::string failure(const char* call, CUptiResult r) {
              " from " + call + admin_only_note() + ")";
     case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
       return std::string(
-                 "n/a: CUPTI: another profiler holds the GPU's counters (Nsight Systems or Compute, or "
-                 "LibTorch's profiler in this process): ") +
+                 "n/a: CUPTI: another CUPTI client in this process holds its one callback subscription (Nsight "
+                 "Systems or Compute, or LibTorch's profiler): ") +
              call;
     case CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED:
       return std::string("n/a: CUPTI: profiling is not supported on this virtualized GPU (") + call + ")";
@@ -371,7 +371,7 @@ class CuptiSession final : public CounterSession {
       config.numNestingLevels = 1;
       config.minNestingLevel = 1;
       config.passIndex = 0;
-      config.targetNestingLevel = per_kernel_ ? 0 : 1;
+      config.targetNestingLevel = 1;  // = minNestingLevel, as NVIDIA's sample and Kineto set it in both modes
       check("cuptiRangeProfilerSetConfig", cuptiRangeProfilerSetConfig(&config));
       if (per_kernel_) {
         {
@@ -391,6 +391,8 @@ class CuptiSession final : public CounterSession {
         }
         set_callbacks(true);
       }
+      // The interval's range holds the interval's work only: what earlier calls queued ends first.
+      check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
       start_ = std::chrono::steady_clock::now();
       auto s = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Start_Params);
       s.pRangeProfilerObject = profiler_;
@@ -493,17 +495,20 @@ class CuptiSession final : public CounterSession {
     check("cuptiDeviceGetChipName", cuptiDeviceGetChipName(&chip));
     chip_ = chip.pChipName ? chip.pChipName : "";
 
-    auto enable = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Enable_Params);
-    enable.ctx = names_.context;
-    check("cuptiRangeProfilerEnable", cuptiRangeProfilerEnable(&enable));
-    profiler_ = enable.pRangeProfilerObject;
-
+    // The counters' availability before the range profiler is enabled: the target header says the
+    // query may fail while a profiling session is active on the context (NVIDIA's range-profiling
+    // sample reads it first too).
     auto avail = KILN_CUPTI_PARAMS(CUpti_Profiler_GetCounterAvailability_Params);
     avail.ctx = names_.context;
     check("cuptiProfilerGetCounterAvailability", cuptiProfilerGetCounterAvailability(&avail));
     availability_.assign(avail.counterAvailabilityImageSize, 0);
     avail.pCounterAvailabilityImage = availability_.data();
     check("cuptiProfilerGetCounterAvailability", cuptiProfilerGetCounterAvailability(&avail));
+
+    auto enable = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Enable_Params);
+    enable.ctx = names_.context;
+    check("cuptiRangeProfilerEnable", cuptiRangeProfilerEnable(&enable));
+    profiler_ = enable.pRangeProfilerObject;
 
     plan_ = plan_cupti_metrics(chip_, availability_);
     if (!plan_.error.empty()) throw Unavailable(plan_.error);
