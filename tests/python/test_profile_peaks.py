@@ -264,14 +264,22 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
     assert len(md) == 1 and md[0].endswith("| n/a |")
 
 
-def test_component_times_fill_the_measured_column(run_kiln, tmp_path):
+@pytest.fixture(scope="module")
+def component_sweep(run_kiln, tmp_path_factory):
+    """kiln-profile --component-times on tiny (bf16, 64 x 2, 2 steps), every format."""
+    out = tmp_path_factory.mktemp("profile_components")
+    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
+                 "--batch-size", "2", "--steps", "2", "--warmup", "1", "--component-times", "--format",
+                 "md,csv,json,html", "--output", out, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r, out
+
+
+def test_component_times_fill_the_measured_column(component_sweep):
     """--component-times: the measured column from LibTorch's profiler, in the JSON, the CSV and the
     Markdown; the measured rows and the unattributed rest add up to the profiled ops' time, and the
     rows no scope covers stay n/a."""
-    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
-                 "--batch-size", "2", "--steps", "2", "--warmup", "1", "--component-times", "--format", "md,csv,json",
-                 "--output", tmp_path, timeout=300)
-    assert r.returncode == 0, r.stderr
+    r, tmp_path = component_sweep
     row = json.loads((tmp_path / "profile.json").read_text())["rows"][0]
     t = row["component_times"]
     assert t["source"] == "cpu"
@@ -354,6 +362,39 @@ def test_roofline_chart_renders_in_headless_chromium(llama_sweep, tmp_path):
                     "--window-size=1400,2400", (out / "profile.html").as_uri()],
                    capture_output=True, timeout=120, check=True)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000
+
+
+def test_roofline_rings_sit_at_the_measured_component_times(component_sweep, tmp_path):
+    """With --component-times, each component with a measured time gets a ring at its modelled
+    dot's intensity and at its measured rate (FLOPs / measured seconds): below the dot where it ran
+    slower than the roof allows, above where faster. Read back from headless Chromium's layout."""
+    browser = chromium()
+    _, out = component_sweep
+    doc = json.loads((out / "profile.json").read_text())
+    page = (out / "profile.html").read_text()
+    svg = re.search(r'<svg class="chart" id="chart-roofline".*?</svg>', page, re.S).group(0)
+    probe = tmp_path / "roofline.html"
+    probe.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{svg}"
+                     f"{LAYOUT_SCRIPT.replace('circle.roofline-step', 'circle.roofline-step, circle.roofline-measured')}"
+                     "</body></html>")
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", probe.as_uri()],
+                       capture_output=True, text=True, timeout=120, check=True)
+    layout = json.loads(html.unescape(re.search(r'<pre id="layout">(.*?)</pre>', r.stdout, re.S).group(1)))
+    dots = {(d["component"], d["pass"]): d for d in layout["dots"] if d["cls"] == "roofline-component"}
+    rings = {(d["component"], d["pass"]): d for d in layout["dots"] if d["cls"] == "roofline-measured"}
+    measured = {(c["component"], c["pass"]): c for c in doc["rows"][-1]["components"]
+                if c["measured_seconds"] and c["intensity"] > 0 and c["gemm_flops"] + c["other_flops"] > 0
+                and c["modelled_seconds"] > 0}
+    assert len(measured) >= 20 and set(rings) == set(measured)
+    for key, c in measured.items():
+        dot, ring = dots[key], rings[key]
+        assert ring["x"] == pytest.approx(dot["x"], abs=0.5), key  # the same intensity
+        ratio = c["modelled_seconds"] / c["measured_seconds"]  # the ring's rate over the dot's
+        if ratio < 0.9:
+            assert ring["y"] > dot["y"], key  # slower than modelled: lower
+        elif ratio > 1.1:
+            assert ring["y"] < dot["y"], key
+    assert "rings: measured time" in svg and "component, measured" in svg
 
 
 # ---- MFU above 100% is a bug, reported; under load it stays below -------------------------------------

@@ -240,9 +240,11 @@ std::string breakdown_chart(const SweepReport& report) {
 // The roofline: log-log arithmetic intensity (FLOP/byte) against FLOP/s. The device's roof
 // min(peak, intensity x bandwidth) for the GEMMs (tensor cores where the dtype has them), the
 // vector units' roof dashed where it differs, the ridge point; one dot per component of the last
-// measured point at its modelled time (on its roof by construction: kiln-profile has no per-
-// component timing), and one black dot per measured step: its executed FLOPs (the model's,
-// recomputation included) per measured second at the step's intensity.
+// measured point at its modelled time (on its roof by construction), and where --component-times
+// measured it, a ring at the same intensity at its measured time (below the roof by how much the
+// component falls short of it; above it where the model's bytes overstate the traffic, e.g. a
+// CPU's caches), joined to the dot; and one black dot per measured step: its executed FLOPs (the
+// model's, recomputation included) per measured second at the step's intensity.
 std::string roofline_chart(const SweepReport& report) {
   const double w = 780, h = 440, left = 80, right = 230, top = 52, bottom = 52;
   // Its own font sizes, so that the chart lays out the same outside the report's page.
@@ -265,14 +267,17 @@ std::string roofline_chart(const SweepReport& report) {
   const cost::Roofline& roof = *report.roofline;
   out += fmt::format(R"(<text x="{}" y="20" class="title">Roofline: {}, {}</text>)", 10, html_escape(roof.device),
                      html_escape(report.config.dtype));
+  const bool measured = std::any_of(last->components.begin(), last->components.end(),
+                                    [](const ComponentRow& c) { return c.measured_seconds.has_value(); });
   out += fmt::format(
-      R"(<text x="{}" y="38" class="tick">dots: the components at {}, at their modelled time (so on the roof); black: measured steps</text>)",
-      10, html_escape(point_label(last->point)));
+      R"(<text x="{}" y="38" class="tick">dots: components at {}, modelled time (on the roof){}; black: measured steps</text>)",
+      10, html_escape(point_label(last->point)), measured ? "; rings: measured time" : "");
   struct Dot {
     double x, y;
     std::string color, cls, attrs, title;
   };
   std::vector<Dot> dots;
+  std::vector<std::pair<size_t, size_t>> gaps;  // (modelled dot, measured ring)
   auto pass_color = [](const std::string& pass) {
     return pass == "fwd" ? kColors[0] : pass == "bwd" ? kColors[1] : pass == "recompute" ? kColors[2] : kColors[3];
   };
@@ -283,6 +288,12 @@ std::string roofline_chart(const SweepReport& report) {
                     fmt::format(R"( data-component="{}" data-pass="{}")", html_escape(c.component), c.pass),
                     fmt::format("{} ({}): {:.3g} FLOP/byte, {:.3g} GFLOP/s modelled, {} bound", c.component, c.pass,
                                 c.intensity, flops / c.modelled_seconds / 1e9, c.bound)});
+    if (!c.measured_seconds || !(*c.measured_seconds > 0)) continue;
+    dots.push_back({c.intensity, flops / *c.measured_seconds, pass_color(c.pass), "roofline-measured",
+                    fmt::format(R"( data-component="{}" data-pass="{}")", html_escape(c.component), c.pass),
+                    fmt::format("{} ({}): {:.3g} GFLOP/s measured, {:.0f}% of its modelled rate", c.component, c.pass,
+                                flops / *c.measured_seconds / 1e9, 100 * c.modelled_seconds / *c.measured_seconds)});
+    gaps.emplace_back(dots.size() - 2, dots.size() - 1);
   }
   for (const auto& r : report.rows) {
     if (!ok(r) || !(r.traffic_bytes > 0) || !(r.executed_flops > 0) || !(r.seconds_per_step > 0)) continue;
@@ -350,10 +361,16 @@ std::string roofline_chart(const SweepReport& report) {
       ridge, fx(ridge), fy(roof.gemm_flops_per_s), fx(ridge), h - bottom);
   out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="tick">ridge {:.3g} FLOP/B</text>)", fx(ridge) + 4,
                      fy(roof.gemm_flops_per_s) + 16, ridge);
+  for (const auto& [model, ring] : gaps) {
+    out += fmt::format(
+        R"(<line class="roofline-gap" x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-opacity="0.5"/>)",
+        fx(dots[model].x), fy(dots[model].y), fx(dots[ring].x), fy(dots[ring].y), dots[ring].color);
+  }
   for (const Dot& d : dots) {
-    out +=
-        fmt::format(R"(<circle class="{}"{} cx="{:.1f}" cy="{:.1f}" r="{}" fill="{}"><title>{}</title></circle>)",
-                    d.cls, d.attrs, fx(d.x), fy(d.y), d.cls == "roofline-step" ? 6 : 4, d.color, html_escape(d.title));
+    const bool ring = d.cls == "roofline-measured";
+    out += fmt::format(R"(<circle class="{}"{} cx="{:.1f}" cy="{:.1f}" r="{}" fill="{}"{}><title>{}</title></circle>)",
+                       d.cls, d.attrs, fx(d.x), fy(d.y), d.cls == "roofline-step" ? 6 : 4, ring ? "none" : d.color,
+                       ring ? fmt::format(R"( stroke="{}" stroke-width="2")", d.color) : "", html_escape(d.title));
   }
   // Legend.
   const std::vector<std::pair<std::string, std::string>> legend = {
@@ -368,6 +385,12 @@ std::string roofline_chart(const SweepReport& report) {
     out +=
         fmt::format(R"(<circle cx="{}" cy="{:.1f}" r="4" fill="{}"/><text x="{}" y="{:.1f}" class="legend">{}</text>)",
                     w - right + 16, ly, color, w - right + 26, ly + 4, html_escape(name));
+    ly += 18;
+  }
+  if (measured) {
+    out += fmt::format(
+        R"(<circle cx="{}" cy="{:.1f}" r="4" fill="none" stroke="#333" stroke-width="2"/><text x="{}" y="{:.1f}" class="legend">component, measured</text>)",
+        w - right + 16, ly, w - right + 26, ly + 4);
     ly += 18;
   }
   if (two_roofs) {
