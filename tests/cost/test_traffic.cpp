@@ -363,7 +363,9 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
   o.batch = 1;
   o.seq_len = 1024;
   o.attention = "sdpa";
-  const auto* row = kiln::cost::traffic_model(config, o).find("q_proj", Pass::kForward);
+  const TrafficReport report = kiln::cost::traffic_model(config, o);  // the row points into it
+  const auto* row = report.find("q_proj", Pass::kForward);
+  REQUIRE(row);
   const double flops = 2.0 * 1024 * 768 * 768, bytes = 2.0 * (1024 * 768 + 768 * 768 + 1024 * 768);
   CHECK(roof.seconds(row->kiln) == Approx(std::max(flops / 312e12, bytes / 2039e9)).epsilon(1e-12));
 }
