@@ -144,6 +144,14 @@ std::optional<double> read_number(const std::string& path) {
   return std::nullopt;
 }
 
+// A clock as sysfs or /proc/cpuinfo gives it (peak_clock fills the reported and measured fields).
+CpuClock reported_clock(double hz, std::string source) {
+  CpuClock c;
+  c.hz = hz;
+  c.source = std::move(source);
+  return c;
+}
+
 }  // namespace
 
 std::optional<CpuClock> read_cpu_clock(const std::vector<int>& cpus, const std::string& sysfs_root,
@@ -155,7 +163,7 @@ std::optional<CpuClock> read_cpu_clock(const std::vector<int>& cpus, const std::
       if (const auto khz = read_number(fmt::format("{}/cpu{}/cpufreq/{}", sysfs_root, cpu, file)))
         best = std::max(best, *khz * 1e3);
     }
-    if (best > 0) return CpuClock{best, std::string("sysfs ") + file};
+    if (best > 0) return reported_clock(best, std::string("sysfs ") + file);
   }
   // /proc/cpuinfo: "processor : N" opens each CPU's block, "cpu MHz : 2445.406" in it.
   std::ifstream in(cpuinfo);
@@ -174,7 +182,7 @@ std::optional<CpuClock> read_cpu_clock(const std::vector<int>& cpus, const std::
       best = std::max(best, std::atof(line.c_str() + colon + 1) * 1e6);
     }
   }
-  if (best > 0) return CpuClock{best, "/proc/cpuinfo cpu MHz"};
+  if (best > 0) return reported_clock(best, "/proc/cpuinfo cpu MHz");
   return std::nullopt;
 }
 
