@@ -12,27 +12,13 @@ namespace {
 constexpr int kNumOps = static_cast<int>(Op::kCount);
 constexpr int kNoOverride = -1;
 
-std::atomic<Backend> g_backend{Backend::kKiln};
-// Per op kNoOverride or a Backend; at start kDefaultKernels' (attention: ATen). (A zeroed array
-// would read as kKiln overrides: 0 is Backend::kKiln.)
-struct Overrides {
-  std::array<std::atomic<int>, kNumOps> op;
-  Overrides() {
-    for (auto& o : op) o.store(kNoOverride);
-    op[static_cast<int>(Op::kAttention)].store(static_cast<int>(Backend::kAten));
-  }
-};
-Overrides g_overrides;
-std::array<std::atomic<int>, kNumOps>& g_override = g_overrides.op;
-
 struct Parsed {
   std::optional<Backend> all;
-  std::array<int, kNumOps> per_op{};
+  std::array<int, kNumOps> per_op{};  // kNoOverride or a Backend
 };
 
-std::string spec_of(Backend all, const std::array<int, kNumOps>& per_op);
-
-Parsed parse_spec(const std::string& spec) {
+// The items of `spec` as written (no default applied).
+Parsed parse_items(const std::string& spec) {
   Parsed parsed;
   parsed.per_op.fill(kNoOverride);
   std::stringstream in(spec);
@@ -60,14 +46,42 @@ Parsed parse_spec(const std::string& spec) {
     first = false;
   }
   if (!any) throw std::invalid_argument("kernels: empty backend spec");
+  return parsed;
+}
+
+// kDefaultKernels, parsed once (it has a bare first item).
+const Parsed& default_spec() {
+  static const Parsed parsed = parse_items(kDefaultKernels);
+  return parsed;
+}
+
+// A spec without a bare item applies on top of the default: its backend, and its overrides for
+// the ops the spec does not name.
+Parsed parse_spec(const std::string& spec) {
+  Parsed parsed = parse_items(spec);
   if (!parsed.all) {
-    // No bare item: the items apply on top of the default spec (its overrides where not given).
-    parsed.all = Backend::kKiln;
-    const int attention = static_cast<int>(Op::kAttention);
-    if (parsed.per_op[attention] == kNoOverride) parsed.per_op[attention] = static_cast<int>(Backend::kAten);
+    const Parsed& d = default_spec();
+    parsed.all = d.all;
+    for (int i = 0; i < kNumOps; ++i) {
+      if (parsed.per_op[i] == kNoOverride) parsed.per_op[i] = d.per_op[i];
+    }
   }
   return parsed;
 }
+
+// The process-wide setting, kDefaultKernels' at start.
+struct ProcessSetting {
+  std::atomic<Backend> all;
+  std::array<std::atomic<int>, kNumOps> op;
+  ProcessSetting() {
+    const Parsed& d = default_spec();
+    all.store(d.all.value_or(Backend::kKiln));
+    for (int i = 0; i < kNumOps; ++i) op[i].store(d.per_op[i]);
+  }
+};
+ProcessSetting g_setting;
+std::atomic<Backend>& g_backend = g_setting.all;
+std::array<std::atomic<int>, kNumOps>& g_override = g_setting.op;
 
 std::string spec_of(Backend all, const std::array<int, kNumOps>& per_op) {
   std::string spec = backend_name(all);
