@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
     ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
     ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
     ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU: one range over the counted steps) over --counter-steps more steps after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
+    ("counter-phases", "with --counters: count forward, backward and the optimizer apart as well (the per-phase table beside the traffic model's rows; on a GPU a device synchronisation at each phase boundary of the counted steps); implies --counters")
     ("counter-steps", "with --counters: steps counted per point (default: as many as --steps)", cxxopts::value<int64_t>())
     ("counters-per-kernel", "--counters on a GPU with one CUPTI range per kernel (each kernel's columns in profile.json); CUPTI serialises the kernels, so the counted steps run much slower; implies --counters")
     ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones: its ops' CPU time on a CPU, the GPU time of the kernels they launch on a GPU (docs/performance.md, \"Measured time per component\")")
@@ -350,6 +351,7 @@ int main(int argc, char** argv) {
     if (args.count("no-overlap")) config.ddp_overlap = false;
     if (args.count("counters")) config.counters = true;
     if (args.count("counters-per-kernel")) config.counters = config.counters_per_kernel = true;
+    if (args.count("counter-phases")) config.counters = config.counter_phases = true;
     if (args.count("counter-steps")) config.counter_steps = args["counter-steps"].as<int64_t>();
     if (args.count("component-times")) config.component_times = true;
     config.validate();

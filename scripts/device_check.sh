@@ -10,8 +10,9 @@
 #      perf_event session) and the [component_times] test (GPU time per component through Kineto),
 #      kiln-profile --counters on the tiny preset (one range; per kernel under kernel replay and
 #      under user replay), llama-100m without counters but with --component-times, then
-#      --counters over llama-100m (bf16, cutoff_len 1024 x batch 8)
-#      and llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x 16), one counted step each:
+#      --counter-phases over llama-100m (bf16, cutoff_len 1024 x batch 8: forward, backward and
+#      optimizer counted apart) and --counters over
+#      llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x 16), one counted step each:
 #      each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones;
 #   4. run kiln-bench (the fused ops, kiln vs ATen; fp16 both ways), then scripts/bench_vs_hf.py: kiln's
 #      training step against transformers' on this GPU, bf16, llama-100m at cutoff_len 1024 (batch 8)
@@ -250,8 +251,9 @@ fi
 
 # 3. hardware counters: the [counters] tests (their figures as warnings), kiln-profile on the tiny
 # preset three ways (one range; per kernel, kernel replay; per kernel, user replay: what a counted
-# step costs each way), then the 100M point without counters and the 100M and 1B sweeps (3 timed
-# steps each, then 1 counted). Each
+# step costs each way), then the 100M point without counters, the 100M point counted per phase
+# (--counter-phases: forward, backward, optimizer, each beside its modelled bytes) and the 1B
+# sweep (3 timed steps each, then 1 counted). Each
 # kiln-profile logs its phases' times on stderr (into its .md) as they end.
 if want counters && [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [counters] tests" >"$out/counters.log"
@@ -271,7 +273,7 @@ if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
     --steps 3 --warmup 2 --device cuda --component-times --format md,json --output "$out/profile_100m_plain_out" \
     >"$out/profile_100m_plain.md" 2>&1 || status=1
   step 120 "$build/bin/kiln-profile" --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 \
-    --steps 3 --warmup 2 --device cuda --counters --counter-steps 1 --format md,json \
+    --steps 3 --warmup 2 --device cuda --counter-phases --counter-steps 1 --format md,json \
     --output "$out/profile_100m_out" >"$out/profile_100m.md" 2>&1 || status=1
   step 150 "$build/bin/kiln-profile" --config "$root/configs/profile/llama-3.2-1b.yaml" --steps 3 --warmup 1 \
     --device cuda --counters --counter-steps 1 --format md,json --output "$out/profile_1b_out" \

@@ -181,6 +181,88 @@ TEST_CASE("perf_event counters: every thread's CPU time, cycles and instructions
   CHECK(*again.cpu_seconds < *r.cpu_seconds);
 }
 
+TEST_CASE("perf_event counters per phase: each phase's segments, against this thread's own clock",
+          "[profile][counters]") {
+  kiln::profile::CounterOptions options;
+  options.phases = true;
+  auto session = CounterSession::open(c10::Device(c10::kCPU), 100e9, options);
+  REQUIRE(session);
+  session->phase("before start");  // outside an interval: nothing
+  if (!session->available()) {
+    WARN("perf_event unavailable here: " << session->reason());
+    session->start();
+    session->phase("a");
+    CHECK(session->stop().phases.empty());
+    return;
+  }
+  // Phase a twice (N each), phase b once (3N) between them; this thread's CPU clock per segment is
+  // the reference. The first phase() also takes the work since start().
+  constexpr int64_t kIterations = 20'000'000;
+  double a_cpu = 0, b_cpu = 0;
+  session->start();
+  double t0 = thread_cpu_seconds();
+  busy(kIterations / 4);
+  session->phase("a");
+  busy(kIterations);
+  double t1 = thread_cpu_seconds();
+  a_cpu += t1 - t0;
+  session->phase("b");
+  busy(3 * kIterations);
+  double t2 = thread_cpu_seconds();
+  b_cpu += t2 - t1;
+  session->phase("a");
+  busy(kIterations);
+  const CounterReading r = session->stop();
+  a_cpu += thread_cpu_seconds() - t2;
+  INFO(r.detail);
+  INFO(r.reason);
+  REQUIRE(r.phases.size() == 2);
+  CHECK(r.phases[0].name == "a");
+  CHECK(r.phases[0].segments == 2);
+  CHECK(r.phases[1].name == "b");
+  CHECK(r.phases[1].segments == 1);
+  CHECK(r.phases[0].seconds + r.phases[1].seconds == Approx(r.seconds).epsilon(0.01));
+  for (const auto& p : r.phases) CHECK_FALSE(p.gpu_seconds);
+  if (r.cpu_seconds) {
+    REQUIRE(r.phases[0].cpu_seconds);
+    REQUIRE(r.phases[1].cpu_seconds);
+    // The phases partition the interval: their counts add up to its own.
+    CHECK(*r.phases[0].cpu_seconds + *r.phases[1].cpu_seconds == Approx(*r.cpu_seconds).epsilon(1e-9));
+    WARN("task-clock per phase: a " << *r.phases[0].cpu_seconds << " s (own clock " << a_cpu << " s), b "
+                                    << *r.phases[1].cpu_seconds << " s (own clock " << b_cpu << " s)");
+    CHECK(*r.phases[0].cpu_seconds >= 0.97 * a_cpu);
+    CHECK(*r.phases[0].cpu_seconds <= 1.10 * a_cpu + 0.03);
+    CHECK(*r.phases[1].cpu_seconds >= 0.97 * b_cpu);
+    CHECK(*r.phases[1].cpu_seconds <= 1.10 * b_cpu + 0.03);
+  } else {
+    CHECK_FALSE(r.phases[0].cpu_seconds);
+  }
+  if (r.instructions) {
+    REQUIRE(r.phases[1].instructions);
+    CHECK(*r.phases[1].instructions >= 3.0 * kIterations);
+    CHECK(*r.phases[0].instructions + *r.phases[1].instructions == Approx(*r.instructions).epsilon(1e-9));
+  }
+  CHECK(r.phases[0].dram_bytes.has_value() == r.dram_bytes.has_value());
+
+  // A new interval starts its phases afresh; one without phase() calls has none.
+  session->start();
+  session->phase("c");
+  busy(kIterations / 10);
+  const CounterReading again = session->stop();
+  REQUIRE(again.phases.size() == 1);
+  CHECK(again.phases[0].name == "c");
+  session->start();
+  busy(kIterations / 10);
+  CHECK(session->stop().phases.empty());
+
+  // Without CounterOptions::phases, phase() does nothing.
+  auto plain = CounterSession::open(c10::Device(c10::kCPU), 100e9);
+  plain->start();
+  plain->phase("a");
+  busy(kIterations / 10);
+  CHECK(plain->stop().phases.empty());
+}
+
 TEST_CASE("perf_event sysfs events: encoded from format/, scaled to bytes, free-running first", "[profile][counters]") {
   namespace perf = kiln::profile::perf;
   const auto root = kiln::test::scratch_dir("counters_sysfs");
@@ -435,5 +517,79 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
          << counted / uncounted << "x), " << many.ranges << " ranges, stop() " << many.collect_seconds * 1e3 << " ms");
     CHECK(many.ranges == (per_kernel ? 500 : 1));
     if (!per_kernel) CHECK(counted < 3 * uncounted + 0.05);
+  }
+}
+
+// Phases (CounterOptions::phases, kiln-profile --counter-phases) in both CUPTI collections: each
+// phase's DRAM bytes against what its kernels move, one phase entered twice, one phase's kernels
+// launched from another thread (as autograd launches backward's).
+TEST_CASE("CUPTI counters per phase", "[profile][counters][cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: the CUPTI session is not exercised here");
+    return;
+  }
+  const c10::Device device(c10::kCUDA, 0);
+  const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
+  const double peak = spec ? spec->memory_bandwidth : 0;
+  const at::Tensor src = at::rand({128, 1024, 1024}, at::TensorOptions().device(device));  // 512 MiB
+  at::Tensor dst = at::empty_like(src);
+  at::mul_out(dst, src, 2.0);
+  const double pass = 2.0 * static_cast<double>(src.nbytes());  // one mul_out reads and writes it
+  torch::cuda::synchronize();
+
+  for (const bool per_kernel : {false, true}) {
+    INFO((per_kernel ? "per kernel" : "one range per phase segment"));
+    kiln::profile::CounterOptions options;
+    options.per_kernel = per_kernel;
+    options.phases = true;
+    auto session = CounterSession::open(device, peak, options);
+    if (!session->available()) {
+      WARN("CUPTI unavailable: " << session->reason());
+      CHECK_THAT(session->reason(), StartsWith("n/a: "));
+      return;
+    }
+    session->start();
+    session->phase("one");
+    at::mul_out(dst, src, 2.0);
+    session->phase("three");
+    std::thread other([&] {
+      for (int i = 0; i < 3; ++i) at::mul_out(dst, src, 2.0);
+    });
+    other.join();
+    session->phase("one");
+    at::mul_out(dst, src, 2.0);
+    torch::cuda::synchronize();
+    const CounterReading r = session->stop();
+    INFO(r.detail);
+    INFO(r.reason);
+    REQUIRE(r.dram_bytes);
+    REQUIRE(r.phases.size() == 2);
+    const auto& one = r.phases[0];
+    const auto& three = r.phases[1];
+    CHECK(one.name == "one");
+    CHECK(one.segments == 2);
+    CHECK(three.name == "three");
+    CHECK(three.segments == 1);
+    REQUIRE(one.dram_bytes);
+    REQUIRE(three.dram_bytes);
+    WARN((per_kernel ? "per kernel" : "per segment")
+         << ": phase one " << *one.dram_bytes / 1e9 << " GB (moves " << 2 * pass / 1e9 << "), phase three "
+         << *three.dram_bytes / 1e9 << " GB (moves " << 3 * pass / 1e9 << "), " << r.ranges << " ranges, GPU "
+         << one.gpu_seconds.value_or(-1) * 1e3 << " + " << three.gpu_seconds.value_or(-1) * 1e3 << " ms");
+    CHECK(*one.dram_bytes == Approx(2 * pass).epsilon(0.05));
+    CHECK(*three.dram_bytes == Approx(3 * pass).epsilon(0.05));
+    CHECK(*one.dram_bytes + *three.dram_bytes == Approx(*r.dram_bytes).epsilon(1e-6));
+    REQUIRE(one.gpu_seconds);
+    REQUIRE(three.gpu_seconds);
+    CHECK(*three.gpu_seconds > *one.gpu_seconds);
+    if (per_kernel) {
+      CHECK(one.kernels == 2);
+      CHECK(three.kernels == 3);
+    }
+    if (peak > 0) {
+      REQUIRE(three.memory_bandwidth);
+      CHECK(*three.memory_bandwidth > 0.3);
+      CHECK(*three.memory_bandwidth < 1.05);
+    }
   }
 }

@@ -465,3 +465,65 @@ def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
             assert reason and "\n" not in reason and "--counters" not in reason
             assert cells[header] == f"{100 * modelled:.1f}% (model)"
             assert reason in note or row["counters"] is None
+
+
+def test_counter_phases_split_the_counted_steps_into_forward_backward_and_optimizer(run_kiln, tmp_path):
+    # --counter-phases (CounterOptions::phases): the counters read at each phase boundary of the
+    # counted steps. GA 2 over 2 counted steps: forward and backward entered 4 times, the optimizer 2.
+    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "32",
+                 "--grad-accum", "2", "--steps", "1", "--warmup", "0", "--counter-phases", "--counter-steps", "2",
+                 "--format", "md,json,html", "--output", tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    assert doc["counters_requested"] is True  # --counter-phases implies --counters
+    assert ("kiln-profile: cutoff_len 32 batch 1 GA 2: counting 2 steps (forward, backward and optimizer apart)"
+            in r.stderr), r.stderr
+    row = doc["rows"][0]
+    counters = row["counters"]
+    if counters is None:  # perf_event refused here: the note says why, and no table is written
+        assert "counters: counters unavailable: " in r.stdout
+        assert "Counted per phase" not in (tmp_path / "profile.md").read_text()
+        return
+    phases = counters["phases"]
+    assert [p["name"] for p in phases] == ["forward", "backward", "optimizer"]
+    assert [p["segments"] for p in phases] == [4, 4, 2]
+    assert sum(p["seconds"] for p in phases) == pytest.approx(counters["seconds"], rel=0.02)
+    for key in ("cpu_seconds", "cycles", "instructions"):
+        if counters[key] is None:
+            assert all(p[key] is None for p in phases)
+        else:  # the phases partition the interval
+            assert all(p[key] > 0 for p in phases)
+            assert sum(p[key] for p in phases) == pytest.approx(counters[key], rel=1e-9)
+    # Modelled per phase: the traffic model's rows, summed here from the components by pass.
+    pass_phase = {"fwd": "forward", "bwd": "backward", "recompute": "backward", "step": "optimizer"}
+    for p in phases:
+        rows = [c for c in row["components"] if pass_phase[c["pass"]] == p["name"]]
+        assert rows
+        assert p["modelled_bytes_per_step"] == pytest.approx(sum(c["bytes"] for c in rows), rel=1e-12)
+        assert p["modelled_seconds_per_step"] == pytest.approx(sum(c["modelled_seconds"] for c in rows), rel=1e-12)
+    # Markdown: one row per phase, per step (GA 2: forward entered twice a step).
+    md = (tmp_path / "profile.md").read_text()
+    assert "## Counted per phase (--counter-phases): forward, backward, optimizer" in md
+    table = [l for l in md.splitlines() if l.startswith("| forward |") or l.startswith("| backward |")
+             or l.startswith("| optimizer |")]
+    assert len(table) == 3
+    forward = [c.strip() for c in table[0].strip("|").split("|")]
+    assert forward[1] == "2" and forward[3] == ("n/a" if phases[0]["cpu_seconds"] is None
+                                                else f"{phases[0]['cpu_seconds'] / 2 * 1e3:.3f}")
+    assert forward[6] == f"{phases[0]['modelled_bytes_per_step'] / 1e9:.3f}"
+    page = (tmp_path / "profile.html").read_text()
+    assert page.count('<table class="phases">') == 1 and "<td>optimizer</td>" in page
+
+    # The YAML key does the same (and implies counters); a bad value names the file and the key.
+    cfg = tmp_path / "phases.yaml"
+    cfg.write_text("model: tiny\ndevice: cpu\ndtype: fp32\ncutoff_len: [16]\nsteps: 1\nwarmup: 0\n"
+                   "counter_phases: true\ncounter_steps: 1\nformat: json\n")
+    r = run_kiln("kiln-profile", "--config", cfg, "--output", tmp_path / "yaml", timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "yaml" / "profile.json").read_text())
+    assert doc["counters_requested"] is True
+    assert [(p["name"], p["segments"]) for p in doc["rows"][0]["counters"]["phases"]] == [
+        ("forward", 1), ("backward", 1), ("optimizer", 1)]
+    cfg.write_text("model: tiny\ncounter_phases: sometimes\n")
+    r = run_kiln("kiln-profile", "--config", cfg)
+    assert r.returncode == 2 and str(cfg) in r.stderr and "counter_phases" in r.stderr

@@ -27,6 +27,8 @@ namespace kiln::profile {
 
 CounterSession::~CounterSession() = default;
 
+void CounterSession::phase(const std::string&) {}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -189,7 +191,8 @@ std::vector<pid_t> process_threads() {
 
 class PerfEventSession final : public CounterSession {
  public:
-  PerfEventSession(double peak_bandwidth, const std::string& devices_dir) : peak_bandwidth_(peak_bandwidth) {
+  PerfEventSession(double peak_bandwidth, const std::string& devices_dir, bool phases)
+      : peak_bandwidth_(peak_bandwidth), phases_on_(phases) {
     paranoid_ = perf::read_paranoid();
     privileged_ = has_capability(38) || has_capability(21);
     paranoid_note_ = paranoid_ ? fmt::format("perf_event_paranoid={}", *paranoid_)
@@ -286,11 +289,34 @@ class PerfEventSession final : public CounterSession {
       if (fd >= 0) open_.push_back({fd, i, true});
     }
     start_ = std::chrono::steady_clock::now();
+    phases_.clear();
+    current_phase_ = -1;
     for (const Open& o : open_) {
       ioctl(o.fd, PERF_EVENT_IOC_RESET, 0);
       ioctl(o.fd, PERF_EVENT_IOC_ENABLE, 0);
     }
     started_ = true;
+    mark_ = Snapshot{};  // every counter reads 0 after the reset
+    mark_time_ = start_;
+  }
+
+  void phase(const std::string& name) override {
+    if (!phases_on_ || !started_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (current_phase_ >= 0) {
+      // The segment since the last boundary belongs to the current phase.
+      Snapshot snap = snapshot();
+      close_segment(snap, now);
+    }  // the first phase() also takes the work since start(): no boundary yet
+    auto it = std::find_if(phases_.begin(), phases_.end(), [&](const PhaseSums& p) { return p.name == name; });
+    if (it == phases_.end()) {
+      PhaseSums fresh;
+      fresh.name = name;
+      phases_.push_back(std::move(fresh));
+      it = std::prev(phases_.end());
+    }
+    current_phase_ = it - phases_.begin();
+    it->segments += 1;
   }
 
   CounterReading stop() override {
@@ -299,24 +325,13 @@ class PerfEventSession final : public CounterSession {
     CounterReading r;
     r.source = "perf_event";
     r.seconds = started_ ? std::chrono::duration<double>(end - start_).count() : 0;
-    std::map<std::string, double> sums;
-    std::set<std::string> unread;
-    double dram_bytes = 0;
-    size_t dram_read = 0;
-    for (const Open& o : open_) {
-      const std::optional<double> count = read_count(o.fd);
-      if (o.system_wide) {
-        if (count) {
-          dram_bytes += *count * dram_events_[o.index].scale;
-          ++dram_read;
-        }
-      } else if (count) {
-        sums[thread_events_[o.index].name] += *count;
-      } else {
-        unread.insert(thread_events_[o.index].name);
-      }
-    }
+    const Snapshot total = snapshot();
+    std::map<std::string, double> sums = total.sums;
+    const std::set<std::string>& unread = total.unread;
+    const double dram_bytes = total.dram_bytes;
+    const size_t dram_read = total.dram_read;
     const size_t dram_opened = std::count_if(open_.begin(), open_.end(), [](const Open& o) { return o.system_wide; });
+    if (started_ && current_phase_ >= 0) close_segment(total, end);
     close_all();
 
     std::vector<std::string> reasons;
@@ -363,6 +378,26 @@ class PerfEventSession final : public CounterSession {
       r.detail += fmt::format("; DRAM: {} read+write events of {}, whole socket (every process)", dram_events_.size(),
                               dram_source_);
     }
+    // Each phase's columns where the interval has them (the same counters, read at its boundaries).
+    for (const PhaseSums& p : started_ ? phases_ : std::vector<PhaseSums>{}) {
+      PhaseCounters out;
+      out.name = p.name;
+      out.segments = p.segments;
+      out.seconds = p.seconds;
+      auto from = [&](const std::optional<double>& whole, const std::string& event, double scale) {
+        const auto it = p.sums.find(event);
+        return whole && it != p.sums.end() ? std::optional<double>(it->second * scale) : std::nullopt;
+      };
+      out.cycles = from(r.cycles, "cycles", 1.0);
+      out.instructions = from(r.instructions, "instructions", 1.0);
+      out.cpu_seconds = from(r.cpu_seconds, "task-clock", 1e-9);
+      if (r.dram_bytes) {
+        out.dram_bytes = p.dram_bytes;
+        if (peak_bandwidth_ > 0 && p.seconds > 0) out.memory_bandwidth = p.dram_bytes / p.seconds / peak_bandwidth_;
+      }
+      r.phases.push_back(std::move(out));
+    }
+    if (!r.phases.empty()) r.detail += fmt::format("; per phase: read at each of its {} boundaries", boundaries_);
     started_ = false;
     return r;
   }
@@ -378,6 +413,52 @@ class PerfEventSession final : public CounterSession {
     for (const Open& o : open_) ::close(o.fd);
     open_.clear();
   }
+
+  // Every open counter read once: per-thread events summed by name, DRAM bytes summed.
+  struct Snapshot {
+    std::map<std::string, double> sums;
+    std::set<std::string> unread;
+    double dram_bytes = 0;
+    size_t dram_read = 0;
+  };
+  Snapshot snapshot() const {
+    Snapshot s;
+    for (const Open& o : open_) {
+      const std::optional<double> count = read_count(o.fd);
+      if (o.system_wide) {
+        if (count) {
+          s.dram_bytes += *count * dram_events_[o.index].scale;
+          ++s.dram_read;
+        }
+      } else if (count) {
+        s.sums[thread_events_[o.index].name] += *count;
+      } else {
+        s.unread.insert(thread_events_[o.index].name);
+      }
+    }
+    return s;
+  }
+
+  // The counts since the last boundary go to the current phase; `snap` becomes the boundary.
+  void close_segment(const Snapshot& snap, std::chrono::steady_clock::time_point now) {
+    PhaseSums& p = phases_[static_cast<size_t>(current_phase_)];
+    for (const auto& [event, value] : snap.sums) {
+      const auto before = mark_.sums.find(event);
+      p.sums[event] += value - (before == mark_.sums.end() ? 0.0 : before->second);
+    }
+    p.dram_bytes += snap.dram_bytes - mark_.dram_bytes;
+    p.seconds += std::chrono::duration<double>(now - mark_time_).count();
+    mark_ = snap;
+    mark_time_ = now;
+    ++boundaries_;
+  }
+
+  struct PhaseSums {
+    std::string name;
+    int64_t segments = 0;
+    double seconds = 0, dram_bytes = 0;
+    std::map<std::string, double> sums;
+  };
 
   std::string open_failure(const std::string& event, int err, const std::string& devices_dir) const {
     std::string why;
@@ -397,6 +478,7 @@ class PerfEventSession final : public CounterSession {
   }
 
   double peak_bandwidth_ = 0;
+  bool phases_on_ = false;
   std::optional<int> paranoid_;
   bool privileged_ = false, user_only_ = false;
   std::string paranoid_note_;
@@ -407,6 +489,13 @@ class PerfEventSession final : public CounterSession {
   size_t threads_ = 0;
   bool started_ = false;
   std::chrono::steady_clock::time_point start_;
+  // Phases (CounterOptions::phases): in the order first entered; the current one's index, -1
+  // before the first phase(); the counts and time at the last boundary.
+  std::vector<PhaseSums> phases_;
+  std::ptrdiff_t current_phase_ = -1;
+  Snapshot mark_;
+  std::chrono::steady_clock::time_point mark_time_;
+  int64_t boundaries_ = 0;
 };
 
 }  // namespace
@@ -549,7 +638,8 @@ std::unique_ptr<CounterSession> CounterSession::open(const c10::Device& device, 
                                                      const CounterOptions& options) {
   try {
     if (device.is_cpu()) {
-      return std::make_unique<PerfEventSession>(peak_bandwidth_bytes_per_s, "/sys/bus/event_source/devices");
+      return std::make_unique<PerfEventSession>(peak_bandwidth_bytes_per_s, "/sys/bus/event_source/devices",
+                                                options.phases);
     }
     if (device.is_cuda()) {
 #ifdef KILN_WITH_CUPTI

@@ -47,6 +47,20 @@ struct KernelCounters {
   std::optional<double> fp_engine;          // fraction of elapsed cycles the FMA pipe was active
 };
 
+// One phase of an interval (CounterSession::phase): its segments summed, in the reading's units.
+// CPU: the thread counters' deltas between the phase's boundaries. CUDA, one range per phase
+// segment: each segment's user range, its fractions GPU-time-weighted over the segments; per
+// kernel: the kernels launched while the phase was current.
+struct PhaseCounters {
+  std::string name;
+  int64_t segments = 0;  // times the phase was entered in the interval
+  double seconds = 0;    // wall clock between its boundaries, summed
+  std::optional<double> gpu_seconds;
+  std::optional<double> dram_bytes, memory_bandwidth, memory_throughput, tensor_core, fp_engine;
+  std::optional<double> cpu_seconds, cycles, instructions;
+  int64_t kernels = 0;  // CUDA per kernel: the kernel launches counted in it
+};
+
 // One reading of hardware counters over an interval (a few sampled steps). Each optional is empty
 // when the hardware or the permissions do not provide it; `reason` then says why, in one line.
 struct CounterReading {
@@ -73,6 +87,9 @@ struct CounterReading {
   // CUPTI: per kernel name, (name, GPU seconds), largest first; `kernels` has every column.
   std::vector<std::pair<std::string, double>> per_range;
   std::vector<KernelCounters> kernels;
+  // With CounterOptions::phases: per phase, in the order first entered (empty otherwise, or when
+  // no phase() was called). Together they cover the interval: their sums are its totals.
+  std::vector<PhaseCounters> phases;
 };
 
 struct CounterOptions {
@@ -83,6 +100,14 @@ struct CounterOptions {
   // CUPTI, per kernel: kernel launches one interval can hold (the counter data image's ranges);
   // launches past it are not counted, and the reading says how many were dropped.
   int64_t max_kernels = 8192;
+  // Counts per phase too (CounterSession::phase; kiln-profile --counter-phases: forward, backward,
+  // optimizer). CUDA, one range: each phase segment its own user range, with a device
+  // synchronisation at every boundary (so that a range holds its segment's kernels only); per
+  // kernel: each kernel goes to the phase current at its launch, at no extra cost.
+  bool phases = false;
+  // CUDA, one range with phases: the ranges (phase segments) one interval can hold; segments past
+  // it are not counted, and the reading says how many were dropped.
+  int64_t max_phase_ranges = 4096;
 };
 
 // Counts over start() .. stop() intervals, as many as wanted, one at a time. Never throws for a
@@ -99,6 +124,13 @@ class CounterSession {
   virtual bool available() const = 0;
   virtual std::string reason() const = 0;  // why not available ("" when it is)
   virtual void start() = 0;
+  // With CounterOptions::phases, between start() and stop(): the work from here to the next
+  // phase() or stop() belongs to phase `name` (a phase may be entered many times; its segments are
+  // summed). The first phase() of an interval also takes the work since start() (on CUDA with one
+  // range per phase, work launched between start() and the first phase() is in no range: call
+  // it right after start()). Call it from the thread that calls start(). Without phases, or
+  // outside an interval, it does nothing.
+  virtual void phase(const std::string& name);
   // After the sampled steps; on CUDA synchronize the device first (torch::cuda::synchronize()).
   virtual CounterReading stop() = 0;
 };

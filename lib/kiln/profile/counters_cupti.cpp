@@ -213,8 +213,10 @@ double seconds_per_unit(const std::string& unit) {
 struct LaunchNames {
   std::mutex mutex;
   std::vector<std::string> names;  // mangled, in launch order
+  std::vector<int> phases;         // per launch: the phase current at it (-1: before the first phase())
   CUcontext context = nullptr;
   std::atomic<uint64_t> interval{0};  // which start() the callbacks belong to
+  std::atomic<int> phase{-1};         // the current phase's index (CuptiSession::phase)
 };
 
 // Runtime launches call the driver's: a launch is recorded at the outermost launch API only. The
@@ -241,6 +243,7 @@ void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_Callb
   std::lock_guard<std::mutex> lock(names->mutex);
   if (cb->context != nullptr && cb->context != names->context) return;
   names->names.emplace_back(cb->symbolName);
+  names->phases.push_back(names->phase.load(std::memory_order_relaxed));
 }
 
 const std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>>& launch_callbacks() {
@@ -332,7 +335,9 @@ class CuptiSession final : public CounterSession {
   CuptiSession(const c10::Device& device, double peak_bandwidth, const CounterOptions& options)
       : peak_bandwidth_(peak_bandwidth),
         per_kernel_(options.per_kernel),
-        max_kernels_(std::max<int64_t>(1, options.max_kernels)) {
+        max_kernels_(std::max<int64_t>(1, options.max_kernels)),
+        phases_(options.phases),
+        max_phase_ranges_(std::max<int64_t>(1, options.max_phase_ranges)) {
     try {
       replay_ = replay_mode();
       open(device);
@@ -350,6 +355,12 @@ class CuptiSession final : public CounterSession {
     start_ = std::chrono::steady_clock::now();
     failure_.clear();
     started_ = true;
+    phase_names_.clear();
+    phase_segments_.clear();
+    phase_seconds_.clear();
+    range_phases_.clear();
+    current_phase_ = -1;
+    names_.phase.store(-1);
     if (!available()) return;
     try {
       const c10::cuda::CUDAGuard guard(device_index_);
@@ -377,6 +388,7 @@ class CuptiSession final : public CounterSession {
         {
           std::lock_guard<std::mutex> lock(names_.mutex);
           names_.names.clear();
+          names_.phases.clear();
         }
         names_.interval.fetch_add(1);
         // The launch callbacks name the kernels. Subscribed for the interval only, so that another
@@ -394,11 +406,12 @@ class CuptiSession final : public CounterSession {
       // The interval's range holds the interval's work only: what earlier calls queued ends first.
       check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
       start_ = std::chrono::steady_clock::now();
+      phase_mark_ = start_;
       auto s = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Start_Params);
       s.pRangeProfilerObject = profiler_;
       check("cuptiRangeProfilerStart", cuptiRangeProfilerStart(&s));
       running_ = true;
-      if (!per_kernel_) {
+      if (!per_kernel_ && !phases_) {  // with phases, each phase() opens its segment's range
         auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
         push.pRangeProfilerObject = profiler_;
         push.pRangeName = "kiln interval";
@@ -417,12 +430,60 @@ class CuptiSession final : public CounterSession {
     }
   }
 
+  void phase(const std::string& name) override {
+    if (!phases_ || !started_ || !running_ || !failure_.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (current_phase_ >= 0) phase_seconds_[static_cast<size_t>(current_phase_)] += seconds_between(phase_mark_, now);
+    phase_mark_ = now;
+    auto it = std::find(phase_names_.begin(), phase_names_.end(), name);
+    if (it == phase_names_.end()) {
+      phase_names_.push_back(name);
+      phase_segments_.push_back(0);
+      phase_seconds_.push_back(0);
+      it = std::prev(phase_names_.end());
+    }
+    current_phase_ = it - phase_names_.begin();
+    phase_segments_[static_cast<size_t>(current_phase_)] += 1;
+    // Per kernel: the launch callbacks tag each kernel with the current phase.
+    names_.phase.store(static_cast<int>(current_phase_), std::memory_order_relaxed);
+    if (per_kernel_) return;
+    try {
+      // One range per segment: the previous segment's kernels end inside its range.
+      const c10::cuda::CUDAGuard guard(device_index_);
+      check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
+      if (pushed_) {
+        pushed_ = false;
+        auto pop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
+        pop.pRangeProfilerObject = profiler_;
+        check("cuptiRangeProfilerPopRange", cuptiRangeProfilerPopRange(&pop));
+      }
+      auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
+      push.pRangeProfilerObject = profiler_;
+      push.pRangeName = phase_names_[static_cast<size_t>(current_phase_)].c_str();
+      check("cuptiRangeProfilerPushRange", cuptiRangeProfilerPushRange(&push));
+      pushed_ = true;
+      range_phases_.push_back(static_cast<int>(current_phase_));
+    } catch (const std::exception& e) {
+      // The interval cannot be counted: stopped here (its open range with it), and stop() says why.
+      pushed_ = false;
+      if (running_) {
+        auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
+        p.pRangeProfilerObject = profiler_;
+        cuptiRangeProfilerStop(&p);
+        running_ = false;
+      }
+      failure_ = one_line(e);
+    }
+  }
+
   CounterReading stop() override {
     CounterReading r;
     r.source = available() ? "cupti" : "";
     const auto stop_called = std::chrono::steady_clock::now();
     r.seconds = std::chrono::duration<double>(stop_called - start_).count();
     std::string why = !available() ? reason_ : !started_ ? "n/a: stop() without start()" : failure_;
+    if (started_ && current_phase_ >= 0)
+      phase_seconds_[static_cast<size_t>(current_phase_)] += seconds_between(phase_mark_, stop_called);
     started_ = false;
     if (why.empty()) {
       try {
@@ -439,12 +500,16 @@ class CuptiSession final : public CounterSession {
           std::nullopt;
       r.per_range.clear();
       r.kernels.clear();
+      r.phases.clear();
     }
     return r;
   }
 
  private:
-  int64_t range_capacity() const { return per_kernel_ ? max_kernels_ : 1; }
+  static double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+  int64_t range_capacity() const { return per_kernel_ ? max_kernels_ : phases_ ? max_phase_ranges_ : 1; }
 
   // One user range: user replay (a user range cannot be replayed per kernel). Per kernel: kernel
   // replay unless KILN_CUPTI_REPLAY=user; with one pass neither replays anything.
@@ -611,11 +676,49 @@ class CuptiSession final : public CounterSession {
     r.ranges = static_cast<int64_t>(ranges);
 
     std::vector<std::string> launches;
+    std::vector<int> launch_phases;
     {
       std::lock_guard<std::mutex> lock(names_.mutex);
       launches.swap(names_.names);
+      launch_phases.swap(names_.phases);
     }
     const bool named = per_kernel_ && names_note_.empty() && launches.size() == ranges + dropped;
+
+    // Each range's phase (-1: none). Per kernel: the phase current at its launch (a launch before
+    // the first phase() goes to the first phase). One range per phase segment: the range's name as
+    // CUPTI stored it, else the order the segments were pushed in.
+    std::vector<int> phase_of(ranges, -1);
+    std::string phase_note;
+    if (phases_ && !phase_names_.empty()) {
+      if (per_kernel_) {
+        if (named && launch_phases.size() == launches.size()) {
+          for (size_t i = 0; i < ranges; ++i) phase_of[i] = std::max(0, launch_phases[i]);
+        } else {
+          phase_note = "per phase: n/a (kernels not matched to their launches)";
+        }
+      } else {
+        const bool in_order = ranges + dropped == range_phases_.size();
+        for (size_t i = 0; i < ranges; ++i) {
+          auto info = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_CounterData_GetRangeInfo_Params);
+          info.pCounterDataImage = image_.data();
+          info.counterDataImageSize = image_.size();
+          info.rangeIndex = i;
+          info.rangeDelimiter = "/";
+          if (cuptiRangeProfilerCounterDataGetRangeInfo(&info) == CUPTI_SUCCESS && info.rangeName != nullptr) {
+            std::string stored = info.rangeName;
+            if (const size_t slash = stored.rfind('/'); slash != std::string::npos) stored = stored.substr(slash + 1);
+            const auto it = std::find(phase_names_.begin(), phase_names_.end(), stored);
+            if (it != phase_names_.end()) phase_of[i] = static_cast<int>(it - phase_names_.begin());
+          }
+          if (phase_of[i] < 0 && in_order) phase_of[i] = range_phases_[i];
+        }
+        if (std::count(phase_of.begin(), phase_of.end(), -1) > 0) {
+          phase_note = fmt::format("per phase: n/a ({} of {} ranges have no known phase name, {} segments pushed)",
+                                   std::count(phase_of.begin(), phase_of.end(), -1), ranges, range_phases_.size());
+          std::fill(phase_of.begin(), phase_of.end(), -1);
+        }
+      }
+    }
 
     // Where each column's metrics sit among the evaluated values.
     std::map<std::string, std::vector<size_t>> at;
@@ -643,6 +746,7 @@ class CuptiSession final : public CounterSession {
     std::map<std::string, Sums> by_name;
     std::vector<std::string> order;
     Sums total;
+    std::vector<Sums> by_phase(phase_names_.size());
     std::vector<const char*> metric_ptrs;
     for (const std::string& m : metrics_) metric_ptrs.push_back(m.c_str());
     std::vector<double> values(metrics_.size());
@@ -660,7 +764,9 @@ class CuptiSession final : public CounterSession {
       if (!by_name.count(name)) order.push_back(name);
       const std::optional<double> duration = value(values, "duration");
       const double seconds = duration && duration_scale_ > 0 ? *duration * duration_scale_ : 0;
-      for (Sums* s : {&by_name[name], &total}) {
+      Sums* in_phase = phase_of[i] >= 0 ? &by_phase[static_cast<size_t>(phase_of[i])] : nullptr;
+      for (Sums* s : {&by_name[name], &total, in_phase}) {
+        if (s == nullptr) continue;
         s->launches += 1;
         s->seconds += seconds;
         const auto bytes = value(values, "dram bytes"), dram = value(values, "dram throughput"),
@@ -710,6 +816,18 @@ class CuptiSession final : public CounterSession {
     std::stable_sort(r.kernels.begin(), r.kernels.end(),
                      [](const KernelCounters& a, const KernelCounters& b) { return a.seconds > b.seconds; });
     for (const KernelCounters& k : r.kernels) r.per_range.emplace_back(k.name, k.seconds);
+    if (phases_ && phase_note.empty()) {
+      for (size_t p = 0; p < phase_names_.size(); ++p) {
+        PhaseCounters out;
+        out.name = phase_names_[p];
+        out.segments = phase_segments_[p];
+        out.seconds = phase_seconds_[p];
+        out.kernels = per_kernel_ ? by_phase[p].launches : 0;
+        if (time_reason.empty()) out.gpu_seconds = by_phase[p].seconds;
+        fill(by_phase[p], out);
+        r.phases.push_back(std::move(out));
+      }
+    }
 
     auto why = [&](const std::optional<double>& v, std::initializer_list<const char*> columns) -> std::string {
       if (v) return "";
@@ -730,10 +848,27 @@ class CuptiSession final : public CounterSession {
     if (!r.tensor_reason.empty()) reasons.push_back("tensor core: " + r.tensor_reason);
     if (!r.fp_reason.empty()) reasons.push_back("fp engine: " + r.fp_reason);
     if (dropped > 0) {
-      reasons.push_back(
-          fmt::format("{} kernel launches past the {} the counter data holds were not counted", dropped, max_kernels_));
+      reasons.push_back(per_kernel_
+                            ? fmt::format("{} kernel launches past the {} the counter data holds were not counted",
+                                          dropped, max_kernels_)
+                            : fmt::format("{} phase segments past the {} ranges the counter data holds were not "
+                                          "counted",
+                                          dropped, max_phase_ranges_));
     }
     r.reason = fmt::format("{}", fmt::join(reasons, "; "));
+    const std::string phases_detail = !phases_               ? ""
+                                      : !phase_note.empty()  ? "; " + phase_note
+                                      : phase_names_.empty() ? "; per phase: none (phase() was not called)"
+                                      : per_kernel_ ? "; per phase: each kernel in the phase current at its launch"
+                                                    : "";
+    if (!per_kernel_ && phases_) {
+      r.detail = fmt::format(
+          "cupti: range profiler on {} ({}), one user range per phase segment ({} ranges, a device synchronisation at "
+          "each boundary; user replay, {} pass, kernels not serialised; shares over the ranges' GPU time), metrics "
+          "{}{}",
+          device_name_, chip_, ranges, plan_.passes, fmt::join(metrics_, ", "), phases_detail);
+      return;
+    }
     if (!per_kernel_) {
       r.detail = fmt::format(
           "cupti: range profiler on {} ({}), one user range over the interval (user replay, {} pass, kernels not "
@@ -749,13 +884,24 @@ class CuptiSession final : public CounterSession {
         : !names_note_.empty()
             ? names_note_
             : fmt::format("named by index ({} launches reported for {} ranges)", launches.size(), ranges + dropped));
+    r.detail += phases_detail;
   }
 
   double peak_bandwidth_ = 0;
   bool per_kernel_ = false;
   int64_t max_kernels_ = 8192;
   CUpti_ProfilerReplayMode replay_ = CUPTI_UserReplay;
-  bool pushed_ = false;  // the interval's user range is open
+  bool phases_ = false;
+  int64_t max_phase_ranges_ = 4096;
+  // Phases: names in the order first entered, per phase its segments and wall seconds; per pushed
+  // range (one range per segment) its phase; the current phase and when it began.
+  std::vector<std::string> phase_names_;
+  std::vector<int64_t> phase_segments_;
+  std::vector<double> phase_seconds_;
+  std::vector<int> range_phases_;
+  std::ptrdiff_t current_phase_ = -1;
+  std::chrono::steady_clock::time_point phase_mark_ = std::chrono::steady_clock::now();
+  bool pushed_ = false;  // a user range (the interval's, or the current phase segment's) is open
   c10::DeviceIndex device_index_ = 0;
   std::string reason_, failure_, device_name_, chip_, names_note_, duration_note_;
   CUpti_SubscriberHandle subscriber_ = nullptr;

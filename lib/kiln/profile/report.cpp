@@ -508,6 +508,42 @@ std::string components_markdown(const ProfileRow& r) {
   return out;
 }
 
+// One point's per-phase table (--counter-phases): header and cells, shared by Markdown and HTML.
+std::vector<std::string> phase_header(const ProfileRow& r) {
+  const bool cuda = r.counters && r.counters->source == "cupti";
+  return {"phase",
+          "entered per step",
+          "wall ms",
+          cuda ? "GPU ms (counted)" : "CPU ms (counted, all threads)",
+          "modelled ms",
+          "DRAM GB counted",
+          "GB modelled",
+          "counted/modelled",
+          "memory bandwidth",
+          "tensor core",
+          "fp engine"};
+}
+std::vector<std::vector<std::string>> phase_cells(const ProfileRow& r, int64_t counted_steps) {
+  std::vector<std::vector<std::string>> out;
+  for (const PhaseRow& p : phase_rows(r, counted_steps)) {
+    out.push_back({p.phase, fmt::format("{:g}", p.segments_per_step), fmt::format("{:.3f}", p.wall_seconds * 1e3),
+                   ms(p.counted_seconds), ms(p.modelled_seconds), p.counted_bytes ? gb(*p.counted_bytes) : "n/a",
+                   p.modelled_bytes ? gb(*p.modelled_bytes) : "n/a",
+                   p.counted_bytes && p.modelled_bytes && *p.modelled_bytes > 0
+                       ? fmt::format("{:.2f}", *p.counted_bytes / *p.modelled_bytes)
+                       : "n/a",
+                   pct(p.memory_bandwidth), pct(p.tensor_core), pct(p.fp_engine)});
+  }
+  return out;
+}
+std::string phase_note(const ProfileRow& r, int64_t counted_steps) {
+  return fmt::format(
+      "counted per phase over {} step{}, per step; modelled: the traffic model's fwd rows (forward), bwd and "
+      "recompute rows (backward), step rows (optimizer); the model counts compulsory bytes, a lower bound of what "
+      "DRAM moves; {}",
+      counted_steps, counted_steps == 1 ? "" : "s", r.counters->detail);
+}
+
 }  // namespace
 
 std::vector<std::string> table_header(const SweepReport& report) {
@@ -599,6 +635,20 @@ std::string to_markdown(const SweepReport& report) {
       heading = true;
     }
     out += components_markdown(r);
+  }
+  heading = false;
+  for (const auto& r : report.rows) {
+    if (!ok(r) || !r.counters || r.counters->phases.empty()) continue;
+    if (!heading) {
+      out += "\n## Counted per phase (--counter-phases): forward, backward, optimizer\n";
+      heading = true;
+    }
+    const int64_t steps = report.config.counted_steps();
+    out += fmt::format("\n### Phases: {} ({})\n\n", point_label(r.point), phase_note(r, steps));
+    const auto header = phase_header(r);
+    out += line(header);
+    out += line(std::vector<std::string>(header.size(), "---"));
+    for (const auto& cells : phase_cells(r, steps)) out += line(cells);
   }
   return out;
 }
@@ -764,6 +814,27 @@ std::string to_json(const SweepReport& report) {
                          {"reason", c.reason},
                          {"detail", c.detail},
                          {"per_range", per_range}};
+      json phases = json::array();
+      const std::vector<PhaseRow> modelled = phase_rows(r, report.config.counted_steps());
+      for (size_t i = 0; i < c.phases.size(); ++i) {
+        const PhaseCounters& p = c.phases[i];
+        phases.push_back({{"name", p.name},
+                          {"segments", p.segments},
+                          {"seconds", p.seconds},
+                          {"gpu_seconds", opt(p.gpu_seconds)},
+                          {"cpu_seconds", opt(p.cpu_seconds)},
+                          {"cycles", opt(p.cycles)},
+                          {"instructions", opt(p.instructions)},
+                          {"dram_bytes", opt(p.dram_bytes)},
+                          {"memory_bandwidth", opt(p.memory_bandwidth)},
+                          {"memory_throughput", opt(p.memory_throughput)},
+                          {"tensor_core", opt(p.tensor_core)},
+                          {"fp_engine", opt(p.fp_engine)},
+                          {"kernels", p.kernels},
+                          {"modelled_bytes_per_step", opt(modelled[i].modelled_bytes)},
+                          {"modelled_seconds_per_step", opt(modelled[i].modelled_seconds)}});
+      }
+      row["counters"]["phases"] = phases;
     } else {
       row["counters"] = nullptr;
     }
@@ -928,7 +999,8 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
       out +=
           "<h2>Memory traffic and FLOPs per component</h2>\n<p class=\"note\">cost/traffic.h, per optimizer step: "
           "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: from "
-          "LibTorch's profiler with --component-times (CPU only), else n/a.</p>\n";
+          "LibTorch's profiler with --component-times (on a CPU the ops' CPU time, on a GPU the time of the "
+          "kernels, copies and memsets they launch), else n/a.</p>\n";
       heading = true;
     }
     out += fmt::format(
@@ -946,6 +1018,25 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
           c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
     }
     out += "</tbody></table></details>\n";
+  }
+  heading = false;
+  for (const auto& r : report.rows) {
+    if (!ok(r) || !r.counters || r.counters->phases.empty()) continue;
+    if (!heading) {
+      out += "<h2>Counted per phase: forward, backward, optimizer</h2>\n";
+      heading = true;
+    }
+    const int64_t steps = report.config.counted_steps();
+    out += fmt::format("<p class=\"note\">{}: {}</p>\n<table class=\"phases\"><thead><tr>",
+                       html_escape(point_label(r.point)), html_escape(phase_note(r, steps)));
+    for (const auto& h : phase_header(r)) out += "<th>" + html_escape(h) + "</th>";
+    out += "</tr></thead><tbody>\n";
+    for (const auto& cells : phase_cells(r, steps)) {
+      out += "<tr>";
+      for (const auto& c : cells) out += "<td>" + html_escape(c) + "</td>";
+      out += "</tr>\n";
+    }
+    out += "</tbody></table>\n";
   }
   out += "</body></html>\n";
   return out;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <new>
@@ -168,7 +169,8 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("counters", c.counters);
   reader.read("counters_per_kernel", c.counters_per_kernel);
   reader.read("counter_steps", c.counter_steps);
-  if (c.counters_per_kernel) c.counters = true;
+  reader.read("counter_phases", c.counter_phases);
+  if (c.counters_per_kernel || c.counter_phases) c.counters = true;
   reader.read("component_times", c.component_times);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
@@ -247,6 +249,40 @@ std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, cons
     c.bound = row.kiln.bytes == 0 && row.kiln.flops() == 0 ? "-" : roof.memory_bound(row.kiln) ? "memory" : "compute";
     c.modelled_seconds = roof.seconds(row.kiln) * row.repeats;
     out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string phase_of_pass(const std::string& pass) {
+  if (pass == "fwd") return "forward";
+  if (pass == "bwd" || pass == "recompute") return "backward";
+  if (pass == "step") return "optimizer";
+  return pass;
+}
+
+std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps) {
+  std::vector<PhaseRow> out;
+  if (!row.counters || counted_steps <= 0) return out;
+  const double n = static_cast<double>(counted_steps);
+  auto per_step = [&](const std::optional<double>& v) { return v ? std::optional<double>(*v / n) : std::nullopt; };
+  for (const PhaseCounters& p : row.counters->phases) {
+    PhaseRow r;
+    r.phase = p.name;
+    r.segments_per_step = static_cast<double>(p.segments) / n;
+    r.wall_seconds = p.seconds / n;
+    r.counted_seconds = per_step(p.gpu_seconds ? p.gpu_seconds : p.cpu_seconds);
+    r.counted_bytes = per_step(p.dram_bytes);
+    r.memory_bandwidth = p.memory_bandwidth;
+    r.tensor_core = p.tensor_core;
+    r.fp_engine = p.fp_engine;
+    r.cycles = per_step(p.cycles);
+    r.instructions = per_step(p.instructions);
+    for (const ComponentRow& c : row.components) {
+      if (phase_of_pass(c.pass) != p.name) continue;
+      r.modelled_seconds = r.modelled_seconds.value_or(0) + c.modelled_seconds;
+      r.modelled_bytes = r.modelled_bytes.value_or(0) + c.bytes;
+    }
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -340,9 +376,12 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
   }
 
-  // The trainer's step (train/trainer.cpp), without its logging book-keeping.
+  // The trainer's step (train/trainer.cpp), without its logging book-keeping. Under counters with
+  // phases, `mark` tells the session where forward, backward and the optimizer begin.
   double comm_seconds = 0;
+  std::function<void(const char*)> mark;
   auto step = [&] {
+    if (mark) mark("forward");  // the batch's assembly and copy to the device count as forward
     std::vector<train::MicroBatch> micro;
     int64_t targets = 0;
     for (int64_t i = 0; i < p.grad_accum; ++i) {
@@ -360,11 +399,20 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     acc.total_targets = std::max<int64_t>(targets, 1);  // cutoff_len 1 has no target: a zero loss
     acc.device = ctx.device;
     if (scaler) acc.loss_scale = scaler->scale();
-    if (dp) {
-      acc.before_backward = [&](bool last) { dp->begin_backward(last); };
-      acc.after_backward = [&] { dp->end_backward(); };
+    bool last_backward = false;
+    if (dp || mark) {
+      acc.before_backward = [&](bool last) {
+        if (mark) mark("backward");
+        last_backward = last;
+        if (dp) dp->begin_backward(last);
+      };
+      acc.after_backward = [&] {
+        if (dp) dp->end_backward();  // draining the gradient reduction is backward's
+        if (mark && !last_backward) mark("forward");
+      };
     }
     const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
+    if (mark) mark("optimizer");  // unscale, clipping, AdamW, zero_grad
     if (scaler) {
       ComponentScope scope("kiln::loss-scale unscale");
       if (dp && ctx.config.zero_stage == 2) {
@@ -447,13 +495,16 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     // counter_steps more steps under the counters, untimed (per kernel, CUPTI serialises them).
     const int64_t counted = ctx.config.counted_steps();
     device::synchronize(ctx.device);
-    kiln::logger()->info(
-        "{}: counting {} step{}{}", where, counted, plural(counted),
-        ctx.config.counters_per_kernel && ctx.device.is_cuda() ? " (one CUPTI range per kernel: slow)" : "");
+    kiln::logger()->info("{}: counting {} step{}{}", where, counted, plural(counted),
+                         ctx.config.counters_per_kernel && ctx.device.is_cuda() ? " (one CUPTI range per kernel: slow)"
+                         : ctx.config.counter_phases ? " (forward, backward and optimizer apart)"
+                                                     : "");
     phase = std::chrono::steady_clock::now();
     ctx.counters->start();
+    if (ctx.config.counter_phases) mark = [&](const char* name) { ctx.counters->phase(name); };
     for (int64_t i = 0; i < counted; ++i) step();
     device::synchronize(ctx.device);
+    mark = nullptr;
     row.counters = ctx.counters->stop();
     const CounterReading& c = *row.counters;
     kiln::logger()->info("{}: counted in {:.2f} s{}", where, since(phase),
@@ -605,8 +656,9 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   }
   std::unique_ptr<CounterSession> counters;
   if (config.counters) {
-    counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0,
-                                    CounterOptions{.per_kernel = config.counters_per_kernel});
+    counters =
+        CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0,
+                             CounterOptions{.per_kernel = config.counters_per_kernel, .phases = config.counter_phases});
     report.counters_note = counters->available() ? "counted: hardware counters over " + counted_steps_text(config)
                                                  : "counters unavailable: " + counters->reason();
     if (!counters->available()) counters.reset();

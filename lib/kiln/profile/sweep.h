@@ -74,6 +74,10 @@ struct SweepConfig {
   // JSON; the kernels serialised and much slower, so keep counter_steps small).
   bool counters = false;
   bool counters_per_kernel = false;  // implies counters
+  // Counts forward, backward and the optimizer apart as well (CounterOptions::phases; the
+  // per-phase table beside the traffic model's fwd, bwd + recompute and step rows). On a GPU with
+  // one range, a device synchronisation at each phase boundary of the counted steps. Implies counters.
+  bool counter_phases = false;
   int64_t counter_steps = 0;
   int64_t counted_steps() const { return counter_steps > 0 ? counter_steps : steps; }
   // Measured time per component (profile/component_times.h): `steps` more steps of each point
@@ -122,6 +126,23 @@ struct ComponentRow {
 };
 std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof);
 
+// The traffic model's pass ("fwd", "bwd", "recompute", "step") as the phase of a step it runs in:
+// "forward", "backward" (recomputation runs inside backward), "optimizer".
+std::string phase_of_pass(const std::string& pass);
+
+// One phase of a point's counted steps (--counter-phases), per step, beside the traffic model's
+// rows of that phase (phase_of_pass). Counted values are the interval's divided by its steps.
+struct PhaseRow {
+  std::string phase;
+  double segments_per_step = 0;
+  double wall_seconds = 0;                              // between the phase's boundaries, on the host
+  std::optional<double> counted_seconds;                // GPU time (CUDA), or CPU time over all threads (CPU)
+  std::optional<double> modelled_seconds;               // its rows at the roofline; empty when no row is of this phase
+  std::optional<double> counted_bytes, modelled_bytes;  // DRAM bytes counted; compulsory bytes modelled
+  std::optional<double> memory_bandwidth, tensor_core, fp_engine;  // counted fractions of the peaks
+  std::optional<double> cycles, instructions;                      // CPU
+};
+
 // One of the user's three columns: the traffic model's value at the measured step time and what
 // hardware counters counted, each a fraction of the device's peak.
 struct Utilisation {
@@ -167,6 +188,9 @@ struct ProfileRow {
   // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.
   std::string speed() const;
 };
+
+// The per-phase rows of a point counted with --counter-phases (PhaseRow; empty otherwise).
+std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps);
 
 struct SweepReport {
   SweepConfig config;
