@@ -2,11 +2,14 @@
 // scope, named "kiln::<component>" after a row of the traffic model (cost/traffic.h: "q_proj",
 // "attention core", "AdamW", ...). kiln-profile --component-times reads them back to measure each
 // component's time (profile/component_times.h); autograd ties each backward node to the forward
-// scope its op ran in. With no profiler running, a scope costs one thread-local check.
+// scope its op ran in. With no profiler running, a scope costs one thread-local check. Each scope is
+// an NVTX range of the same name too (common/nvtx.h), for Nsight Systems and Nsight Compute.
 #pragma once
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
+
+#include "kiln/common/nvtx.h"
 
 namespace kiln {
 
@@ -24,9 +27,11 @@ class ComponentScope {
  public:
   // `name` must outlive the scope (a string literal).
   explicit ComponentScope(const char* name) : guard_(at::RecordScope::USER_SCOPE) {
+    nvtx::push(name);
     if (guard_.isActive()) guard_.before(name, static_cast<int64_t>(at::sequence_number::peek()));
   }
   ~ComponentScope() {
+    nvtx::pop();
     if (!guard_.isActive()) return;
     at::RecordFunction end(at::RecordScope::USER_SCOPE);
     if (end.isActive()) end.before(kScopeEnd, static_cast<int64_t>(at::sequence_number::peek()));

@@ -24,6 +24,7 @@
 #include "kiln/common/component_scope.h"
 #include "kiln/common/device.h"
 #include "kiln/common/logger.h"
+#include "kiln/common/nvtx.h"
 #include "kiln/common/torch_internals.h"
 #include "kiln/config/yaml.h"
 #include "kiln/cost/cpu_peak.h"
@@ -381,6 +382,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   double comm_seconds = 0;
   std::function<void(const char*)> mark;
   auto step = [&] {
+    const nvtx::Range step_range("kiln::step");
     if (mark) mark("forward");  // the batch's assembly and copy to the device count as forward
     std::vector<train::MicroBatch> micro;
     int64_t targets = 0;
@@ -413,6 +415,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
     const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
     if (mark) mark("optimizer");  // unscale, clipping, AdamW, zero_grad
+    const nvtx::Range optimizer_range("kiln::optimizer");
     if (scaler) {
       ComponentScope scope("kiln::loss-scale unscale");
       if (dp && ctx.config.zero_stage == 2) {

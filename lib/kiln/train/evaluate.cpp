@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "kiln/common/nvtx.h"
 #include "kiln/data/loader.h"
 #include "kiln/train/step.h"
 #include "kiln/train/trainer.h"
@@ -16,6 +17,7 @@ namespace {
 // with `slots` every rank runs exactly that many iterations, otherwise until no rank has one.
 EvalResult run_eval(model::LlamaForCausalLM& model, const std::function<std::optional<MicroBatch>()>& next,
                     const EvalOptions& o, std::optional<int64_t> slots) {
+  const nvtx::Range range("kiln::evaluate");
   at::NoGradGuard no_grad;
   model->eval();
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(o.device).dtype(at::kDouble));

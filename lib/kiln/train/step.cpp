@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "kiln/common/component_scope.h"
+#include "kiln/common/nvtx.h"
 
 namespace kiln::train {
 
@@ -43,6 +44,7 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
     }
     at::Tensor loss_sum;
     {
+      const nvtx::Range range("kiln::forward");  // not a component scope: the profiler's view is unchanged
       AutocastGuard autocast(options.device.type(), options.autocast_dtype);
       const at::Tensor segments =
           mb.segment_ids.defined() ? mb.segment_ids.to(options.device, /*non_blocking=*/true) : at::Tensor();

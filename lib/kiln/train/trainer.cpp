@@ -10,12 +10,14 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "kiln/common/device.h"
 #include "kiln/common/logger.h"
+#include "kiln/common/nvtx.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/ops/dispatch.h"
@@ -252,6 +254,7 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
 }
 
 bool Trainer::Run::train_step(StepBatches& batches) {
+  const nvtx::Range step_range("kiln::step");
   const PretrainConfig& c = t.config_;
   AccumulateOptions acc_opts;
   acc_opts.autocast_dtype = t.autocast_dtype_;
@@ -269,6 +272,7 @@ bool Trainer::Run::train_step(StepBatches& batches) {
     zero_grad();
     return false;
   }
+  std::optional<nvtx::Range> optimizer_range(std::in_place, "kiln::optimizer");
   st.window_tokens += batches.tokens;
   st.total_flos += st.flops.train() * static_cast<double>(batches.tokens);
   if (t.dp_) {
@@ -295,6 +299,7 @@ bool Trainer::Run::train_step(StepBatches& batches) {
   if (t.scaler_) t.scaler_->update();
   if (t.dp_) st.window_comm_seconds += t.dp_->stats().exposed_seconds;
   zero_grad();
+  optimizer_range.reset();
   ++st.global_step;
   // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
   // The logged loss of kiln's shard folders is the window's loss per target; of LLaMA-Factory's
