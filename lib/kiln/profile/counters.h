@@ -106,8 +106,9 @@ struct CounterOptions {
   // kernel: each kernel goes to the phase current at its launch, at no extra cost.
   bool phases = false;
   // CUDA, one range with phases: the ranges (phase segments) one interval can hold; segments past
-  // it are not counted, and the reading says how many were dropped.
-  int64_t max_phase_ranges = 4096;
+  // it are not counted, and the reading says how many were dropped. kiln-profile sets it to its
+  // counted steps x (2 x gradient accumulation + 1).
+  int64_t max_phase_ranges = 1024;
 };
 
 // Counts over start() .. stop() intervals, as many as wanted, one at a time. Never throws for a

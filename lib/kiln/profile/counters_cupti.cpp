@@ -892,7 +892,7 @@ class CuptiSession final : public CounterSession {
   int64_t max_kernels_ = 8192;
   CUpti_ProfilerReplayMode replay_ = CUPTI_UserReplay;
   bool phases_ = false;
-  int64_t max_phase_ranges_ = 4096;
+  int64_t max_phase_ranges_ = 1024;
   // Phases: names in the order first entered, per phase its segments and wall seconds; per pushed
   // range (one range per segment) its phase; the current phase and when it began.
   std::vector<std::string> phase_names_;

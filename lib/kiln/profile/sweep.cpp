@@ -659,9 +659,12 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   }
   std::unique_ptr<CounterSession> counters;
   if (config.counters) {
-    counters =
-        CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0,
-                             CounterOptions{.per_kernel = config.counters_per_kernel, .phases = config.counter_phases});
+    CounterOptions options{.per_kernel = config.counters_per_kernel, .phases = config.counter_phases};
+    // Phase segments of one point's counted steps: a forward and a backward per micro-batch and an
+    // optimizer per step, at the sweep's largest accumulation (CUPTI sizes its ranges by it).
+    const int64_t max_accum = *std::max_element(config.grad_accums.begin(), config.grad_accums.end());
+    options.max_phase_ranges = config.counted_steps() * (2 * max_accum + 1);
+    counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0, options);
     report.counters_note = counters->available() ? "counted: hardware counters over " + counted_steps_text(config)
                                                  : "counters unavailable: " + counters->reason();
     if (!counters->available()) counters.reset();
