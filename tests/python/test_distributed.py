@@ -515,6 +515,28 @@ def test_profile_under_torchrun_predicts_each_stages_memory_per_rank(kiln_bin, t
             assert "gradient buffer (data parallel)" in row["predicted_components"]
 
 
+def test_counter_phases_under_torchrun_wrap_the_data_parallel_hooks(kiln_bin, tmp_path):
+    # --counter-phases marks backward at the step's before/after_backward hooks, which data
+    # parallelism uses too (arming and draining the gradient buckets): both must still run, and the
+    # phases must still partition the counted steps.
+    out = tmp_path / "phases"
+    torchrun(kiln_bin, "kiln-profile", 2, "--model", "tiny", "--cutoff-len", 32, "--batch-size", 1, "--grad-accum", 2,
+             "--dtype", "fp32", "--steps", 1, "--warmup", 0, "--ddp-bucket-cap-mb", 1, "--counter-phases",
+             "--counter-steps", 1, "--format", "json", "--output", out)
+    report = json.loads((out / "profile.json").read_text())
+    row = report["rows"][0]
+    assert report["world_size"] == 2 and row["status"] == "ok", row["message"]
+    assert row["buckets_launched"] > 0  # the hooks still reduce the gradients
+    counters = row["counters"]
+    if counters is None:
+        assert report["counters"].startswith("counters unavailable: ")
+        return
+    phases = counters["phases"]
+    assert [(p["name"], p["segments"]) for p in phases] == [("forward", 2), ("backward", 2), ("optimizer", 1)]
+    if counters["cpu_seconds"] is not None:
+        assert sum(p["cpu_seconds"] for p in phases) == pytest.approx(counters["cpu_seconds"], rel=1e-9)
+
+
 def test_comm_benchmark_reports_nccl_tests_bus_bandwidth(kiln_bin, tmp_path):
     out = tmp_path / "comm.json"
     res = torchrun(kiln_bin, "kiln-bench", 2, "--ops", "comm", "--iters", 2, "--comm-max-bytes", 4 << 20,
