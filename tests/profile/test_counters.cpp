@@ -386,6 +386,34 @@ TEST_CASE("CUPTI metric plan: one pass per chip, each column's metric or why not
   CHECK_THAT(unknown.error, StartsWith("n/a: CUPTI: "));
   CHECK(unknown.columns.empty());
 }
+
+// The ranges of a one-range-per-phase-segment interval, placed on their phases as CUPTI may return
+// them (its API reference keeps metrics "per unique range-stack", so it may merge same-named
+// segments; whether it does is for a GPU to show).
+TEST_CASE("CUPTI per-phase ranges: placed by CUPTI's names, else by push order", "[profile][counters]") {
+  using kiln::profile::cupti_range_phases;
+  const std::vector<std::string> phases = {"forward", "backward", "optimizer"};
+  // GA 2, one step: forward, backward, forward, backward, optimizer.
+  const std::vector<int> pushed = {0, 1, 0, 1, 2};
+  // Every segment its own range, named.
+  CHECK(cupti_range_phases({"forward", "backward", "forward", "backward", "optimizer"}, pushed, 0, phases) ==
+        std::vector<int>{0, 1, 0, 1, 2});
+  // Same-named segments merged into one range each, in first-seen order or not.
+  CHECK(cupti_range_phases({"forward", "backward", "optimizer"}, pushed, 0, phases) == std::vector<int>{0, 1, 2});
+  CHECK(cupti_range_phases({"optimizer", "forward", "backward"}, pushed, 0, phases) == std::vector<int>{2, 0, 1});
+  // A nesting prefix in the stored name.
+  CHECK(cupti_range_phases({"kiln/forward", "kiln/backward"}, {0, 1}, 0, phases) == std::vector<int>{0, 1});
+  // No names: push order, when every segment is accounted for (counted or dropped).
+  CHECK(cupti_range_phases({"", "", "", "", ""}, pushed, 0, phases) == std::vector<int>{0, 1, 0, 1, 2});
+  CHECK(cupti_range_phases({"", "", ""}, pushed, 2, phases) == std::vector<int>{0, 1, 0});
+  // No names and segments missing (merged, or lost): nothing can be placed.
+  CHECK(cupti_range_phases({"", "", ""}, pushed, 0, phases).empty());
+  // A name that is no phase's, with the counts off: not placed either.
+  CHECK(cupti_range_phases({"forward", "kiln interval"}, pushed, 0, phases).empty());
+  // A name that is no phase's, counts matching: the push order places it.
+  CHECK(cupti_range_phases({"forward", "range 1"}, {0, 1}, 0, phases) == std::vector<int>{0, 1});
+  CHECK(cupti_range_phases({}, {}, 0, phases).empty());
+}
 #endif
 
 // Both CUPTI collections on the same work: one range over the interval (the default, what

@@ -697,7 +697,7 @@ class CuptiSession final : public CounterSession {
           phase_note = "per phase: n/a (kernels not matched to their launches)";
         }
       } else {
-        const bool in_order = ranges + dropped == range_phases_.size();
+        std::vector<std::string> stored(ranges);
         for (size_t i = 0; i < ranges; ++i) {
           auto info = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_CounterData_GetRangeInfo_Params);
           info.pCounterDataImage = image_.data();
@@ -705,17 +705,16 @@ class CuptiSession final : public CounterSession {
           info.rangeIndex = i;
           info.rangeDelimiter = "/";
           if (cuptiRangeProfilerCounterDataGetRangeInfo(&info) == CUPTI_SUCCESS && info.rangeName != nullptr) {
-            std::string stored = info.rangeName;
-            if (const size_t slash = stored.rfind('/'); slash != std::string::npos) stored = stored.substr(slash + 1);
-            const auto it = std::find(phase_names_.begin(), phase_names_.end(), stored);
-            if (it != phase_names_.end()) phase_of[i] = static_cast<int>(it - phase_names_.begin());
+            stored[i] = info.rangeName;
           }
-          if (phase_of[i] < 0 && in_order) phase_of[i] = range_phases_[i];
         }
-        if (std::count(phase_of.begin(), phase_of.end(), -1) > 0) {
-          phase_note = fmt::format("per phase: n/a ({} of {} ranges have no known phase name, {} segments pushed)",
-                                   std::count(phase_of.begin(), phase_of.end(), -1), ranges, range_phases_.size());
-          std::fill(phase_of.begin(), phase_of.end(), -1);
+        phase_of = cupti_range_phases(stored, range_phases_, dropped, phase_names_);
+        if (phase_of.size() != ranges) {
+          phase_note =
+              fmt::format("per phase: n/a ({} ranges, {} of them named, for {} pushed segments)", ranges,
+                          std::count_if(stored.begin(), stored.end(), [](const std::string& s) { return !s.empty(); }),
+                          range_phases_.size());
+          phase_of.assign(ranges, -1);
         }
       }
     }
@@ -990,6 +989,24 @@ CuptiMetricPlan plan_cupti_metrics(const std::string& chip, const std::vector<ui
     plan.columns.push_back(std::move(c));
   }
   return plan;
+}
+
+std::vector<int> cupti_range_phases(const std::vector<std::string>& stored, const std::vector<int>& pushed,
+                                    size_t dropped, const std::vector<std::string>& phase_names) {
+  auto index = [&](const std::string& name) {
+    const auto it = std::find(phase_names.begin(), phase_names.end(), name);
+    return it == phase_names.end() ? -1 : static_cast<int>(it - phase_names.begin());
+  };
+  const bool in_order = stored.size() + dropped == pushed.size();
+  std::vector<int> out(stored.size(), -1);
+  for (size_t i = 0; i < stored.size(); ++i) {
+    out[i] = index(stored[i]);
+    if (const size_t slash = stored[i].rfind('/'); out[i] < 0 && slash != std::string::npos)
+      out[i] = index(stored[i].substr(slash + 1));
+    if (out[i] < 0 && in_order) out[i] = pushed[i];
+    if (out[i] < 0 || out[i] >= static_cast<int>(phase_names.size())) return {};
+  }
+  return out;
 }
 
 std::unique_ptr<CounterSession> open_cupti_session(const c10::Device& device, double peak_bandwidth_bytes_per_s,

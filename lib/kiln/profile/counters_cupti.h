@@ -38,4 +38,14 @@ struct CuptiMetricPlan {
 // chip named without a device.
 CuptiMetricPlan plan_cupti_metrics(const std::string& chip, const std::vector<uint8_t>& counter_availability);
 
+// One range per phase segment (CounterOptions::phases): the phase of each counted range, as an
+// index into `phase_names`. `stored` holds the name CUPTI kept for each range ("" where it gave
+// none; a nested name "outer/inner" is matched by its last part too); a range whose name is not a
+// phase's takes the phase of the segment pushed at its position, when every pushed segment
+// (`pushed`: each one's phase, in push order) came back as a range or was dropped. CUPTI may also
+// merge same-named segments into one range: then the names place them. Empty when some range
+// cannot be placed.
+std::vector<int> cupti_range_phases(const std::vector<std::string>& stored, const std::vector<int>& pushed,
+                                    size_t dropped, const std::vector<std::string>& phase_names);
+
 }  // namespace kiln::profile
