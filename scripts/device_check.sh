@@ -14,6 +14,8 @@
 #      optimizer counted apart) and --counters over
 #      llama-3.2-1b (configs/profile/llama-3.2-1b.yaml: fp32, 1024 x 16), one counted step each:
 #      each point's counted memory bandwidth, tensor core and fp engine beside the modelled ones;
+#      last, on the time left, the [per_component] test (tiny counted per kernel, each kernel's
+#      component at its launch: the per-component table's counted bytes);
 #   4. run kiln-bench (the fused ops, kiln vs ATen; fp16 both ways), then scripts/bench_vs_hf.py: kiln's
 #      training step against transformers' on this GPU, bf16, llama-100m at cutoff_len 1024 (batch 8)
 #      and 8192 (batch 1) and llama-3.2-1b at 2048 (batch 4), alternated over up to 2 rounds (no new
@@ -65,7 +67,8 @@ summary() {
   grep -E "^(== |All tests passed|test cases:|assertions:|device_check:|FAILED|.*: FAILED:)" "$out/tests.log" \
     "$out/counters.log" 2>/dev/null
   grep -h "^device_check: exit status" "$log" 2>/dev/null
-  grep -hE "(copy|matmul): |small kernels in " "$out/counters.log" 2>/dev/null | sort -u
+  grep -hE "(copy|matmul): |small kernels in |phase one |per component: | MB counted, " "$out/counters.log" \
+    2>/dev/null | sort -u
   grep -hE "^(\||counters:|# |peak:|roofline|kiln-profile: cutoff_len)" "$out"/profile_*.md 2>/dev/null
   grep -hE "^== |^stall:" "$out/stalls.log" 2>/dev/null | head -n 60
   cat "$out/bench.md" 2>/dev/null
@@ -257,7 +260,8 @@ fi
 # kiln-profile logs its phases' times on stderr (into its .md) as they end.
 if want counters && [[ -x "$build/tests/kiln_tests" ]]; then
   echo "== [counters] tests" >"$out/counters.log"
-  step 90 "$build/tests/kiln_tests" "[counters],[component_times]" -s >>"$out/counters.log" 2>&1 || status=1
+  step 90 "$build/tests/kiln_tests" "[counters]~[per_component],[component_times]" -s >>"$out/counters.log" 2>&1 ||
+    status=1
 fi
 if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
   tiny=("$build/bin/kiln-profile" --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1
@@ -278,6 +282,10 @@ if want counters && [[ -x "$build/bin/kiln-profile" ]]; then
   step 150 "$build/bin/kiln-profile" --config "$root/configs/profile/llama-3.2-1b.yaml" --steps 3 --warmup 1 \
     --device cuda --counters --counter-steps 1 --format md,json --output "$out/profile_1b_out" \
     >"$out/profile_1b.md" 2>&1 || status=1
+  # Last, on what time is left: per-kernel counting of a tiny sweep with each kernel's component
+  # (the per-component table's counted bytes), whose speed under CUPTI's serialisation is unknown.
+  echo "== [per_component] test" >>"$out/counters.log"
+  step 60 "$build/tests/kiln_tests" "[per_component]" -s >>"$out/counters.log" 2>&1 || status=1
   for name in tiny tinyk tinyu 100m_plain 100m 1b; do
     cp "$out/profile_${name}_out/profile.json" "$out/profile_${name}.json" 2>/dev/null
     rm -rf "$out/profile_${name}_out"

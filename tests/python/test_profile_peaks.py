@@ -262,6 +262,8 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
     assert "### Components: cutoff_len 32, batch 1, GA 1" in r.stdout
     md = [l for l in r.stdout.splitlines() if l.startswith("| q_proj | fwd |")]
     assert len(md) == 1 and md[0].endswith("| n/a |")
+    assert md[0].split("|")[8].strip() == "n/a"  # MB counted: no counters asked for
+    assert all(l["counted_bytes"] == "n/a" for l in lines)
 
 
 @pytest.fixture(scope="module")
@@ -484,6 +486,9 @@ def test_counter_phases_split_the_counted_steps_into_forward_backward_and_optimi
         assert "counters: counters unavailable: " in r.stdout
         assert "Counted per phase" not in (tmp_path / "profile.md").read_text()
         return
+    # No per-kernel counter on a CPU: nothing per kernel or per component, and the table says n/a.
+    assert counters["kernels"] == [] and counters["components"] == [] and counters["unattributed"] is None
+    assert all(c["counted_bytes"] is None for c in row["components"])
     phases = counters["phases"]
     assert [p["name"] for p in phases] == ["forward", "backward", "optimizer"]
     assert [p["segments"] for p in phases] == [4, 4, 2]

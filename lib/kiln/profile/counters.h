@@ -35,9 +35,11 @@
 
 namespace kiln::profile {
 
-// One kernel name's launches within an interval (CUDA), GPU-time-weighted like the interval.
+// One kernel name's launches within an interval (CUDA), GPU-time-weighted like the interval; or,
+// in CounterReading::components, one component's (the traffic model's row, `pass` set).
 struct KernelCounters {
   std::string name;  // demangled, without its parameter list; "kernel <i>" when names are unknown
+  std::string pass;  // components: fwd | bwd | recompute | step ("" for a kernel name)
   int64_t launches = 0;
   double seconds = 0;                       // GPU time of these launches
   std::optional<double> dram_bytes;         // read + written
@@ -90,6 +92,11 @@ struct CounterReading {
   // With CounterOptions::phases: per phase, in the order first entered (empty otherwise, or when
   // no phase() was called). Together they cover the interval: their sums are its totals.
   std::vector<PhaseCounters> phases;
+  // CUDA per kernel: per (component, pass) of the traffic model, the kernels launched in it
+  // (profile/kernel_components.h), largest GPU time first; kernels no component holds are
+  // summed in `unattributed`.
+  std::vector<KernelCounters> components;
+  std::optional<KernelCounters> unattributed;
 };
 
 struct CounterOptions {

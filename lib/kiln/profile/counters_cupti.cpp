@@ -45,6 +45,8 @@
 #include <cupti_version.h>
 #include <fmt/format.h>
 
+#include "kiln/profile/kernel_components.h"
+
 namespace kiln::profile {
 
 namespace {
@@ -214,6 +216,7 @@ struct LaunchNames {
   std::mutex mutex;
   std::vector<std::string> names;  // mangled, in launch order
   std::vector<int> phases;         // per launch: the phase current at it (-1: before the first phase())
+  std::vector<LaunchSite> sites;   // per launch: what ran on the launching thread (its component)
   CUcontext context = nullptr;
   std::atomic<uint64_t> interval{0};  // which start() the callbacks belong to
   std::atomic<int> phase{-1};         // the current phase's index (CuptiSession::phase)
@@ -244,6 +247,7 @@ void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_Callb
   if (cb->context != nullptr && cb->context != names->context) return;
   names->names.emplace_back(cb->symbolName);
   names->phases.push_back(names->phase.load(std::memory_order_relaxed));
+  names->sites.push_back(current_launch_site());  // on the launching thread, as CUPTI calls back
 }
 
 const std::vector<std::pair<CUpti_CallbackDomain, CUpti_CallbackId>>& launch_callbacks() {
@@ -389,7 +393,9 @@ class CuptiSession final : public CounterSession {
           std::lock_guard<std::mutex> lock(names_.mutex);
           names_.names.clear();
           names_.phases.clear();
+          names_.sites.clear();
         }
+        scopes_ = std::make_unique<ScopeLog>();  // the scopes' sequence numbers, for backward's kernels
         names_.interval.fetch_add(1);
         // The launch callbacks name the kernels. Subscribed for the interval only, so that another
         // CUPTI client (LibTorch's profiler) can subscribe between intervals; without them kernels
@@ -420,6 +426,7 @@ class CuptiSession final : public CounterSession {
       }
     } catch (const std::exception& e) {
       set_callbacks(false);
+      scopes_.reset();
       if (running_) {  // started, but its range could not be opened: stopped, so the next start() can
         auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
         p.pRangeProfilerObject = profiler_;
@@ -494,6 +501,7 @@ class CuptiSession final : public CounterSession {
     }
     r.collect_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_called).count();
     set_callbacks(false);
+    scopes_.reset();
     if (!why.empty()) {
       r.memory_reason = r.tensor_reason = r.fp_reason = r.reason = why;
       r.memory_bandwidth = r.tensor_core = r.fp_engine = r.dram_bytes = r.memory_throughput = r.gpu_seconds =
@@ -501,6 +509,8 @@ class CuptiSession final : public CounterSession {
       r.per_range.clear();
       r.kernels.clear();
       r.phases.clear();
+      r.components.clear();
+      r.unattributed.reset();
     }
     return r;
   }
@@ -608,6 +618,7 @@ class CuptiSession final : public CounterSession {
 
   void close() {
     set_callbacks(false);
+    scopes_.reset();
     host_.reset();
     if (pushed_) {
       auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
@@ -677,11 +688,16 @@ class CuptiSession final : public CounterSession {
 
     std::vector<std::string> launches;
     std::vector<int> launch_phases;
+    std::vector<LaunchSite> sites;
     {
       std::lock_guard<std::mutex> lock(names_.mutex);
       launches.swap(names_.names);
       launch_phases.swap(names_.phases);
+      sites.swap(names_.sites);
     }
+    const std::vector<ClosedScope> closed = scopes_ ? scopes_->scopes() : std::vector<ClosedScope>{};
+    const bool scoped = scopes_ && scopes_->active();
+    scopes_.reset();
     const bool named = per_kernel_ && names_note_.empty() && launches.size() == ranges + dropped;
 
     // Each range's phase (-1: none). Per kernel: the phase current at its launch (a launch before
@@ -745,6 +761,9 @@ class CuptiSession final : public CounterSession {
     std::map<std::string, Sums> by_name;
     std::vector<std::string> order;
     Sums total;
+    // Per kernel with named launches: each kernel's (component, pass) at its launch.
+    const bool components = named && scoped && sites.size() == launches.size();
+    std::map<std::pair<std::string, std::string>, Sums> by_component;
     std::vector<Sums> by_phase(phase_names_.size());
     std::vector<const char*> metric_ptrs;
     for (const std::string& m : metrics_) metric_ptrs.push_back(m.c_str());
@@ -764,7 +783,8 @@ class CuptiSession final : public CounterSession {
       const std::optional<double> duration = value(values, "duration");
       const double seconds = duration && duration_scale_ > 0 ? *duration * duration_scale_ : 0;
       Sums* in_phase = phase_of[i] >= 0 ? &by_phase[static_cast<size_t>(phase_of[i])] : nullptr;
-      for (Sums* s : {&by_name[name], &total, in_phase}) {
+      Sums* in_component = components ? &by_component[launch_component(sites[i], closed)] : nullptr;
+      for (Sums* s : {&by_name[name], &total, in_phase, in_component}) {
         if (s == nullptr) continue;
         s->launches += 1;
         s->seconds += seconds;
@@ -815,6 +835,21 @@ class CuptiSession final : public CounterSession {
     std::stable_sort(r.kernels.begin(), r.kernels.end(),
                      [](const KernelCounters& a, const KernelCounters& b) { return a.seconds > b.seconds; });
     for (const KernelCounters& k : r.kernels) r.per_range.emplace_back(k.name, k.seconds);
+    for (const auto& [key, s] : by_component) {
+      KernelCounters k;
+      k.name = key.first;
+      k.pass = key.second;
+      k.launches = s.launches;
+      k.seconds = s.seconds;
+      fill(s, k);
+      if (key.first.empty()) {
+        r.unattributed = std::move(k);
+      } else {
+        r.components.push_back(std::move(k));
+      }
+    }
+    std::stable_sort(r.components.begin(), r.components.end(),
+                     [](const KernelCounters& a, const KernelCounters& b) { return a.seconds > b.seconds; });
     if (phases_ && phase_note.empty()) {
       for (size_t p = 0; p < phase_names_.size(); ++p) {
         PhaseCounters out;
@@ -884,6 +919,11 @@ class CuptiSession final : public CounterSession {
             ? names_note_
             : fmt::format("named by index ({} launches reported for {} ranges)", launches.size(), ranges + dropped));
     r.detail += phases_detail;
+    r.detail += components ? fmt::format(
+                                 "; per component: each kernel in the component running where it was launched "
+                                 "({} of {} launches in none)",
+                                 r.unattributed ? r.unattributed->launches : 0, ranges)
+                           : "; per component: n/a (kernels not matched to their launches)";
   }
 
   double peak_bandwidth_ = 0;
@@ -913,6 +953,7 @@ class CuptiSession final : public CounterSession {
   double duration_scale_ = 0;
   size_t counter_data_size_ = 0;
   LaunchNames names_;
+  std::unique_ptr<ScopeLog> scopes_;  // per kernel: the component scopes closed in the interval
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

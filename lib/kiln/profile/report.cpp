@@ -46,6 +46,9 @@ std::string point_label(const SweepPoint& p) {
 std::string ms(const std::optional<double>& seconds) {
   return seconds ? fmt::format("{:.3f}", *seconds * 1e3) : "n/a";
 }
+std::string mb(const std::optional<double>& bytes) {
+  return bytes ? fmt::format("{:.3f}", *bytes / 1e6) : "n/a";
+}
 
 std::string dtype_column(const SweepReport& r) {
   return r.config.dtype == "bf16" ? "bf16" : "fp16";
@@ -490,13 +493,14 @@ std::string components_markdown(const ProfileRow& r) {
                                 point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
                                 component_times_note(r));
   out +=
-      "| component | pass | x | GEMM GFLOP | other GFLOP | MB | MB eager | FLOP/B | bound | modelled ms | measured ms "
-      "|\n"
-      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n";
+      "| component | pass | x | GEMM GFLOP | other GFLOP | MB | MB eager | MB counted | FLOP/B | bound | modelled ms | "
+      "measured ms |\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n";
   for (const ComponentRow& c : r.components) {
-    out += fmt::format("| {} | {} | {:g} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {:.2f} | {} | {:.3f} | {} |\n",
+    out += fmt::format("| {} | {} | {:g} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {} | {:.2f} | {} | {:.3f} | {} |\n",
                        c.component, c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
-                       c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
+                       c.eager_bytes / 1e6, mb(c.counted_bytes), c.intensity, c.bound, c.modelled_seconds * 1e3,
+                       ms(c.measured_seconds));
   }
   const auto merged = unmatched_component_times(r);
   if (!merged.empty()) {
@@ -670,13 +674,14 @@ std::string to_csv(const SweepReport& report) {
 std::string to_components_csv(const SweepReport& report) {
   std::string out =
       "cutoff_len,batch_size,gradient_accumulation_steps,component,pass,repeats,gemm_flops,other_flops,bytes,"
-      "eager_bytes,intensity,bound,modelled_seconds,measured_seconds\n";
+      "eager_bytes,intensity,bound,modelled_seconds,measured_seconds,counted_bytes\n";
   for (const auto& r : report.rows) {
     for (const ComponentRow& c : r.components) {
-      out += fmt::format("{},{},{},{},{},{:g},{:.17g},{:.17g},{:.17g},{:.17g},{:.17g},{},{:.17g},{}\n",
+      out += fmt::format("{},{},{},{},{},{:g},{:.17g},{:.17g},{:.17g},{:.17g},{:.17g},{},{:.17g},{},{}\n",
                          r.point.cutoff_len, r.point.batch_size, r.point.grad_accum, csv_field(c.component), c.pass,
                          c.repeats, c.gemm_flops, c.other_flops, c.bytes, c.eager_bytes, c.intensity, c.bound,
-                         c.modelled_seconds, c.measured_seconds ? fmt::format("{:.17g}", *c.measured_seconds) : "n/a");
+                         c.modelled_seconds, c.measured_seconds ? fmt::format("{:.17g}", *c.measured_seconds) : "n/a",
+                         c.counted_bytes ? fmt::format("{:.17g}", *c.counted_bytes) : "n/a");
     }
   }
   return out;
@@ -696,7 +701,8 @@ json components_json(const std::vector<ComponentRow>& rows) {
                    {"intensity", c.intensity},
                    {"bound", c.bound},
                    {"modelled_seconds", c.modelled_seconds},
-                   {"measured_seconds", c.measured_seconds ? json(*c.measured_seconds) : json(nullptr)}});
+                   {"measured_seconds", c.measured_seconds ? json(*c.measured_seconds) : json(nullptr)},
+                   {"counted_bytes", c.counted_bytes ? json(*c.counted_bytes) : json(nullptr)}});
   }
   return out;
 }
@@ -814,6 +820,24 @@ std::string to_json(const SweepReport& report) {
                          {"reason", c.reason},
                          {"detail", c.detail},
                          {"per_range", per_range}};
+      auto kernel_json = [&](const KernelCounters& k) {
+        json j = {{"name", k.name},
+                  {"launches", k.launches},
+                  {"seconds", k.seconds},
+                  {"dram_bytes", opt(k.dram_bytes)},
+                  {"memory_bandwidth", opt(k.memory_bandwidth)},
+                  {"memory_throughput", opt(k.memory_throughput)},
+                  {"tensor_core", opt(k.tensor_core)},
+                  {"fp_engine", opt(k.fp_engine)}};
+        if (!k.pass.empty()) j["pass"] = k.pass;
+        return j;
+      };
+      json kernels = json::array(), components = json::array();
+      for (const KernelCounters& k : c.kernels) kernels.push_back(kernel_json(k));
+      for (const KernelCounters& k : c.components) components.push_back(kernel_json(k));
+      row["counters"]["kernels"] = kernels;
+      row["counters"]["components"] = components;
+      row["counters"]["unattributed"] = c.unattributed ? kernel_json(*c.unattributed) : json(nullptr);
       json phases = json::array();
       const std::vector<PhaseRow> modelled = phase_rows(r, report.config.counted_steps());
       for (size_t i = 0; i < c.phases.size(); ++i) {
@@ -1006,16 +1030,17 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
     out += fmt::format(
         "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms; {}</summary>\n"
         "<table class=\"components\"><thead><tr><th>component</th><th>pass</th><th>x</th><th>GEMM GFLOP</th>"
-        "<th>other GFLOP</th><th>MB</th><th>MB eager</th><th>FLOP/B</th><th>bound</th><th>modelled ms</th>"
-        "<th>measured ms</th></tr></thead><tbody>\n",
+        "<th>other GFLOP</th><th>MB</th><th>MB eager</th><th>MB counted</th><th>FLOP/B</th><th>bound</th>"
+        "<th>modelled ms</th><th>measured ms</th></tr></thead><tbody>\n",
         html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
         html_escape(component_times_note(r)));
     for (const ComponentRow& c : r.components) {
       out += fmt::format(
           "<tr><td>{}</td><td>{}</td><td>{:g}</td><td>{:.4f}</td><td>{:.4f}</td><td>{:.3f}</td><td>{:.3f}</td>"
-          "<td>{:.2f}</td><td>{}</td><td>{:.3f}</td><td>{}</td></tr>\n",
+          "<td>{}</td><td>{:.2f}</td><td>{}</td><td>{:.3f}</td><td>{}</td></tr>\n",
           html_escape(c.component), c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
-          c.eager_bytes / 1e6, c.intensity, c.bound, c.modelled_seconds * 1e3, ms(c.measured_seconds));
+          c.eager_bytes / 1e6, mb(c.counted_bytes), c.intensity, c.bound, c.modelled_seconds * 1e3,
+          ms(c.measured_seconds));
     }
     out += "</tbody></table></details>\n";
   }

@@ -510,6 +510,13 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     mark = nullptr;
     row.counters = ctx.counters->stop();
     const CounterReading& c = *row.counters;
+    // Per kernel on a GPU: each traffic-model row's counted bytes, per step.
+    for (const KernelCounters& k : c.components) {
+      for (ComponentRow& r : row.components) {
+        if (r.component == k.name && r.pass == k.pass && k.dram_bytes)
+          r.counted_bytes = *k.dram_bytes / static_cast<double>(counted);
+      }
+    }
     kiln::logger()->info("{}: counted in {:.2f} s{}", where, since(phase),
                          c.source == "cupti" ? fmt::format(" ({} CUPTI ranges, {:.2f} s of it reading them)", c.ranges,
                                                            c.collect_seconds)

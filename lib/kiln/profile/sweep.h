@@ -123,6 +123,9 @@ struct ComponentRow {
   // where not measured or where no scope covers the row (autocast casts, autograd's sums: their
   // time is inside the GEMM rows' and the nodes').
   std::optional<double> measured_seconds;
+  // Per step, DRAM bytes the hardware counted in this row's kernels (--counters-per-kernel on a
+  // GPU: CounterReading::components); empty where not counted.
+  std::optional<double> counted_bytes;
 };
 std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof);
 
