@@ -18,11 +18,6 @@ bool starts_with(const std::string& s, std::string_view prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
-// The optimizer step's scopes; every other scope outside a backward is a forward part.
-bool step_component(const std::string& c) {
-  return c == "AdamW" || c == "gradient clipping" || c == "loss-scale unscale";
-}
-
 // The autograd sequence numbers a scope's forward ops drew: [first, end).
 struct SeqRange {
   int64_t first = 0, end = 0;
@@ -99,6 +94,10 @@ ComponentTimes attribute_gpu(ComponentTimes& out, const std::vector<const torch_
 
 }  // namespace
 
+bool is_step_component(const std::string& c) {
+  return c == "AdamW" || c == "gradient clipping" || c == "loss-scale unscale";
+}
+
 double ComponentTimes::seconds_of(const std::string& component, const std::string& pass) const {
   const auto it = seconds.find({component, pass});
   return it == seconds.end() ? 0.0 : it->second;
@@ -155,7 +154,7 @@ ComponentTimes attribute_component_times(const std::vector<torch_internals::OpEv
   for (size_t i = 0; i < n; ++i) {
     if (is_scope(i)) {
       component[i] = events[i]->name.substr(std::string_view(kComponentPrefix).size());
-      pass[i] = in_backward(*events[i]) ? "recompute" : step_component(component[i]) ? "step" : "fwd";
+      pass[i] = in_backward(*events[i]) ? "recompute" : is_step_component(component[i]) ? "step" : "fwd";
     } else if (events[i]->name == kScopeEnd && parent[i] >= 0 && is_scope(static_cast<size_t>(parent[i]))) {
       const OpEvent& scope = *events[static_cast<size_t>(parent[i])];
       if (scope.sequence_nr >= 0 && events[i]->sequence_nr > scope.sequence_nr)

@@ -48,6 +48,10 @@ struct ComponentTimes {
   double seconds_of(const std::string& component, const std::string& pass) const;  // 0 when absent
 };
 
+// The optimizer step's scopes ("AdamW", "gradient clipping", "loss-scale unscale"): pass "step";
+// every other scope outside a backward is a forward part.
+bool is_step_component(const std::string& component);
+
 // The attribution of `events` (those of `steps` whole steps) to components.
 ComponentTimes attribute_component_times(const std::vector<torch_internals::OpEvent>& events, int64_t steps);
 

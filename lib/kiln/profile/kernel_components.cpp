@@ -8,6 +8,8 @@
 
 #include <torch/csrc/autograd/function.h>
 
+#include "kiln/profile/component_times.h"
+
 namespace kiln::profile {
 
 namespace {
@@ -18,10 +20,6 @@ std::vector<ClosedScope> g_scopes;
 void on_close(const ClosedScope& s) {
   const std::lock_guard<std::mutex> lock(g_mutex);
   g_scopes.push_back(s);
-}
-
-bool step_component(const std::string& c) {  // as profile/component_times.cpp
-  return c == "AdamW" || c == "gradient clipping" || c == "loss-scale unscale";
 }
 
 std::string component_name(const char* scope) {
@@ -70,7 +68,7 @@ std::vector<ClosedScope> ScopeLog::scopes() const {
 std::pair<std::string, std::string> launch_component(const LaunchSite& site, const std::vector<ClosedScope>& scopes) {
   if (!site.scope.empty()) {
     const std::string c = component_name(site.scope.c_str());
-    return {c, site.in_backward ? "recompute" : step_component(c) ? "step" : "fwd"};
+    return {c, site.in_backward ? "recompute" : is_step_component(c) ? "step" : "fwd"};
   }
   if (site.node_seq < 0) return {"", ""};
   // The innermost forward scope holding the node's number on its forward thread: of the scopes
