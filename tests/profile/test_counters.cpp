@@ -72,6 +72,12 @@ void plant_pmu(const std::filesystem::path& dir, const std::string& type, const 
   for (const auto& [name, text] : events) write(dir / "events" / name, text);
 }
 
+// The device's DRAM bandwidth from the hardware table (0 for a GPU it does not know).
+double data_sheet_bandwidth(const c10::Device& device) {
+  const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
+  return spec ? spec->memory_bandwidth : 0;
+}
+
 }  // namespace
 
 TEST_CASE("perf_event counters: every thread's CPU time, cycles and instructions, or why not", "[profile][counters]") {
@@ -425,8 +431,7 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
     return;
   }
   const c10::Device device(c10::kCUDA, 0);
-  const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
-  const double peak = spec ? spec->memory_bandwidth : 0;
+  const double peak = data_sheet_bandwidth(device);
 
   // 1 GiB read and 1 GiB written, 4 times: DRAM-bound, no tensor cores. An element-wise kernel,
   // not copy_: a contiguous device-to-device copy_ is a cudaMemcpy, no kernel, and CUPTI's range
@@ -558,8 +563,7 @@ TEST_CASE("CUPTI counters per phase", "[profile][counters][cuda]") {
     return;
   }
   const c10::Device device(c10::kCUDA, 0);
-  const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
-  const double peak = spec ? spec->memory_bandwidth : 0;
+  const double peak = data_sheet_bandwidth(device);
   const at::Tensor src = at::rand({128, 1024, 1024}, at::TensorOptions().device(device));  // 512 MiB
   at::Tensor dst = at::empty_like(src);
   at::mul_out(dst, src, 2.0);

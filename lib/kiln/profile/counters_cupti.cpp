@@ -417,22 +417,11 @@ class CuptiSession final : public CounterSession {
       s.pRangeProfilerObject = profiler_;
       check("cuptiRangeProfilerStart", cuptiRangeProfilerStart(&s));
       running_ = true;
-      if (!per_kernel_ && !phases_) {  // with phases, each phase() opens its segment's range
-        auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
-        push.pRangeProfilerObject = profiler_;
-        push.pRangeName = "kiln interval";
-        check("cuptiRangeProfilerPushRange", cuptiRangeProfilerPushRange(&push));
-        pushed_ = true;
-      }
+      if (!per_kernel_ && !phases_) push_range("kiln interval");  // with phases, each phase() opens one
     } catch (const std::exception& e) {
       set_callbacks(false);
       scopes_.reset();
-      if (running_) {  // started, but its range could not be opened: stopped, so the next start() can
-        auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
-        p.pRangeProfilerObject = profiler_;
-        cuptiRangeProfilerStop(&p);
-        running_ = false;
-      }
+      abandon_interval();  // started, but its range could not be opened: stopped, so the next start() can
       failure_ = one_line(e);
     }
   }
@@ -458,27 +447,11 @@ class CuptiSession final : public CounterSession {
       // One range per segment: the previous segment's kernels end inside its range.
       const c10::cuda::CUDAGuard guard(device_index_);
       check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
-      if (pushed_) {
-        pushed_ = false;
-        auto pop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
-        pop.pRangeProfilerObject = profiler_;
-        check("cuptiRangeProfilerPopRange", cuptiRangeProfilerPopRange(&pop));
-      }
-      auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
-      push.pRangeProfilerObject = profiler_;
-      push.pRangeName = phase_names_[static_cast<size_t>(current_phase_)].c_str();
-      check("cuptiRangeProfilerPushRange", cuptiRangeProfilerPushRange(&push));
-      pushed_ = true;
+      if (pushed_) check("cuptiRangeProfilerPopRange", pop_range());
+      push_range(phase_names_[static_cast<size_t>(current_phase_)].c_str());
       range_phases_.push_back(static_cast<int>(current_phase_));
     } catch (const std::exception& e) {
-      // The interval cannot be counted: stopped here (its open range with it), and stop() says why.
-      pushed_ = false;
-      if (running_) {
-        auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
-        p.pRangeProfilerObject = profiler_;
-        cuptiRangeProfilerStop(&p);
-        running_ = false;
-      }
+      abandon_interval();  // the interval cannot be counted: stopped here, and stop() says why
       failure_ = one_line(e);
     }
   }
@@ -616,22 +589,38 @@ class CuptiSession final : public CounterSession {
     counter_data_size_ = size.counterDataSize;
   }
 
+  // Opens a user range (CUPTI copies the name); throws Unavailable when CUPTI refuses.
+  void push_range(const char* name) {
+    auto push = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PushRange_Params);
+    push.pRangeProfilerObject = profiler_;
+    push.pRangeName = name;
+    check("cuptiRangeProfilerPushRange", cuptiRangeProfilerPushRange(&push));
+    pushed_ = true;
+  }
+  // Closes the open user range; the caller decides whether a failure matters.
+  CUptiResult pop_range() {
+    pushed_ = false;
+    auto pop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
+    pop.pRangeProfilerObject = profiler_;
+    return cuptiRangeProfilerPopRange(&pop);
+  }
+  // Stops a running profiler without reading it (a failure mid-interval, or teardown), so that the
+  // next start() can begin afresh.
+  void abandon_interval() {
+    pushed_ = false;
+    if (!running_) return;
+    auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
+    p.pRangeProfilerObject = profiler_;
+    cuptiRangeProfilerStop(&p);
+    running_ = false;
+  }
+
   void close() {
     set_callbacks(false);
     scopes_.reset();
     host_.reset();
-    if (pushed_) {
-      auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
-      p.pRangeProfilerObject = profiler_;
-      cuptiRangeProfilerPopRange(&p);
-      pushed_ = false;
-    }
-    if (running_) {  // destroyed inside an interval
-      auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
-      p.pRangeProfilerObject = profiler_;
-      cuptiRangeProfilerStop(&p);
-      running_ = false;
-    }
+    if (pushed_) pop_range();  // destroyed inside an interval
+    abandon_interval();
     if (profiler_) {
       auto p = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Disable_Params);
       p.pRangeProfilerObject = profiler_;
@@ -665,9 +654,7 @@ class CuptiSession final : public CounterSession {
       // The range ends when its work has: every kernel of the interval inside it.
       pushed_ = false;
       check_cuda("cudaDeviceSynchronize", cudaDeviceSynchronize());
-      auto pop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_PopRange_Params);
-      pop.pRangeProfilerObject = profiler_;
-      check("cuptiRangeProfilerPopRange", cuptiRangeProfilerPopRange(&pop));
+      check("cuptiRangeProfilerPopRange", pop_range());
     }
     auto stop = KILN_CUPTI_PARAMS(CUpti_RangeProfiler_Stop_Params);
     stop.pRangeProfilerObject = profiler_;
