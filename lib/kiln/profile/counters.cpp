@@ -325,11 +325,7 @@ class PerfEventSession final : public CounterSession {
     CounterReading r;
     r.source = "perf_event";
     r.seconds = started_ ? std::chrono::duration<double>(end - start_).count() : 0;
-    const Snapshot total = snapshot();
-    std::map<std::string, double> sums = total.sums;
-    const std::set<std::string>& unread = total.unread;
-    const double dram_bytes = total.dram_bytes;
-    const size_t dram_read = total.dram_read;
+    Snapshot total = snapshot();
     const size_t dram_opened = std::count_if(open_.begin(), open_.end(), [](const Open& o) { return o.system_wide; });
     if (started_ && current_phase_ >= 0) close_segment(total, end);
     close_all();
@@ -342,19 +338,19 @@ class PerfEventSession final : public CounterSession {
         reasons.push_back(name + ": " + absent);
       } else if (!started_) {
         reasons.push_back(name + ": n/a: stop() without start()");
-      } else if (unread.count(name)) {
+      } else if (total.unread.count(name)) {
         reasons.push_back(name + ": n/a: a thread's counter was never scheduled (all PMU counters busy)");
       } else {
-        out = sums[name] * scale;
+        out = total.sums[name] * scale;
       }
     };
     take("cycles", r.cycles, cycles_reason_, 1.0);
     take("instructions", r.instructions, instructions_reason_, 1.0);
     take("task-clock", r.cpu_seconds, task_clock_reason_, 1e-9);
 
-    if (!dram_events_.empty() && started_ && dram_read == dram_opened && dram_opened == dram_events_.size()) {
-      r.dram_bytes = dram_bytes;
-      if (peak_bandwidth_ > 0 && r.seconds > 0) r.memory_bandwidth = dram_bytes / r.seconds / peak_bandwidth_;
+    if (!dram_events_.empty() && started_ && total.dram_read == dram_opened && dram_opened == dram_events_.size()) {
+      r.dram_bytes = total.dram_bytes;
+      if (peak_bandwidth_ > 0 && r.seconds > 0) r.memory_bandwidth = total.dram_bytes / r.seconds / peak_bandwidth_;
     }
     r.memory_reason = r.memory_bandwidth ? ""
                       : !memory_reason_.empty()
