@@ -141,7 +141,8 @@ int explain(const cxxopts::ParseResult& args) {
   } else if (args.count("device-memory")) {
     hw = cost::hardware_spec(args["device-memory"].as<std::string>());
   } else if (torch::cuda::is_available()) {
-    hw = cost::hardware_for_device_name(kiln::device::name(at::Device(at::kCUDA, 0)));
+    const at::Device gpu(at::kCUDA, 0);
+    hw = cost::hardware_for_device_name(kiln::device::name(gpu), kiln::device::device_memory_bytes(gpu));
   }
   if (!hw) {
     std::string names;

@@ -26,7 +26,8 @@ TEST_CASE("planner names and CUDA device names find the same hardware rows", "[p
     const auto by_device = kiln::cost::hardware_for_device_name(cuda);
     REQUIRE(by_name);
     REQUIRE(by_device);
-    CHECK(by_device->family == by_name->family);
+    CHECK(by_device->name == by_name->name);  // the part: its memory and bandwidth
+    CHECK(by_device->memory_bandwidth == by_name->memory_bandwidth);
     // Peaks depend on the family only; memory and bandwidth on the part.
     for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
       CHECK(by_device->peak_tflops(dtype) == by_name->peak_tflops(dtype));
@@ -38,6 +39,17 @@ TEST_CASE("planner names and CUDA device names find the same hardware rows", "[p
     CHECK(by_name->memory_bandwidth > 0);
     CHECK(by_name->memory_bytes > 0);
   }
+  // The size in the name picks the part (PCIe names put it elsewhere); without one, the memory
+  // the device reports (a little under the nominal size) does; with neither, the family's first row.
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100 80GB PCIe")->name == "A100-80GB");
+  CHECK(kiln::cost::hardware_for_device_name("Tesla V100-PCIE-32GB")->name == "V100-32GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100-SXM4-80GB", 42.4e9)->name == "A100-80GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100", 85.1e9)->name == "A100-80GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100", 42.4e9)->name == "A100-40GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100")->name == "A100-40GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA H200", 150.1e9)->name == "H200-141GB");
+  CHECK(kiln::cost::hardware_for_device_name("Tesla V100-SXM2", 34.1e9)->name == "V100-32GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100-SXM4-80GB")->memory_bandwidth == 2039e9);
   // Lower case is the same name; a GPU the table does not know has no peak.
   CHECK(kiln::cost::hardware_spec("a100-80gb"));
   CHECK_FALSE(kiln::cost::hardware_spec("A100"));

@@ -74,7 +74,8 @@ void plant_pmu(const std::filesystem::path& dir, const std::string& type, const 
 
 // The device's DRAM bandwidth from the hardware table (0 for a GPU it does not know).
 double data_sheet_bandwidth(const c10::Device& device) {
-  const auto spec = kiln::cost::hardware_for_device_name(kiln::device::name(device));
+  const auto spec =
+      kiln::cost::hardware_for_device_name(kiln::device::name(device), kiln::device::device_memory_bytes(device));
   return spec ? spec->memory_bandwidth : 0;
 }
 

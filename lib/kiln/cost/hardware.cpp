@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -98,11 +100,21 @@ std::optional<HardwareSpec> hardware_spec(const std::string& name) {
   return std::nullopt;
 }
 
-std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_name) {
+std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_name, double memory_bytes) {
+  // The size in the name wins ("Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3"): a device's total
+  // memory is a little under its nominal size (ECC, reserved pages).
+  static const std::regex size_in_name(R"((\d+)\s*GB)", std::regex::icase);
+  std::smatch m;
+  if (std::regex_search(device_name, m, size_in_name)) memory_bytes = std::stod(m[1].str()) * 1e9;
+  std::optional<HardwareSpec> best;
   for (const HardwareSpec& d : hardware_specs()) {
-    if (device_name.find(d.family) != std::string::npos) return d;
+    if (device_name.find(d.family) == std::string::npos) continue;
+    if (!best ||
+        (memory_bytes > 0 && std::abs(d.memory_bytes - memory_bytes) < std::abs(best->memory_bytes - memory_bytes))) {
+      best = d;
+    }
   }
-  return std::nullopt;
+  return best;
 }
 
 std::optional<DevicePeak> gpu_peak(const std::string& device_name, at::ScalarType dtype) {

@@ -38,9 +38,12 @@ struct HardwareSpec {
 const std::vector<HardwareSpec>& hardware_specs();
 // By the planner's name ("V100-16GB", "A100-80GB", "H200-141GB", case-insensitive).
 std::optional<HardwareSpec> hardware_spec(const std::string& name);
-// By the name CUDA reports ("NVIDIA A100-SXM4-80GB"): the first row of its family (all memory
-// sizes of a family have the same peaks); nullopt for a GPU the table does not know.
-std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_name);
+// By the name CUDA reports ("NVIDIA A100-SXM4-80GB"): the row of its family whose memory is
+// nearest the size the name gives ("80GB"), else `memory_bytes` (what the device reports, e.g.
+// cudaDeviceProp::totalGlobalMem), else the family's first row. The peaks depend on the family only,
+// the bandwidth also on the memory (an A100-80GB moves 2,039 GB/s, a 40GB one 1,555); nullopt for a
+// GPU the table does not know.
+std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_name, double memory_bytes = 0);
 
 struct DevicePeak {
   std::string name;    // "NVIDIA H200", "CPU (2 threads)"

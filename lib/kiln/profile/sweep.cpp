@@ -642,7 +642,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       }
     }
   } else if (device.is_cuda()) {
-    report.hardware = cost::hardware_for_device_name(device::name(device));
+    report.hardware = cost::hardware_for_device_name(device::name(device), device::device_memory_bytes(device));
     if (report.hardware) report.bandwidth_source = report.hardware->source;
   }
   if (config.peak_tflops > 0) {
