@@ -111,20 +111,13 @@ int explain(const cxxopts::ParseResult& args) {
   const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : kiln::ops::kDefaultKernels;
   if (args.count("world-size")) o.world_size = args["world-size"].as<int>();
   if (args.count("zero-stage")) o.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
-  if (args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy")) {
-    const int64_t every =
-        args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 1;
-    const std::string policy = args.count("gradient-checkpointing-policy")
-                                   ? args["gradient-checkpointing-policy"].as<std::string>()
-                               : every > 1 ? "every_n"
-                                           : "full";
-    if (policy == "every_n" && every < 2) {
-      throw std::invalid_argument(
-          "--gradient-checkpointing-policy every_n: give --gradient-checkpointing-every n (n >= 2)");
-    }
-    o.recompute = policy;
-    o.every = static_cast<int>(every);
-  }
+  // The sweep's rule (profile/sweep.h), so --explain models what a sweep of the same flags runs.
+  kiln::profile::set_traffic_recomputation(
+      o, kiln::profile::recomputation_policy(
+             args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy"),
+             args.count("gradient-checkpointing-policy") ? args["gradient-checkpointing-policy"].as<std::string>()
+                                                         : "full",
+             args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 1));
 
   // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or with --device cpu
   // this CPU (its theoretical peaks, cost/cpu_peak.h, and a measured copy bandwidth).

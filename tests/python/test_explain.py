@@ -134,3 +134,39 @@ def test_modelled_counters_at_a_measured_step(explain):
     assert bandwidth == pytest.approx(100 * step[3] * 1e6 / seconds / BANDWIDTH, abs=0.06)
     assert tensor == pytest.approx(100 * step[0] * 1e9 / PEAK / seconds, abs=0.06)
     assert fp == pytest.approx(100 * step[1] * 1e9 / FP32 / seconds, abs=0.06)
+
+
+def explain_header_and_bytes(run_kiln, *flags):
+    r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+                 "--device-memory", "A100-80GB", *flags, timeout=60)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0]
+    step = next(l for l in r.stdout.splitlines() if l.startswith("| per step"))
+    return re.search(r"recomputation (\S+),", header).group(1), float(cells(step)[4])
+
+
+def test_recomputation_follows_the_sweeps_rule(run_kiln):
+    # gradient_checkpointing_every names the layers whatever the policy says (full or every_n), as
+    # a sweep of the same flags runs them (SweepConfig::recomputation); selective ignores it.
+    none = explain_header_and_bytes(run_kiln)
+    full = explain_header_and_bytes(run_kiln, "--gradient-checkpointing")
+    every4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-every", 4)
+    full_every4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "full",
+                                           "--gradient-checkpointing-every", 4)
+    selective = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "selective",
+                                         "--gradient-checkpointing-every", 3)
+    assert (none[0], full[0], every4[0], full_every4[0], selective[0]) == (
+        "none", "full", "every_4", "every_4", "selective")
+    assert full_every4 == every4
+    # Recomputing 3 of 12 layers' forwards moves more than none and less than all 12.
+    assert none[1] < every4[1] < full[1]
+
+
+def test_every_n_of_one_is_refused_by_explain_and_by_the_sweep(run_kiln):
+    r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+                 "--device-memory", "A100-80GB", "--gradient-checkpointing-policy", "every_n", timeout=60)
+    assert r.returncode != 0 and "gradient_checkpointing_every n >= 2" in r.stderr
+    r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1,
+                 "--gradient-checkpointing-policy", "every_n", timeout=60)
+    assert r.returncode != 0
+    assert "gradient_checkpointing_every" in r.stderr and "n >= 2" in r.stderr

@@ -14,6 +14,7 @@
 #include <new>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -106,6 +107,11 @@ void SweepConfig::validate() const {
     fail("gradient_checkpointing_policy",
          fmt::format("'{}' is not full, every_n or selective", gradient_checkpointing_policy));
   }
+  if (gradient_checkpointing && gradient_checkpointing_policy == "every_n" && gradient_checkpointing_every < 2) {
+    fail("gradient_checkpointing_every",
+         fmt::format("{} with policy every_n: give n >= 2 (1 recomputes every layer: policy full)",
+                     gradient_checkpointing_every));
+  }
   if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
   if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
   for (const auto& f : formats) {
@@ -114,10 +120,27 @@ void SweepConfig::validate() const {
   }
 }
 
-std::string SweepConfig::recomputation() const {
+std::string recomputation_policy(bool gradient_checkpointing, const std::string& policy, int64_t every) {
   if (!gradient_checkpointing) return "none";
-  if (gradient_checkpointing_policy == "selective") return "selective";
-  return gradient_checkpointing_every == 1 ? "full" : fmt::format("every_{}", gradient_checkpointing_every);
+  if (policy == "selective") return "selective";
+  if (policy == "every_n" && every < 2) {
+    throw std::invalid_argument(fmt::format(
+        "gradient_checkpointing_policy every_n needs gradient_checkpointing_every n >= 2 (got {}; 1 is full)", every));
+  }
+  return every == 1 ? "full" : fmt::format("every_{}", every);
+}
+
+void set_traffic_recomputation(cost::TrafficOptions& o, const std::string& recomputation) {
+  if (recomputation.rfind("every_", 0) == 0) {
+    o.recompute = "every_n";
+    o.every = std::stoi(recomputation.substr(6));
+  } else {
+    o.recompute = recomputation;
+  }
+}
+
+std::string SweepConfig::recomputation() const {
+  return recomputation_policy(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every);
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
@@ -222,13 +245,7 @@ cost::TrafficOptions traffic_options(const SweepConfig& config, const model::Lla
   o.grad_accum = point.grad_accum;
   o.dtype = config.dtype;
   set_traffic_kernels(o, config.kernels, cuda, hardware, model.resolved_head_dim());
-  const std::string policy = config.recomputation();
-  if (policy.rfind("every_", 0) == 0) {
-    o.recompute = "every_n";
-    o.every = static_cast<int>(config.gradient_checkpointing_every);
-  } else {
-    o.recompute = policy;
-  }
+  set_traffic_recomputation(o, config.recomputation());
   o.world_size = world_size;
   o.zero_stage = world_size > 1 ? static_cast<int>(config.zero_stage) : 0;
   return o;

@@ -90,6 +90,14 @@ struct SweepConfig {
   std::string recomputation() const;
 };
 
+// The recomputation kiln-profile's points run and --explain models, from the three settings:
+// "none" without gradient_checkpointing, "selective", else "full" for every = 1 and "every_<every>"
+// above (policy full or every_n alike: gradient_checkpointing_every says which layers). every_n
+// with every < 2 throws std::invalid_argument (it would be full).
+std::string recomputation_policy(bool gradient_checkpointing, const std::string& policy, int64_t every);
+// o.recompute and o.every for such a policy ("every_4" -> every_n, 4).
+void set_traffic_recomputation(cost::TrafficOptions& o, const std::string& recomputation);
+
 // Reads a configs/profile/*.yaml (lists as YAML sequences or "128,256" strings).
 SweepConfig load_sweep_config(const std::string& path);
 // "128,256" -> {128, 256}; throws std::invalid_argument naming `what` for a bad entry.
