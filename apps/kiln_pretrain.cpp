@@ -44,7 +44,9 @@ void print_help() {
     col += static_cast<int>(k.size()) + 1;
   }
   fmt::print(
-      "\n\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint of the last completed step and exit 0\n"
+      "\nLLaMA-Factory's and HF TrainingArguments' other keys (report_to, do_eval, eval_strategy, optim,\n"
+      "stage, template, ...) are acted on, accepted with an info line or refused: docs/training.md.\n"
+      "\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint of the last completed step and exit 0\n"
       "(nothing is saved when no step was completed since the start).\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
       "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n"
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
   if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
   kiln::pin_cpu_math_threads();
   std::string config_path = "quickstart";
+  bool config_given = false;
   bool dry_run = false;
   std::string dump_path;
   std::vector<std::string> rest;
@@ -87,10 +90,14 @@ int main(int argc, char** argv) {
     } else if (a == "--auto-fit") {  // the key auto_fit: true
       rest.push_back("--auto_fit");
       rest.push_back("true");
-    } else if (a == "--config" && i + 1 < argc) {
-      config_path = argv[++i];
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
+    } else if ((a == "--config" && i + 1 < argc) || a.rfind("--config=", 0) == 0) {
+      const std::string path = a == "--config" ? argv[++i] : a.substr(9);
+      if (config_given) {
+        fmt::print(stderr, "kiln-pretrain: error: --config given twice ('{}', then '{}')\n", config_path, path);
+        return 2;
+      }
+      config_path = path;
+      config_given = true;
     } else {
       rest.push_back(a);
     }

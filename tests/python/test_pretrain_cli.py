@@ -98,6 +98,28 @@ def test_bad_keys_and_values_are_named(run_kiln, tmp_path):
     bad.write_text("model: tiny\ncutoff_len: -5\n")
     out = run_kiln("kiln-pretrain", "--config", bad, "--dry-run")
     assert out.returncode == 2 and str(bad) in out.stderr and "cutoff_len" in out.stderr and "-5" in out.stderr
+    # Given twice: refused (which one was meant is a guess), as a YAML file's repeated key is.
+    out = run_kiln("kiln-pretrain", "--dry-run", "--seed", "1", "--seed=2")
+    assert out.returncode == 2 and "'seed' given twice" in out.stderr
+    out = run_kiln("kiln-pretrain", "--config", bad, "--config=quickstart", "--dry-run")
+    assert out.returncode == 2 and "--config given twice" in out.stderr
+
+
+def test_data_seed_seeds_the_shard_folders_sampler(run_kiln, tmp_path):
+    # HF Trainer's sampler takes data_seed, else seed; the held-out blocks follow seed alone. The
+    # reference: the same order as the run whose seed is that value, where nothing else uses the
+    # seed (val_size 0).
+    def order(name, *keys):
+        dump = tmp_path / f"{name}.json"
+        run_ok(run_kiln, "kiln-pretrain", "--dry-run", "--dump-data", dump, "--val_size", "0", *keys)
+        sampler = json.loads(dump.read_text())["trainer"]["sampler"]
+        return sampler["seed"], sampler["orders"]["0"]
+
+    seed5 = order("seed5", "--seed", "5")
+    data_seed5 = order("data_seed5", "--data_seed", "5")
+    default = order("default")
+    assert seed5[0] == data_seed5[0] == 5 and seed5[1] == data_seed5[1]
+    assert default[0] == 42 and default[1] != seed5[1]
 
 
 def test_dry_run_prints_the_banner_and_memory(run_kiln, tmp_path):

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "kiln/train/pretrain_config.h"
 #include "support.h"
@@ -70,6 +71,20 @@ TEST_CASE("command-line overrides win and are checked like the file", "[train][c
   CHECK(hf.source == path + " + command line");
   CHECK(load_pretrain_config("quickstart").source == "preset 'quickstart'");
   CHECK_THAT(error_of([] { parse_overrides({"stray"}); }), Contains("'stray'"));
+  // A key given twice, in either spelling, is an error as in a YAML file (not "the last wins").
+  CHECK_THAT(error_of([] {
+               parse_overrides({"--seed", "1", "--cutoff_len", "64", "--seed=2"});
+             }),
+             Contains("command line") && Contains("'seed'") && Contains("twice") && Contains("'1'") && Contains("'2'"));
+  CHECK(parse_overrides({"--seed", "1", "--data_seed", "1"}).size() == 2);
+}
+
+TEST_CASE("training_args.json holds the keys the LLaMA-Factory table acts on too", "[train][config]") {
+  const auto c = load_pretrain_config("quickstart", parse_overrides({"--report_to", "tensorboard", "--seed", "9"}));
+  const auto j = nlohmann::json::parse(kiln::train::pretrain_config_json(c));
+  CHECK(j.at("report_to") == "tensorboard");
+  CHECK(j.at("seed") == 9);
+  for (const auto& key : kiln::train::pretrain_config_keys()) CHECK(j.contains(key));
 }
 
 TEST_CASE("bad pretraining configs name the file and key", "[train][config]") {

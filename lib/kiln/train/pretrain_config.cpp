@@ -297,6 +297,12 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
     } else {
       throw ConfigError(fmt::format("command line: key '{}': missing value", a.substr(2)));
     }
+    // A key given twice is an error, as in a YAML file: which of the two was meant is a guess.
+    const auto& [key, value] = out.back();
+    const auto first = std::find_if(out.begin(), out.end() - 1, [&](const auto& kv) { return kv.first == key; });
+    if (first != out.end() - 1) {
+      throw ConfigError(fmt::format("command line: key '{}' given twice ('{}', then '{}')", key, first->second, value));
+    }
   }
   return out;
 }
@@ -315,6 +321,7 @@ std::string pretrain_config_json(const PretrainConfig& c) {
   for (const auto& [key, field] : fields()) {
     std::visit([&, &key = key](auto member) { j[key] = c.*member; }, field);
   }
+  j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
   if (!c.eval_strategy.empty()) j["eval_strategy"] = c.eval_strategy;
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

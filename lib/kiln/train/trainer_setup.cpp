@@ -297,16 +297,17 @@ void Trainer::setup_shard_data() {
   const auto train_split = state_->shards->split("train");
   data::LoaderOptions lo;
   lo.batch_size = config_.per_device_train_batch_size;
-  lo.seed = static_cast<uint64_t>(config_.seed);
+  // The sampler's seed is HF Trainer's: data_seed, else seed (for shard folders too; the held-out
+  // split keeps seed, as LLaMA-Factory's train_test_split does).
+  lo.seed = static_cast<uint64_t>(config_.data_seed >= 0 ? config_.data_seed : config_.seed);
   lo.segment_ids = config_.neat_packing;
   lo.rank = rank();
   lo.world_size = world_size();
   if (config_.llamafactory_data()) {
     state_->ignored_label_id = llamafactory_pad_id(config_, meta.eos_id);
     std::tie(train_set_, val_set_) = llamafactory_examples(config_, train_split);
-    // HF Trainer's sampler (data_seed, else seed) and transformers' collator with pad = EOS.
+    // HF Trainer's sampler (torch.randperm) and transformers' collator with pad = EOS.
     lo.order = data::LoaderOptions::Order::kTorchRandperm;
-    if (config_.data_seed >= 0) lo.seed = static_cast<uint64_t>(config_.data_seed);
     lo.ignore_label_id = lo.pad_id = state_->ignored_label_id;
   } else {
     const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
