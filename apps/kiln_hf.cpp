@@ -168,7 +168,8 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cxxopts::Options options("kiln-hf", "Hugging Face checkpoints: init, convert, forward (+ gradients), train");
+  cxxopts::Options options(
+      "kiln-hf", "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect or copy");
   // clang-format off
   options.add_options()
     ("command", "init, convert, forward, train, inspect or copy", cxxopts::value<std::string>())
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
     ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))
     ("seed", "init: weight seed", cxxopts::value<uint64_t>()->default_value("0"))
     ("max-shard-bytes", "largest safetensors file written before sharding",
-     cxxopts::value<uint64_t>()->default_value("5368709120"))
+     cxxopts::value<uint64_t>()->default_value("5000000000"))
     ("h,help", "print this help");
   // clang-format on
   options.parse_positional({"command"});

@@ -108,7 +108,7 @@ class SafetensorsCheckpoint {
 // earlier save that this one does not rewrite (stale shards, an index) are removed afterwards.
 void save_safetensors_checkpoint(const std::string& dir, const NamedTensors& tensors,
                                  const std::map<std::string, std::string>& metadata = {},
-                                 uint64_t max_shard_bytes = uint64_t{5} << 30);
+                                 uint64_t max_shard_bytes = 5000000000);
 
 // Writes `text` to `path` through a temporary file and rename (atomic on POSIX file systems).
 void write_file_atomic(const std::string& path, const std::string& text);

@@ -62,8 +62,8 @@ LlamaForCausalLM load_pretrained(const std::string& dir, const LoadOptions& opti
 void load_weights(LlamaForCausalLMImpl& model, io::SafetensorsCheckpoint& checkpoint, const std::string& source);
 
 struct SaveOptions {
-  std::optional<at::ScalarType> dtype;           // default: the parameters' dtype
-  uint64_t max_shard_bytes = uint64_t{5} << 30;  // transformers 4's default max_shard_size
+  std::optional<at::ScalarType> dtype;    // default: the parameters' dtype
+  uint64_t max_shard_bytes = 5000000000;  // transformers 4's default max_shard_size, "5GB" (10^9 bytes per GB)
   // config.json's special tokens as transformers' Trainer aligns them with the tokenizer it saves
   // beside the model (trainer_utils.align_special_tokens): a value replaces the model config's
   // (-1 writes null); pad_token_id unset writes none.
