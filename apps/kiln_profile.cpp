@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   // clang-format off
   options.add_options()
     ("config", "a configs/profile/*.yaml grid (command-line options override it)", cxxopts::value<std::string>())
-    ("model", "model preset (tiny, llama-100m, llama-3.2-1b) or model YAML", cxxopts::value<std::string>())
+    ("model", "model preset (tiny, llama-100m, llama-3.2-1b), model YAML, or an HF folder or its config.json", cxxopts::value<std::string>())
     ("cutoff-len", "comma-separated cutoff_len values", cxxopts::value<std::string>())
     ("batch-size", "comma-separated per-device batch sizes", cxxopts::value<std::string>())
     ("grad-accum", "comma-separated gradient_accumulation_steps", cxxopts::value<std::string>())
@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
     ("gradient-checkpointing", "recompute each layer in backward")
     ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (every_n)", cxxopts::value<int64_t>())
     ("gradient-checkpointing-policy", "full, every_n (with --gradient-checkpointing-every) or selective (keep matmul outputs, recompute RMSNorm/SwiGLU); implies --gradient-checkpointing", cxxopts::value<std::string>())
-    ("peak-tflops", "peak TFLOP/s for MFU instead of the device table", cxxopts::value<double>())
+    ("peak-tflops", "peak TFLOP/s for MFU (and --explain's roofline) instead of the device table", cxxopts::value<double>())
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
     ("output", "directory for profile.{md,csv,json,html} (with csv also profile_components.csv)", cxxopts::value<std::string>())
@@ -281,10 +281,10 @@ int main(int argc, char** argv) {
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
     ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
     ("plan", "plan instead of measuring: the settings that fit --device-memory per cutoff_len, ranked (docs/performance.md)")
-    ("device-memory", "--plan, --explain: the device's memory (80GB, 16GiB, ...) or a device name: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
+    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name; --explain: a device name. Names: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
     ("target-tokens", "--plan: global batch per optimizer step, in tokens", cxxopts::value<int64_t>())
     ("target-sequences", "--plan: global batch per optimizer step, in sequences", cxxopts::value<int64_t>())
-    ("world-size", "--plan: data-parallel ranks", cxxopts::value<int>())
+    ("world-size", "--plan, --explain: data-parallel ranks", cxxopts::value<int>())
     ("mfu", "--plan: assumed MFU for the predicted tokens/s (default 0.4)", cxxopts::value<double>())
     ("explain", "print the modelled FLOPs and memory traffic of one step per component (kiln and an eager HF step), "
                 "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name or --device cpu; "
