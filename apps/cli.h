@@ -59,4 +59,10 @@ inline at::Device device(const std::string& name) {
   throw std::invalid_argument("--device must be cpu or cuda, got '" + name + "'");
 }
 
+// An optional string option's value, "" when it is absent. (A default_value("") would make
+// cxxopts print '(default: "")' after the help text's own default.)
+inline std::string optional_string(const cxxopts::ParseResult& args, const std::string& name) {
+  return args.count(name) ? args[name].as<std::string>() : std::string();
+}
+
 }  // namespace kiln::cli

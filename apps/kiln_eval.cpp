@@ -23,13 +23,13 @@ int main(int argc, char** argv) {
   options.add_options()
     ("model", "checkpoint folder (config.json + safetensors)", cxxopts::value<std::string>())
     ("dataset-dir", "token shards from kiln-tokenize", cxxopts::value<std::string>())
-    ("split", "split to score (default: val when present, else train)", cxxopts::value<std::string>()->default_value(""))
+    ("split", "split to score (default: val when present, else train)", cxxopts::value<std::string>())
     ("cutoff-len", "tokens per packed block", cxxopts::value<int64_t>()->default_value("1024"))
     ("batch-size", "blocks per forward pass", cxxopts::value<int64_t>()->default_value("8"))
     ("bf16", "compute in bf16 (autocast)")
     ("add-bos", "put the shards' BOS token before every block (every block token is then scored)")
     ("no-add-bos", "score the blocks as the shards hold them")
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
+    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   try {
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     kiln::cli::require(args, {"model", "dataset-dir"});
     const int64_t cutoff = args["cutoff-len"].as<int64_t>(), batch = args["batch-size"].as<int64_t>();
     if (cutoff < 2 || batch < 1) throw std::invalid_argument("--cutoff-len must be >= 2 and --batch-size >= 1");
-    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const at::Device device = kiln::cli::device(kiln::cli::optional_string(args, "device"));
     auto model = kiln::model::load_pretrained(args["model"].as<std::string>(), {.dtype = at::kFloat, .device = device});
     if (args.count("add-bos") && args.count("no-add-bos"))
       throw std::invalid_argument("--add-bos and --no-add-bos: give at most one");
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     if (bos >= model->config().vocab_size)
       throw std::invalid_argument(
           fmt::format("BOS id {} is outside the model's vocab_size {}", bos, model->config().vocab_size));
-    std::string split = args["split"].as<std::string>();
+    std::string split = kiln::cli::optional_string(args, "split");
     if (split.empty()) split = shards->has_split("val") ? "val" : "train";
     const auto dataset = std::make_shared<kiln::data::PackedDataset>(shards->split(split), cutoff);
     if (dataset->num_blocks() == 0) {

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     ("prompt", "text to continue", cxxopts::value<std::string>())
     ("tokenizer", "byte, or a tokenizer.json / folder (default: the model folder's tokenizer.json, else the one "
      "its training shards were made with (kiln_data.json), else byte)",
-     cxxopts::value<std::string>()->default_value(""))
+     cxxopts::value<std::string>())
     ("max-new-tokens", "tokens to generate (>= 0)", cxxopts::value<int64_t>()->default_value("200"))
     ("add-bos", "put the tokenizer's BOS before the prompt")
     ("no-add-bos", "encode the prompt without any BOS or template tokens (default: as the model's training "
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     ("top-p", "nucleus sampling threshold (1 = off)", cxxopts::value<double>()->default_value("0.95"))
     ("ids", "print the prompt's and the new tokens' ids as one JSON line instead of text")
     ("seed", "sampling seed", cxxopts::value<uint64_t>()->default_value("0"))
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
+    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   try {
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     // The tokenizer: --tokenizer, else the folder's tokenizer.json, else the one the checkpoint's
     // training shards were made with (kiln_data.json), else the byte tokenizer.
     const auto record = kiln::data::DataRecord::read(dir);
-    std::string tok = args["tokenizer"].as<std::string>();
+    std::string tok = kiln::cli::optional_string(args, "tokenizer");
     if (tok.empty()) {
       if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
         tok = dir;
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "kiln-generate: warning: {} was trained on shards of tokenizer '{}', not '{}' ({})\n", dir,
                  record->tokenizer, tokenizer->name(), kiln::data::DataRecord::kFile);
     }
-    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const at::Device device = kiln::cli::device(kiln::cli::optional_string(args, "device"));
     auto model = kiln::model::load_pretrained(dir, {.dtype = at::kFloat, .device = device});
 
     const auto rule = args.count("add-bos")      ? kiln::data::BosRule::kAdd

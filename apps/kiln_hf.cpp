@@ -103,7 +103,7 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
     kiln::io::save_safetensors(required(args, "out"), tensors, file.metadata());
     return 0;
   }
-  const auto dtype = parse_dtype(args["dtype"].as<std::string>());
+  const auto dtype = parse_dtype(kiln::cli::optional_string(args, "dtype"));
   kiln::model::SaveOptions save_options;
   save_options.max_shard_bytes = args["max-shard-bytes"].as<uint64_t>();
   if (command == "init") {
@@ -121,7 +121,7 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
   const Batch batch = read_batch(required(args, "batch"));
   if (command == "forward") {
     const bool grads = args.count("grads") != 0;
-    const std::string autocast_name = args["autocast"].as<std::string>();
+    const std::string autocast_name = kiln::cli::optional_string(args, "autocast");
     std::optional<at::ScalarType> autocast;
     if (!autocast_name.empty()) {
       autocast = parse_dtype(autocast_name);
@@ -177,10 +177,10 @@ int main(int argc, char** argv) {
     ("out", "output directory (init, convert, train) or safetensors file (forward)", cxxopts::value<std::string>())
     ("in", "inspect, copy: safetensors file (inspect: or checkpoint directory)", cxxopts::value<std::string>())
     ("batch", "safetensors file with input_ids [B, T] and optional labels", cxxopts::value<std::string>())
-    ("dtype", "fp32, bf16, fp16 or fp64 (default: the checkpoint's)", cxxopts::value<std::string>()->default_value(""))
+    ("dtype", "fp32, bf16, fp16 or fp64 (default: the checkpoint's)", cxxopts::value<std::string>())
     ("grads", "forward: also write every parameter's gradient of the loss")
     ("fused-loss", "forward: the trainer's loss (chunked linear + cross-entropy; no logits written)")
-    ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>()->default_value(""))
+    ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>())
     ("kernels", "forward: ops backends as kiln-pretrain's key, e.g. kiln,linear=aten", cxxopts::value<std::string>()->default_value(kiln::ops::kDefaultKernels))
     ("steps", "train: AdamW steps on the batch", cxxopts::value<int64_t>()->default_value("3"))
     ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))

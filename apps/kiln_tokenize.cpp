@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   // clang-format off
   options.add_options()
     ("tokenizer", "'byte' or a tokenizer.json (or its folder): byte-level BPE (GPT-2, Llama-3 style) or SentencePiece-BPE (Llama-2, Mistral, TinyLlama layouts)", cxxopts::value<std::string>()->default_value("byte"))
-    ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>()->default_value(""))
+    ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>())
     ("input", "input .txt/.jsonl/.jsonl.gz/.jsonl.zst/.json/.parquet files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
     ("output", "output folder of the shard set", cxxopts::value<std::string>())
     ("text-key", "JSON field (Parquet column) holding the text; a null is an empty document", cxxopts::value<std::string>()->default_value("text"))
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     ("skip-bad-lines", "report malformed JSONL lines and skip them instead of failing")
     ("overwrite", "replace an existing shard set in --output")
     ("no-progress", "no progress bar")
-    ("default-corpus", "build the embedded default corpus's shards (into --output, default the cache) and print the folder")
+    ("default-corpus", "build (or find) the embedded default corpus's shards in a folder under --output (default: the cache) and print that folder")
     ("bench", "time encoding of --input single- and multi-threaded; prints a JSON line")
     ("repeat", "--bench: passes over the input", cxxopts::value<int>()->default_value("1"))
     ("decode", "print the text of each line of FILE, a JSON list of ids, as one JSON string per line (invalid UTF-8 as U+FFFD)", cxxopts::value<std::string>())
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     }
     if (args.count("decode")) {
       const auto tokenizer =
-          kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), args["eos"].as<std::string>());
+          kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), kiln::cli::optional_string(args, "eos"));
       const auto path = args["decode"].as<std::string>();
       std::ifstream in(path);
       if (!in) throw std::invalid_argument(fmt::format("--decode: cannot open '{}'", path));
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     opt.add_special_tokens = args.count("add-special-tokens") > 0;
     opt.overwrite = args.count("overwrite") > 0;
     const auto tokenizer =
-        kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), args["eos"].as<std::string>());
+        kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), kiln::cli::optional_string(args, "eos"));
 
     if (args.count("bench")) {
       const auto docs = kiln::data::read_documents(opt);

@@ -29,22 +29,22 @@ int main(int argc, char** argv) {
                            "kiln's flash attention vs SDPA backends: fwd/bwd time, TFLOP/s, peak memory");
   // clang-format off
   options.add_options()
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>()->default_value(""))
-    ("dtype", "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)", cxxopts::value<std::string>()->default_value(""))
+    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
+    ("dtype", "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)", cxxopts::value<std::string>())
     ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, linear, attention, comm (attention and comm only when named; comm under torchrun/srun); linear: tokens x hidden -> intermediate, fp32 weight under --dtype autocast", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce,linear"))
-    ("comm-max-bytes", "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("tokens", "rows (batch x sequence); default 8192 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("hidden", "hidden size; default 4096 on cuda, 1024 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("intermediate", "MLP width; default 14336 on cuda, 2816 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("vocab", "vocabulary for linear_ce; default 128256 on cuda, 32000 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("ce-hidden", "hidden size for linear_ce; default 2048 (Llama 3.2 1B's head) on cuda, 512 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("seqlens", "attention: comma list of sequence lengths T; default 512,1024,2048,4096,8192 on cuda, 128,256 on cpu", cxxopts::value<std::string>()->default_value(""))
+    ("comm-max-bytes", "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu", cxxopts::value<int64_t>())
+    ("tokens", "rows (batch x sequence); default 8192 on cuda, 1024 on cpu", cxxopts::value<int64_t>())
+    ("hidden", "hidden size; default 4096 on cuda, 1024 on cpu", cxxopts::value<int64_t>())
+    ("intermediate", "MLP width; default 14336 on cuda, 2816 on cpu", cxxopts::value<int64_t>())
+    ("vocab", "vocabulary for linear_ce; default 128256 on cuda, 32000 on cpu", cxxopts::value<int64_t>())
+    ("ce-hidden", "hidden size for linear_ce; default 2048 (Llama 3.2 1B's head) on cuda, 512 on cpu", cxxopts::value<int64_t>())
+    ("seqlens", "attention: comma list of sequence lengths T; default 512,1024,2048,4096,8192 on cuda, 128,256 on cpu", cxxopts::value<std::string>())
     ("head-dims", "attention: comma list of head dims D", cxxopts::value<std::string>()->default_value("64,128"))
-    ("batch", "attention: batch B; default 16384 tokens / T (at least 1) on cuda, 1 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("heads", "attention: query heads; default 16 on cuda, 4 on cpu", cxxopts::value<int64_t>()->default_value("0"))
-    ("kv-heads", "attention: key/value heads, dividing --heads (GQA); default = heads", cxxopts::value<int64_t>()->default_value("0"))
+    ("batch", "attention: batch B; default 16384 tokens / T (at least 1) on cuda, 1 on cpu", cxxopts::value<int64_t>())
+    ("heads", "attention: query heads; default 16 on cuda, 4 on cpu", cxxopts::value<int64_t>())
+    ("kv-heads", "attention: key/value heads, dividing --heads (GQA); default = heads", cxxopts::value<int64_t>())
     ("iters", "timed iterations per case (median reported; attention: fastest sample, each repeating the call for about 10 ms)", cxxopts::value<int>()->default_value("5"))
-    ("json", "also write the results to this JSON file", cxxopts::value<std::string>()->default_value(""))
+    ("json", "also write the results to this JSON file", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   try {
@@ -53,10 +53,10 @@ int main(int argc, char** argv) {
       std::cout << options.help() << "\n";
       return 0;
     }
-    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const at::Device device = kiln::cli::device(kiln::cli::optional_string(args, "device"));
     const bool cuda = device.is_cuda();
     const std::string dev_name = cuda ? "cuda" : "cpu";
-    std::string dtype_name = args["dtype"].as<std::string>();
+    std::string dtype_name = kiln::cli::optional_string(args, "dtype");
     if (dtype_name.empty()) dtype_name = cuda ? "bf16" : "fp32";
     at::ScalarType dtype;
     if (dtype_name == "fp32") {
@@ -68,10 +68,11 @@ int main(int argc, char** argv) {
     } else {
       throw std::invalid_argument("--dtype must be fp32, bf16 or fp16, got '" + dtype_name + "'");
     }
-    auto pick = [&](const char* key, int64_t gpu, int64_t cpu) {
+    auto pick = [&](const char* key, int64_t gpu, int64_t cpu) {  // a size: given, else the device's default
+      if (!args.count(key)) return cuda ? gpu : cpu;
       const int64_t v = args[key].as<int64_t>();
-      if (v < 0) throw std::invalid_argument(fmt::format("--{} must be positive, got {}", key, v));
-      return v > 0 ? v : (cuda ? gpu : cpu);
+      if (v <= 0) throw std::invalid_argument(fmt::format("--{} must be positive, got {}", key, v));
+      return v;
     };
     kiln::bench::FusedOpsCase fused;
     fused.tokens = pick("tokens", 8192, 1024);
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
     kiln::bench::AttentionSweep sweep;
     const bool attention = ops.find(",attention,") != std::string::npos;
     if (attention) {
-      const std::string seqlens = args["seqlens"].as<std::string>();
+      const std::string seqlens = kiln::cli::optional_string(args, "seqlens");
       sweep.seqlens = kiln::profile::parse_int_list(
           seqlens.empty() ? (cuda ? "512,1024,2048,4096,8192" : "128,256") : seqlens, "--seqlens");
       sweep.head_dims = kiln::profile::parse_int_list(args["head-dims"].as<std::string>(), "--head-dims");
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
     kiln::bench::Memory mem{device, &counter};
     nlohmann::json out = {{"device", dev_name}, {"dtype", dtype_name}, {"copy_gbps", copy_gbps}};
     kiln::bench::run_fused_ops(fused, opt, copy_gbps, mem, out);
-    const std::string json_path = args["json"].as<std::string>();
+    const std::string json_path = kiln::cli::optional_string(args, "json");
     auto flush_json = [&] {
       if (!json_path.empty()) kiln::io::write_file_atomic(json_path, out.dump(2) + "\n");
     };
