@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
     ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
     ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
     ("plan", "plan instead of measuring: the settings that fit --device-memory per cutoff_len, ranked (docs/performance.md)")
-    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name; --explain: a device name. Names: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (default: this GPU's)", cxxopts::value<std::string>())
+    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name; --explain: a device name. Names: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (SXM), V100-PCIe-16GB, V100-PCIe-32GB, A100-PCIe-40GB, A100-PCIe-80GB, H100-PCIe-80GB (default: this GPU's)", cxxopts::value<std::string>())
     ("target-tokens", "--plan: global batch per optimizer step, in tokens", cxxopts::value<int64_t>())
     ("target-sequences", "--plan: global batch per optimizer step, in sequences", cxxopts::value<int64_t>())
     ("world-size", "--plan, --explain: data-parallel ranks", cxxopts::value<int>())

@@ -287,11 +287,13 @@ TEST_CASE("the GPU table has tensor and non-tensor peaks per dtype from the data
     double bf16, fp16, fp32, bf16_vector, fp16_vector, tf32;
     bool tensor_bf16;
   };
-  // The data sheets' dense figures (V100/A100/H100/H200 SXM) and the whitepapers' non-tensor ones.
-  const Sheet sheets[] = {{"V100-32GB", 15.7, 125, 15.7, 15.7, 31.4, 0, false},
-                          {"A100-80GB", 312, 312, 19.5, 39, 78, 156, true},
-                          {"H100-80GB", 989, 989, 67, 133.8, 133.8, 494.5, true},
-                          {"H200-141GB", 989, 989, 67, 133.8, 133.8, 494.5, true}};
+  // The data sheets' dense figures (V100/A100/H100/H200 SXM, V100/A100/H100 PCIe) and the
+  // whitepapers' non-tensor ones (twice FP32 on V100 and H100; a PCIe card's by that ratio).
+  const Sheet sheets[] = {
+      {"V100-32GB", 15.7, 125, 15.7, 15.7, 31.4, 0, false},   {"V100-PCIe-16GB", 14, 112, 14, 14, 28, 0, false},
+      {"A100-80GB", 312, 312, 19.5, 39, 78, 156, true},       {"A100-PCIe-80GB", 312, 312, 19.5, 39, 78, 156, true},
+      {"H100-80GB", 989, 989, 67, 133.8, 133.8, 494.5, true}, {"H100-PCIe-80GB", 756, 756, 51, 102, 102, 378, true},
+      {"H200-141GB", 989, 989, 67, 133.8, 133.8, 494.5, true}};
   for (const Sheet& s : sheets) {
     CAPTURE(s.name);
     const auto h = cost::hardware_spec(s.name);

@@ -12,11 +12,18 @@
 #include "kiln/train/kernel_choices.h"
 
 TEST_CASE("planner names and CUDA device names find the same hardware rows", "[profile]") {
-  // Names as nvidia-smi / cudaGetDeviceProperties report them on the SXM parts.
-  const std::pair<const char*, const char*> reported[] = {
-      {"V100-16GB", "Tesla V100-SXM2-16GB"},  {"V100-32GB", "Tesla V100-SXM2-32GB"},
-      {"A100-40GB", "NVIDIA A100-SXM4-40GB"}, {"A100-80GB", "NVIDIA A100-SXM4-80GB"},
-      {"H100-80GB", "NVIDIA H100 80GB HBM3"}, {"H200-141GB", "NVIDIA H200"}};
+  // Names as nvidia-smi / cudaGetDeviceProperties report them on the SXM and PCIe parts.
+  const std::pair<const char*, const char*> reported[] = {{"V100-16GB", "Tesla V100-SXM2-16GB"},
+                                                          {"V100-32GB", "Tesla V100-SXM2-32GB"},
+                                                          {"V100-PCIe-16GB", "Tesla V100-PCIE-16GB"},
+                                                          {"V100-PCIe-32GB", "Tesla V100-PCIE-32GB"},
+                                                          {"A100-40GB", "NVIDIA A100-SXM4-40GB"},
+                                                          {"A100-80GB", "NVIDIA A100-SXM4-80GB"},
+                                                          {"A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB"},
+                                                          {"A100-PCIe-80GB", "NVIDIA A100 80GB PCIe"},
+                                                          {"H100-80GB", "NVIDIA H100 80GB HBM3"},
+                                                          {"H100-PCIe-80GB", "NVIDIA H100 PCIe"},
+                                                          {"H200-141GB", "NVIDIA H200"}};
   std::set<std::string> names;
   for (const auto& spec : kiln::cost::hardware_specs()) names.insert(spec.name);
   CHECK(names.size() == kiln::cost::hardware_specs().size());  // no duplicate row
@@ -28,7 +35,7 @@ TEST_CASE("planner names and CUDA device names find the same hardware rows", "[p
     REQUIRE(by_device);
     CHECK(by_device->name == by_name->name);  // the part: its memory and bandwidth
     CHECK(by_device->memory_bandwidth == by_name->memory_bandwidth);
-    // Peaks depend on the family only; memory and bandwidth on the part.
+    // Peaks depend on the family and form factor; memory and bandwidth on the part.
     for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
       CHECK(by_device->peak_tflops(dtype) == by_name->peak_tflops(dtype));
       const auto peak = kiln::cost::gpu_peak(cuda, dtype);
@@ -41,8 +48,22 @@ TEST_CASE("planner names and CUDA device names find the same hardware rows", "[p
   }
   // The size in the name picks the part (PCIe names put it elsewhere); without one, the memory
   // the device reports (a little under the nominal size) does; with neither, the family's first row.
-  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100 80GB PCIe")->name == "A100-80GB");
-  CHECK(kiln::cost::hardware_for_device_name("Tesla V100-PCIE-32GB")->name == "V100-32GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100 80GB PCIe")->name == "A100-PCIe-80GB");
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA H100 PCIe", 85.0e9)->memory_bandwidth == 2000e9);
+  // A PCIe card is slower than the SXM module of its chip (lower clocks), never faster.
+  for (const auto& pcie : kiln::cost::hardware_specs()) {
+    if (!pcie.pcie) continue;
+    CAPTURE(pcie.name);
+    const auto sxm =
+        kiln::cost::hardware_for_device_name(pcie.family + " " + pcie.name.substr(pcie.name.rfind('-') + 1));
+    REQUIRE(sxm);
+    CHECK_FALSE(sxm->pcie);
+    CHECK(sxm->memory_bytes == pcie.memory_bytes);
+    for (const char* dtype : {"bf16", "fp16", "fp32"}) CHECK(pcie.peak_tflops(dtype) <= sxm->peak_tflops(dtype));
+    CHECK(pcie.memory_bandwidth <= sxm->memory_bandwidth);
+  }
+  // A form factor the table lacks for a family (it has no H200 PCIe row) takes the family's others.
+  CHECK(kiln::cost::hardware_for_device_name("NVIDIA H200 NVL PCIe")->name == "H200-141GB");
   CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100-SXM4-80GB", 42.4e9)->name == "A100-80GB");
   CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100", 85.1e9)->name == "A100-80GB");
   CHECK(kiln::cost::hardware_for_device_name("NVIDIA A100", 42.4e9)->name == "A100-40GB");

@@ -1,6 +1,6 @@
 // The hardware table: every GPU kiln plans for and reports MFU against, once (the planner, the
 // trainer's MFU, kiln-profile). Dense peaks (no sparsity) and memory bandwidth from NVIDIA's
-// data sheets for the SXM parts (PCIe parts are lower: pass --peak-tflops); memory as sold
+// data sheets, SXM and PCIe parts apart (a GPU the table lacks: pass --peak-tflops); memory as sold
 // (GB = 1e9, NVIDIA's "80GB"). V100 has no bf16 tensor cores: bf16 runs on its FP32 units.
 // Each dtype has a tensor-core (matrix) peak and a non-tensor (vector, "fp engine") peak; the CPU's
 // row is built from cpuid and sysfs (cost/cpu_peak.h).
@@ -18,6 +18,7 @@ namespace kiln::cost {
 struct HardwareSpec {
   std::string name;    // "A100-80GB": the planner's name (--device, auto_fit)
   std::string family;  // "A100": matched in the CUDA device's reported name
+  bool pcie = false;   // a PCIe card (lower clocks than the SXM module of the same chip)
   double memory_bytes = 0;
   // Dense TFLOP/s of a GEMM in each dtype: the tensor cores for bf16/fp16 where the part has them
   // (tensor_bf16, tensor_fp16), the FP32 units for fp32 (kiln leaves TF32 off).
@@ -38,11 +39,11 @@ struct HardwareSpec {
 const std::vector<HardwareSpec>& hardware_specs();
 // By the planner's name ("V100-16GB", "A100-80GB", "H200-141GB", case-insensitive).
 std::optional<HardwareSpec> hardware_spec(const std::string& name);
-// By the name CUDA reports ("NVIDIA A100-SXM4-80GB"): the row of its family whose memory is
-// nearest the size the name gives ("80GB"), else `memory_bytes` (what the device reports, e.g.
-// cudaDeviceProp::totalGlobalMem), else the family's first row. The peaks depend on the family only,
-// the bandwidth also on the memory (an A100-80GB moves 2,039 GB/s, a 40GB one 1,555); nullopt for a
-// GPU the table does not know.
+// By the name CUDA reports ("NVIDIA A100-SXM4-80GB"): among its family's rows of the same form
+// factor ("PCIe" in the name, else SXM), the one whose memory is nearest the size the name gives
+// ("80GB"), else `memory_bytes` (what the device reports, e.g. cudaDeviceProp::totalGlobalMem),
+// else the first. The peaks depend on the family and form factor, the bandwidth also on the memory
+// (an A100-80GB moves 2,039 GB/s, a 40GB one 1,555); nullopt for a GPU the table does not know.
 std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_name, double memory_bytes = 0);
 
 struct DevicePeak {
