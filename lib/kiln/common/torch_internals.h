@@ -1,6 +1,6 @@
 // The only place kiln uses LibTorch's impl/detail namespaces: three things its public C++ API cannot
 // do. Everything else in kiln calls LibTorch through `at::`/`torch::`/`c10::` functions of installed
-// headers (docs/architecture.md, "LibTorch's public API"; scripts/check_public_api.sh fails the
+// headers (docs/architecture.md, "LibTorch's public API"; scripts/check_public_api.py fails the
 // suite if an impl/detail use, a hand-written declaration of a LibTorch symbol or a header LibTorch
 // does not install appears anywhere else in lib/ or apps/).
 //

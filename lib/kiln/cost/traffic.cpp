@@ -412,7 +412,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
     // first chunk writes it without reading). Once: hidden and weight cast to hb (R 4 W hb), the
     // accumulator zeroed in the mixed case (W 4VH) and cast to hb at the end (R 4VH W hb VH).
     // The weight is read twice and the fp32 accumulator read and written once per chunk: with
-    // chunks of ~H x H logits (Liger's rule), k ~ N / (H (H / V)) and that term is 12 k VH bytes.
+    // Liger's rule (ops::auto_chunk_tokens: next_pow2(ceil(N / ceil(V / H))) rows, at least 64) a
+    // chunk holds about N x H logits, k <= ceil(V / H), and that term is 8 k VH bytes.
     // Backward: grad_hidden and grad_weight scaled by the loss's gradient (R W hb), then cast back
     // to fp32 (R hb W 4) through the forward's casts.
     const bool low = autocast && k.loss_head_low_precision;
