@@ -73,7 +73,6 @@ int main(int argc, char** argv) {
   if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
   kiln::pin_cpu_math_threads();
   std::string config_path = "quickstart";
-  bool config_given = false;
   bool dry_run = false;
   std::string dump_path;
   std::vector<std::string> rest;
@@ -90,14 +89,10 @@ int main(int argc, char** argv) {
     } else if (a == "--auto-fit") {  // the key auto_fit: true
       rest.push_back("--auto_fit");
       rest.push_back("true");
-    } else if ((a == "--config" && i + 1 < argc) || a.rfind("--config=", 0) == 0) {
-      const std::string path = a == "--config" ? argv[++i] : a.substr(9);
-      if (config_given) {
-        fmt::print(stderr, "kiln-pretrain: error: --config given twice ('{}', then '{}')\n", config_path, path);
-        return 2;
-      }
-      config_path = path;
-      config_given = true;
+    } else if (a == "--config" && i + 1 < argc) {  // given twice: the last wins, as every --key
+      config_path = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
     } else {
       rest.push_back(a);
     }

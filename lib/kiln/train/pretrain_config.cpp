@@ -297,12 +297,6 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
     } else {
       throw ConfigError(fmt::format("command line: key '{}': missing value", a.substr(2)));
     }
-    // A key given twice is an error, as in a YAML file: which of the two was meant is a guess.
-    const auto& [key, value] = out.back();
-    const auto first = std::find_if(out.begin(), out.end() - 1, [&](const auto& kv) { return kv.first == key; });
-    if (first != out.end() - 1) {
-      throw ConfigError(fmt::format("command line: key '{}' given twice ('{}', then '{}')", key, first->second, value));
-    }
   }
   return out;
 }
