@@ -18,10 +18,18 @@ inline std::string error_text(const std::exception& e) {
 }
 
 // options.parse(), with a value that does not parse reported with its option's name: cxxopts
-// says only "Argument 'abc' failed to parse"; this says "--steps: cannot parse 'abc'".
+// says only "Argument 'abc' failed to parse"; this says "--steps: cannot parse 'abc'". A word no
+// option takes is an error too (cxxopts keeps it aside silently): `--input a.txt b.txt` from a
+// shell glob, or `--prompt Once upon a time` unquoted, would otherwise lose all but the first.
 inline cxxopts::ParseResult parse(cxxopts::Options& options, int argc, char** argv) {
   try {
-    return options.parse(argc, argv);
+    cxxopts::ParseResult result = options.parse(argc, argv);
+    if (!result.unmatched().empty()) {
+      throw std::invalid_argument("unexpected argument '" + result.unmatched()[0] +
+                                  "' (an option takes one value: quote a value with spaces; a list option takes "
+                                  "a,b or the option repeated, e.g. --input a.jsonl --input b.jsonl)");
+    }
+    return result;
   } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
     const std::string what = e.what();
     const auto open = what.find("\u2018"), close = what.find("\u2019");

@@ -305,7 +305,6 @@ int main(int argc, char** argv) {
       fmt::print("{}\n", options.help());
       return 0;
     }
-    if (!args.unmatched().empty()) throw std::invalid_argument("unexpected argument '" + args.unmatched()[0] + "'");
     if (args.count("plan")) return plan(args);
     if (args.count("explain")) return explain(args);
     kiln::profile::SweepConfig config;

@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln-bench: {}\n", e.what());
-    return 1;
+    fmt::print(stderr, "kiln-bench: error: {}\n", kiln::cli::error_text(e));
+    return 2;  // as the other kiln-* programs
   }
 }

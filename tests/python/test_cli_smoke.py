@@ -22,6 +22,27 @@ def test_bad_arguments_are_named(run_kiln):
     assert out.returncode == 2 and "steps" in out.stderr
 
 
+def test_a_word_no_option_takes_is_refused_by_every_app(run_kiln, tmp_path):
+    # cxxopts keeps such words aside silently: `--input a.txt b.txt` (a shell glob) would tokenize
+    # only a.txt, `--prompt Once upon a time` would continue "Once". Each app must stop, naming it.
+    (tmp_path / "a.txt").write_text("one\n")
+    (tmp_path / "b.txt").write_text("two\n")
+    b = str(tmp_path / "b.txt")
+    calls = [
+        (b, ("kiln-tokenize", "--bench", "--input", tmp_path / "a.txt", b)),
+        ("upon", ("kiln-generate", "--model", tmp_path, "--prompt", "Once", "upon")),
+        ("stray", ("kiln-eval", "--model", tmp_path, "stray")),
+        ("stray", ("kiln-hf", "inspect", "--in", tmp_path / "a.txt", "stray")),
+        ("stray", ("kiln-bench", "--ops", "rmsnorm", "stray")),
+        ("stray", ("kiln-smoke", "--steps", "1", "stray")),
+        ("stray", ("kiln-profile", "--model", "tiny", "stray")),
+    ]
+    for word, call in calls:
+        out = run_kiln(*call)
+        assert out.returncode == 2, (call, out.stdout, out.stderr)
+        assert f"unexpected argument '{word}'" in out.stderr, (call, out.stderr)
+
+
 def test_docs_embedding_shows_the_tested_service():
     """docs/embedding.md's example is tests/consumer/service.cpp, the file the consumer test builds."""
     root = Path(__file__).resolve().parents[2]
