@@ -111,13 +111,12 @@ int explain(const cxxopts::ParseResult& args) {
   const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : kiln::ops::kDefaultKernels;
   if (args.count("world-size")) o.world_size = args["world-size"].as<int>();
   if (args.count("zero-stage")) o.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
-  // The sweep's rule (profile/sweep.h), so --explain models what a sweep of the same flags runs.
+  // kiln-pretrain's and the sweep's rule (train/recomputation.h): --explain models what they run.
   kiln::profile::set_traffic_recomputation(
-      o, kiln::profile::recomputation_policy(
+      o, kiln::train::resolve_recomputation(
              args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy"),
-             args.count("gradient-checkpointing-policy") ? args["gradient-checkpointing-policy"].as<std::string>()
-                                                         : "full",
-             args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 1));
+             args.count("gradient-checkpointing-policy") ? args["gradient-checkpointing-policy"].as<std::string>() : "",
+             args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 0));
 
   // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or with --device cpu
   // this CPU (its theoretical peaks, cost/cpu_peak.h, and a measured copy bandwidth).
@@ -270,8 +269,8 @@ int main(int argc, char** argv) {
     ("device", "auto | cpu | cuda (--explain: cpu takes this CPU's theoretical peak and measured bandwidth)", cxxopts::value<std::string>())
     ("dataset-dir", "token shards (default: synthetic random ids)", cxxopts::value<std::string>())
     ("gradient-checkpointing", "recompute each layer in backward")
-    ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (every_n)", cxxopts::value<int64_t>())
-    ("gradient-checkpointing-policy", "full, every_n (with --gradient-checkpointing-every) or selective (keep matmul outputs, recompute RMSNorm/SwiGLU); implies --gradient-checkpointing", cxxopts::value<std::string>())
+    ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (n >= 2: every_n, kiln-pretrain's gradient_checkpointing_every)", cxxopts::value<int64_t>())
+    ("gradient-checkpointing-policy", "full, every_n (n: --gradient-checkpointing-every, default 2) or selective (keep matmul outputs, recompute RMSNorm/SwiGLU); left out: every_n when --gradient-checkpointing-every >= 2, else full; implies --gradient-checkpointing", cxxopts::value<std::string>())
     ("peak-tflops", "peak TFLOP/s for MFU (and --explain's roofline) instead of the device table", cxxopts::value<double>())
     ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
     ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())

@@ -202,8 +202,8 @@ void check_sweep_within_15_percent(const std::string& model, const std::string& 
   // "aten": what autograd saves for each op's ATen composition; "kiln": the fused ops' own saved
   // tensors (their CPU backward works in bounded blocks, like the kernels, so the peak is comparable).
   cfg.kernels = kernels;
-  cfg.gradient_checkpointing = recompute_every > 0;  // 0: none; 1: every layer (full); n: every_n
-  cfg.gradient_checkpointing_every = std::max<int64_t>(recompute_every, 1);
+  cfg.gradient_checkpointing = recompute_every > 0;    // 0: none; 1: every layer (full); n: every_n
+  cfg.gradient_checkpointing_every = recompute_every;  // 0 = not given (none, or selective)
   if (selective) {
     cfg.gradient_checkpointing = true;
     cfg.gradient_checkpointing_policy = "selective";

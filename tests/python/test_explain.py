@@ -145,28 +145,37 @@ def explain_header_and_bytes(run_kiln, *flags):
     return re.search(r"recomputation (\S+),", header).group(1), float(cells(step)[4])
 
 
-def test_recomputation_follows_the_sweeps_rule(run_kiln):
-    # gradient_checkpointing_every names the layers whatever the policy says (full or every_n), as
-    # a sweep of the same flags runs them (SweepConfig::recomputation); selective ignores it.
+def test_recomputation_follows_kiln_pretrains_rule(run_kiln):
+    # train/recomputation.h, for kiln-pretrain, the sweep and --explain alike: without a policy
+    # the stride decides (>= 2: every_n), every_n defaults to 2, selective and full take no stride.
     none = explain_header_and_bytes(run_kiln)
     full = explain_header_and_bytes(run_kiln, "--gradient-checkpointing")
     every4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-every", 4)
-    full_every4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "full",
-                                           "--gradient-checkpointing-every", 4)
-    selective = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "selective",
-                                         "--gradient-checkpointing-every", 3)
-    assert (none[0], full[0], every4[0], full_every4[0], selective[0]) == (
-        "none", "full", "every_4", "every_4", "selective")
-    assert full_every4 == every4
-    # Recomputing 3 of 12 layers' forwards moves more than none and less than all 12.
-    assert none[1] < every4[1] < full[1]
+    every_n = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "every_n")
+    every_n4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "every_n",
+                                        "--gradient-checkpointing-every", 4)
+    selective = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "selective")
+    assert (none[0], full[0], every4[0], every_n[0], every_n4[0], selective[0]) == (
+        "none", "full", "every_4", "every_2", "every_4", "selective")
+    assert every_n4 == every4
+    # Recomputing 3 of 12 layers' forwards moves more than none, less than 6 of 12, less than all.
+    assert none[1] < every4[1] < every_n[1] < full[1]
 
 
-def test_every_n_of_one_is_refused_by_explain_and_by_the_sweep(run_kiln):
+@pytest.mark.parametrize("flags, key, words", [
+    (["--gradient-checkpointing-policy", "full", "--gradient-checkpointing-every", "4"],
+     "gradient_checkpointing_every", "contradicts gradient_checkpointing_policy full"),
+    (["--gradient-checkpointing-policy", "selective", "--gradient-checkpointing-every", "3"],
+     "gradient_checkpointing_every", "contradicts gradient_checkpointing_policy selective"),
+    (["--gradient-checkpointing-policy", "every_n", "--gradient-checkpointing-every", "1"],
+     "gradient_checkpointing_every", "give n >= 2"),
+    (["--gradient-checkpointing-every", "4"], "gradient_checkpointing_every",
+     "no effect without gradient_checkpointing"),
+])
+def test_contradictory_recomputation_is_refused_by_explain_and_by_the_sweep(run_kiln, flags, key, words):
     r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
-                 "--device-memory", "A100-80GB", "--gradient-checkpointing-policy", "every_n", timeout=60)
-    assert r.returncode != 0 and "gradient_checkpointing_every n >= 2" in r.stderr
-    r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1,
-                 "--gradient-checkpointing-policy", "every_n", timeout=60)
-    assert r.returncode != 0
-    assert "gradient_checkpointing_every" in r.stderr and "n >= 2" in r.stderr
+                 "--device-memory", "A100-80GB", *flags, timeout=60)
+    assert r.returncode == 2 and key in r.stderr and words in r.stderr, r.stderr
+    r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1, *flags,
+                 timeout=60)
+    assert r.returncode == 2 and key in r.stderr and words in r.stderr, r.stderr

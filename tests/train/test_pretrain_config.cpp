@@ -2,11 +2,19 @@
 // input names its source and key. Reference: the error contract (file/command line, key, value).
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
 
+#include <yaml-cpp/yaml.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/model/presets.h"
+#include "kiln/train/lf_keys.h"
 #include "kiln/train/pretrain_config.h"
+#include "kiln/train/recomputation.h"
 #include "support.h"
 
 using Catch::Matchers::Contains;
@@ -141,4 +149,103 @@ TEST_CASE("ZeRO stage from zero_stage or LLaMA-Factory's DeepSpeed JSON; stage 3
   CHECK_THAT(err({{"zero_stage", "3"}}), Contains("zero_stage") && Contains("not supported yet"));
   CHECK_THAT(err({{"zero_stage", "7"}}), Contains("zero_stage") && Contains("7"));
   CHECK_THAT(err({{"ddp_timeout", "0"}}), Contains("ddp_timeout"));
+}
+
+TEST_CASE("recomputation keys: one rule for kiln-pretrain and kiln-profile, no key silently ignored",
+          "[train][config]") {
+  using kiln::train::resolve_recomputation;
+  // The rule itself (train/recomputation.h), every combination of the three settings.
+  auto name = [](bool on, const std::string& policy, int64_t every) {
+    return resolve_recomputation(on, policy, every).name();
+  };
+  CHECK(name(false, "", 0) == "none");
+  CHECK(name(true, "", 0) == "full");
+  CHECK(name(true, "", 1) == "full");
+  CHECK(name(true, "", 4) == "every_4");
+  CHECK(name(true, "full", 0) == "full");
+  CHECK(name(true, "full", 1) == "full");
+  CHECK(name(true, "every_n", 0) == "every_2");
+  CHECK(name(true, "every_n", 3) == "every_3");
+  CHECK(name(true, "selective", 0) == "selective");
+  CHECK(resolve_recomputation(true, "every_n", 3).every == 3);
+  CHECK(resolve_recomputation(true, "full", 0).every == 1);
+  CHECK(resolve_recomputation(true, "selective", 1).every == 0);
+  for (const auto& [on, policy, every, key] : std::vector<std::tuple<bool, std::string, int64_t, std::string>>{
+           {true, "full", 4, "gradient_checkpointing_every"},
+           {true, "selective", 2, "gradient_checkpointing_every"},
+           {true, "every_n", 1, "gradient_checkpointing_every"},
+           {true, "every_n", -1, "gradient_checkpointing_every"},
+           {true, "sometimes", 0, "gradient_checkpointing_policy"},
+           {false, "selective", 0, "gradient_checkpointing_policy"},
+           {false, "", 4, "gradient_checkpointing_every"}}) {
+    CAPTURE(on, policy, every);
+    const auto problem = kiln::train::recomputation_problem(on, policy, every);
+    REQUIRE(problem);
+    CHECK(problem->first == key);
+    CHECK_THROWS_AS(resolve_recomputation(on, policy, every), std::invalid_argument);
+  }
+  // Through a YAML: the stride alone is every_n (it used to be ignored under the default full),
+  // and a contradiction names the file and the key.
+  auto config = [](const std::string& extra) {
+    return load_pretrain_config(write_yaml("rc.yaml", "model: tiny\n" + extra));
+  };
+  CHECK(config("gradient_checkpointing: true\ngradient_checkpointing_every: 4\n").checkpoint_every() == 4);
+  CHECK(config("gradient_checkpointing: true\ngradient_checkpointing_policy: every_n\n").checkpoint_every() == 2);
+  CHECK(config("gradient_checkpointing: true\n").checkpoint_every() == 1);
+  CHECK(config("").checkpoint_every() == 0);
+  const auto selective = config("gradient_checkpointing: true\ngradient_checkpointing_policy: selective\n");
+  CHECK(selective.selective_recomputation());
+  CHECK(selective.checkpoint_every() == 0);
+  CHECK_THAT(error_of([&] {
+               config(
+                   "gradient_checkpointing: true\ngradient_checkpointing_policy: full\n"
+                   "gradient_checkpointing_every: 4\n");
+             }),
+             Contains("rc.yaml") && Contains("gradient_checkpointing_every") && Contains("every_n"));
+  CHECK_THAT(error_of([&] { config("gradient_checkpointing_policy: selective\n"); }),
+             Contains("rc.yaml") && Contains("gradient_checkpointing_policy") && Contains("no effect"));
+}
+
+TEST_CASE("keys a config sets without effect are named, the others are not", "[train][config]") {
+  using kiln::train::keys_without_effect;
+  auto notes = [](const std::string& yaml, std::set<std::string> given) {
+    const auto c = kiln::train::pretrain_config_from_yaml_text("model: tiny\n" + yaml, "n.yaml");
+    return keys_without_effect(c, given);
+  };
+  auto names = [](const std::vector<std::string>& lines) {
+    std::set<std::string> keys;
+    for (const auto& line : lines) keys.insert(line.substr(0, line.find(':')));
+    return keys;
+  };
+  // A shard folder (no dataset:): LLaMA-Factory's data keys do nothing.
+  CHECK(names(notes("max_samples: 10\npacking: true\npreprocessing_batch_size: 4\n",
+                    {"max_samples", "packing", "preprocessing_batch_size"})) ==
+        std::set<std::string>{"max_samples", "packing", "preprocessing_batch_size"});
+  CHECK(names(notes("tokenized_path: /tmp/x\ndataset_dir: /tmp/y\n", {"tokenized_path", "dataset_dir"})) ==
+        std::set<std::string>{"dataset_dir"});
+  // Keys of a feature that is off, of another schedule, and warmup_ratio beside warmup_steps.
+  CHECK(names(notes("auto_fit_memory: 80GB\nlogging_dir: /tmp/tb\n", {"auto_fit_memory", "logging_dir"})) ==
+        std::set<std::string>{"auto_fit_memory", "logging_dir"});
+  CHECK(names(notes("lr_scheduler_type: linear\nmin_lr_ratio: 0.1\ndecay_ratio: 0.2\n",
+                    {"lr_scheduler_type", "min_lr_ratio", "decay_ratio"})) ==
+        std::set<std::string>{"min_lr_ratio", "decay_ratio"});
+  CHECK(names(notes("lr_scheduler_type: constant\nwarmup_steps: 5\n", {"lr_scheduler_type", "warmup_steps"})) ==
+        std::set<std::string>{"warmup_steps"});
+  const auto both = notes("warmup_steps: 5\nwarmup_ratio: 0.1\n", {"warmup_steps", "warmup_ratio"});
+  REQUIRE(both.size() == 1);
+  CHECK_THAT(both[0], Contains("warmup_ratio") && Contains("warmup_steps 5 wins"));
+  // Where each key acts, nothing is said; a key at its default that the config did not set neither.
+  CHECK(notes("lr_scheduler_type: cosine\nmin_lr_ratio: 0.1\nwarmup_ratio: 0.1\nreport_to: tensorboard\n"
+              "logging_dir: /tmp/tb\nauto_fit: true\nauto_fit_memory: 80GB\n",
+              {"lr_scheduler_type", "min_lr_ratio", "warmup_ratio", "report_to", "logging_dir", "auto_fit",
+               "auto_fit_memory"})
+            .empty());
+  CHECK(notes("", {}).empty());
+  // No preset kiln ships sets a key without effect.
+  for (const auto& [name, text] : kiln::model::detail::embedded_pretrain_configs()) {
+    CAPTURE(name);
+    std::set<std::string> given;
+    for (const auto& kv : YAML::Load(std::string(text))) given.insert(kv.first.as<std::string>());
+    CHECK(keys_without_effect(load_pretrain_config(std::string(name)), given).empty());
+  }
 }

@@ -100,17 +100,9 @@ void SweepConfig::validate() const {
   if (counter_steps < 0) fail("counter_steps", fmt::format("{} is negative (0: as many as steps)", counter_steps));
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
-  if (gradient_checkpointing_every < 1)
-    fail("gradient_checkpointing_every", fmt::format("{} is not positive", gradient_checkpointing_every));
-  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n" &&
-      gradient_checkpointing_policy != "selective") {
-    fail("gradient_checkpointing_policy",
-         fmt::format("'{}' is not full, every_n or selective", gradient_checkpointing_policy));
-  }
-  if (gradient_checkpointing && gradient_checkpointing_policy == "every_n" && gradient_checkpointing_every < 2) {
-    fail("gradient_checkpointing_every",
-         fmt::format("{} with policy every_n: give n >= 2 (1 recomputes every layer: policy full)",
-                     gradient_checkpointing_every));
+  if (const auto problem = train::recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy,
+                                                        gradient_checkpointing_every)) {
+    fail(problem->first, problem->second);
   }
   if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
   if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
@@ -120,27 +112,14 @@ void SweepConfig::validate() const {
   }
 }
 
-std::string recomputation_policy(bool gradient_checkpointing, const std::string& policy, int64_t every) {
-  if (!gradient_checkpointing) return "none";
-  if (policy == "selective") return "selective";
-  if (policy == "every_n" && every < 2) {
-    throw std::invalid_argument(fmt::format(
-        "gradient_checkpointing_policy every_n needs gradient_checkpointing_every n >= 2 (got {}; 1 is full)", every));
-  }
-  return every == 1 ? "full" : fmt::format("every_{}", every);
+void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation) {
+  o.recompute = recomputation.policy;
+  if (recomputation.policy == "every_n") o.every = recomputation.every;
 }
 
-void set_traffic_recomputation(cost::TrafficOptions& o, const std::string& recomputation) {
-  if (recomputation.rfind("every_", 0) == 0) {
-    o.recompute = "every_n";
-    o.every = std::stoi(recomputation.substr(6));
-  } else {
-    o.recompute = recomputation;
-  }
-}
-
-std::string SweepConfig::recomputation() const {
-  return recomputation_policy(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every);
+train::Recomputation SweepConfig::recomputation_choice() const {
+  return train::resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy,
+                                      gradient_checkpointing_every);
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
@@ -245,7 +224,7 @@ cost::TrafficOptions traffic_options(const SweepConfig& config, const model::Lla
   o.grad_accum = point.grad_accum;
   o.dtype = config.dtype;
   set_traffic_kernels(o, config.kernels, cuda, hardware, model.resolved_head_dim());
-  set_traffic_recomputation(o, config.recomputation());
+  set_traffic_recomputation(o, config.recomputation_choice());
   o.world_size = world_size;
   o.zero_stage = world_size > 1 ? static_cast<int>(config.zero_stage) : 0;
   return o;
@@ -348,8 +327,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   if (ctx.config.recomputation() == "selective") {
     train::set_selective_recomputation(model, true);
   } else {
-    train::set_activation_checkpointing(model, ctx.config.gradient_checkpointing,
-                                        static_cast<int>(ctx.config.gradient_checkpointing_every));
+    const train::Recomputation r = ctx.config.recomputation_choice();
+    train::set_activation_checkpointing(model, r.every > 0, std::max(r.every, 1));
   }
   model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
   model->train();
@@ -724,7 +703,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
             report.model, batch, cutoff,
             cost::MemoryOptions{.compute_bytes = autocast ? 2 : 4,
                                 .activation_checkpointing = config.gradient_checkpointing,
-                                .checkpoint_every = static_cast<int>(config.gradient_checkpointing_every),
+                                .checkpoint_every = std::max(config.recomputation_choice().every, 1),
                                 .selective = config.recomputation() == "selective",
                                 .attention = config.attention,
                                 .cuda = device.is_cuda(),

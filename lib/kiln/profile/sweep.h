@@ -32,6 +32,7 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/profile/component_times.h"
 #include "kiln/profile/counters.h"
+#include "kiln/train/recomputation.h"
 
 namespace kiln::profile {
 
@@ -46,11 +47,11 @@ struct SweepConfig {
   int64_t warmup = 1;           // untimed steps first
   std::string device = "auto";  // auto | cpu | cuda
   std::string dataset_dir;      // token shards; empty = synthetic ids
+  // Recomputation: kiln-pretrain's three keys and rule (train/recomputation.h): policy "" = by
+  // the stride (every >= 2: every_n, else full), full, every_n (every: default 2) or selective.
   bool gradient_checkpointing = false;
-  // With it: full (layers 0, n, 2n, ... as gradient_checkpointing_every says: 1 = all), every_n
-  // (the same) or selective (matmul outputs kept, element-wise parts recomputed; ignores every).
-  std::string gradient_checkpointing_policy = "full";
-  int64_t gradient_checkpointing_every = 1;    // with it: recompute layers 0, n, 2n, ... (1 = all)
+  std::string gradient_checkpointing_policy;
+  int64_t gradient_checkpointing_every = 0;    // 0 = not given
   std::string attention = "sdpa";              // recorded for the memory model (kiln uses SDPA)
   std::string kernels = ops::kDefaultKernels;  // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
   double peak_tflops = 0;                      // > 0 overrides the device table / CPU measurement
@@ -86,17 +87,14 @@ struct SweepConfig {
   bool component_times = false;
 
   void validate() const;  // throws config::ConfigError naming source and key
-  // "none", "full", "every_2", "selective": what the points run.
-  std::string recomputation() const;
+  // What the points run (train::resolve_recomputation of the three settings; validate() first),
+  // and its name: "none", "full", "every_2", "selective".
+  train::Recomputation recomputation_choice() const;
+  std::string recomputation() const { return recomputation_choice().name(); }
 };
 
-// The recomputation kiln-profile's points run and --explain models, from the three settings:
-// "none" without gradient_checkpointing, "selective", else "full" for every = 1 and "every_<every>"
-// above (policy full or every_n alike: gradient_checkpointing_every says which layers). every_n
-// with every < 2 throws std::invalid_argument (it would be full).
-std::string recomputation_policy(bool gradient_checkpointing, const std::string& policy, int64_t every);
-// o.recompute and o.every for such a policy ("every_4" -> every_n, 4).
-void set_traffic_recomputation(cost::TrafficOptions& o, const std::string& recomputation);
+// o.recompute and o.every for a resolved recomputation (train/recomputation.h).
+void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation);
 
 // Reads a configs/profile/*.yaml (lists as YAML sequences or "128,256" strings).
 SweepConfig load_sweep_config(const std::string& path);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,5 +36,11 @@ const std::vector<std::string>& lf_keys();
 // Reads each table key present in `r`: a refused one throws config::ConfigError naming the
 // source and key, an accepted one logs its info line, an acted one changes `c`.
 void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
+
+// "key: why" for each key in `given` (set by the file or the command line) that has no effect on
+// this config: the LLaMA-Factory data keys without dataset:, auto_fit_memory without auto_fit,
+// logging_dir without tensorboard, a schedule's keys under another schedule, warmup_ratio beside
+// warmup_steps. load_pretrain_config logs each as a warning naming the source.
+std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std::set<std::string>& given);
 
 }  // namespace kiln::train

@@ -5,16 +5,19 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 #include <variant>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/lf_keys.h"
+#include "kiln/train/recomputation.h"
 
 namespace kiln::train {
 
@@ -217,12 +220,10 @@ void PretrainConfig::validate() const {
   at_least("save_total_limit", save_total_limit, 0);
   at_least("eval_steps", eval_steps, 0);
   if (output_dir.empty()) fail("output_dir", "must not be empty");
-  if (gradient_checkpointing_policy != "full" && gradient_checkpointing_policy != "every_n" &&
-      gradient_checkpointing_policy != "selective") {
-    fail("gradient_checkpointing_policy",
-         fmt::format("must be full, every_n or selective, got '{}'", gradient_checkpointing_policy));
+  if (const auto problem =
+          recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every)) {
+    fail(problem->first, problem->second);
   }
-  at_least("gradient_checkpointing_every", gradient_checkpointing_every, 1);
   at_least("ddp_timeout", ddp_timeout, 1);
   at_least("ddp_bucket_cap_mb", ddp_bucket_cap_mb, 1);
   if (zero_stage == 3) fail("zero_stage", "ZeRO stage 3 (sharded parameters) is not supported yet; use 0, 1 or 2");
@@ -238,8 +239,8 @@ bool PretrainConfig::report_to_tensorboard() const {
 }
 
 int PretrainConfig::checkpoint_every() const {
-  if (!gradient_checkpointing || selective_recomputation()) return 0;
-  return gradient_checkpointing_policy == "every_n" ? static_cast<int>(gradient_checkpointing_every) : 1;
+  return resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every)
+      .every;
 }
 
 bool PretrainConfig::selective_recomputation() const {
@@ -321,9 +322,45 @@ std::string pretrain_config_json(const PretrainConfig& c) {
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std::set<std::string>& given) {
+  std::vector<std::string> out;
+  auto note = [&](const char* key, const std::string& why) {
+    if (given.count(key)) out.push_back(fmt::format("{}: {}", key, why));
+  };
+  if (!c.llamafactory_data()) {
+    for (const char* key :
+         {"max_samples", "overwrite_cache", "packing", "preprocessing_batch_size", "preprocessing_num_workers"}) {
+      note(key,
+           "has no effect without dataset: (it shapes LLaMA-Factory's datasets; a shard folder is already "
+           "tokenized and packed into cutoff_len blocks)");
+    }
+    if (!c.tokenized_path.empty()) note("dataset_dir", "ignored: without dataset:, tokenized_path names the shards");
+  }
+  if (!c.auto_fit) note("auto_fit_memory", "has no effect without auto_fit: true (--auto-fit)");
+  if (!c.report_to_tensorboard()) note("logging_dir", "has no effect without report_to: tensorboard");
+  if (c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "warmup_stable_decay") {
+    note("min_lr_ratio", fmt::format("has no effect with lr_scheduler_type {} (a floor of cosine and "
+                                     "warmup_stable_decay)",
+                                     c.lr_scheduler_type));
+  }
+  if (c.lr_scheduler_type != "warmup_stable_decay") {
+    note("decay_ratio", fmt::format("has no effect with lr_scheduler_type {} (warmup_stable_decay's decay share)",
+                                    c.lr_scheduler_type));
+  }
+  if (c.lr_scheduler_type == "constant") {
+    note("warmup_steps", "has no effect with lr_scheduler_type constant (constant_with_warmup warms up)");
+    note("warmup_ratio", "has no effect with lr_scheduler_type constant (constant_with_warmup warms up)");
+  } else if (c.warmup_steps > 0 && c.warmup_ratio > 0) {
+    note("warmup_ratio", fmt::format("ignored: warmup_steps {} wins, as in HF", c.warmup_steps));
+  }
+  return out;
+}
+
 PretrainConfig load_pretrain_config(const std::string& path,
                                     const std::vector<std::pair<std::string, std::string>>& overrides) {
   PretrainConfig c;
+  std::set<std::string> given;  // keys the file or the command line set: for keys_without_effect
+  for (const auto& [key, value] : overrides) given.insert(key);
   if (!path.empty()) {
     const auto& embedded = model::detail::embedded_pretrain_configs();
     const auto it = std::find_if(embedded.begin(), embedded.end(), [&](const auto& e) { return e.first == path; });
@@ -332,6 +369,9 @@ PretrainConfig load_pretrain_config(const std::string& path,
                                      : ConfigReader::from_file(path);
     read_fields(file, c);
     c.source = file.source();
+    for (const auto& key : pretrain_config_keys()) {
+      if (file.has(key)) given.insert(key);
+    }
   }
   if (!overrides.empty()) {
     YAML::Node map(YAML::NodeType::Map);
@@ -347,6 +387,7 @@ PretrainConfig load_pretrain_config(const std::string& path,
     c.source = path.empty() ? "command line" : c.source + " + command line";
   }
   c.validate();
+  for (const auto& line : keys_without_effect(c, given)) logger()->warn("kiln: warning: {}: {}", c.source, line);
   return c;
 }
 

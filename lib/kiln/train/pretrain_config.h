@@ -71,11 +71,12 @@ struct KILN_API PretrainConfig {
   bool fp16 = false;
   bool gradient_checkpointing = false;
   // With gradient_checkpointing: full (every decoder layer, HF's), every_n (layers 0, n, 2n, ...
-  // with n = gradient_checkpointing_every): a memory/time point between none and full, or
-  // selective (every layer keeps its matmul outputs and recomputes only the element-wise parts:
-  // RMSNorm, SwiGLU; train/activation_checkpoint.h).
-  std::string gradient_checkpointing_policy = "full";
-  int64_t gradient_checkpointing_every = 2;
+  // with n = gradient_checkpointing_every, default 2): a memory/time point between none and full,
+  // or selective (every layer keeps its matmul outputs and recomputes only the element-wise parts:
+  // RMSNorm, SwiGLU; train/activation_checkpoint.h). Left out ("", 0): by the stride, n >= 2 is
+  // every_n, else full. The same rule as kiln-profile's; a contradiction is a ConfigError.
+  std::string gradient_checkpointing_policy;
+  int64_t gradient_checkpointing_every = 0;
   // kiln-pretrain --auto-fit: the memory planner (cost/plan.h) picks the micro-batch, the
   // accumulation and the recomputation for this cutoff_len that keep the global batch
   // (per_device_train_batch_size x gradient_accumulation_steps x world) and fit auto_fit_memory

@@ -168,8 +168,12 @@ void Trainer::apply_auto_fit() {
   config_.gradient_accumulation_steps = best->grad_accum;
   const bool selective = best->policy == "selective";
   config_.gradient_checkpointing = best->every > 0 || selective;
-  config_.gradient_checkpointing_policy = selective ? "selective" : best->every > 1 ? "every_n" : "full";
-  config_.gradient_checkpointing_every = std::max(best->every, 1);
+  const bool every_n = config_.gradient_checkpointing && !selective && best->every > 1;
+  config_.gradient_checkpointing_policy = !config_.gradient_checkpointing ? ""
+                                          : selective                     ? "selective"
+                                          : every_n                       ? "every_n"
+                                                                          : "full";
+  config_.gradient_checkpointing_every = every_n ? best->every : 0;
   state_->auto_fit = fmt::format(
       "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
       "of "
