@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
+#include <nlohmann/json.hpp>
 
 #include "cli.h"
 #include "kiln/common/device.h"
@@ -151,7 +153,20 @@ int explain(const cxxopts::ParseResult& args) {
   cost::Roofline roof = cost::roofline(*hw, o.dtype);
   if (args.count("peak-tflops")) roof.gemm_flops_per_s = args["peak-tflops"].as<double>() * 1e12;
   if (args.count("json")) {
-    fmt::print("{}", kiln::profile::explain_json(model_name, r, roof, bandwidth_source));
+    std::string text = kiln::profile::explain_json(model_name, r, roof, bandwidth_source);
+    if (args.count("step-seconds")) {  // the same modelled counters the Markdown prints
+      const double s = args["step-seconds"].as<double>();
+      auto j = nlohmann::json::parse(text);
+      auto counters = [](const cost::ModelledUtilisation& u) {
+        return nlohmann::json{
+            {"memory_bandwidth", u.memory_bandwidth}, {"tensor_core", u.tensor_core}, {"fp_engine", u.fp_engine}};
+      };
+      j["modelled_counters"] = {{"step_seconds", s},
+                                {"kiln", counters(cost::modelled_utilisation(r, roof, s))},
+                                {"eager", counters(cost::modelled_utilisation(r, roof, s, true))}};
+      text = j.dump(2) + "\n";
+    }
+    fmt::print("{}", text);
     std::fflush(stdout);
     return 0;
   }
@@ -247,6 +262,60 @@ int explain(const cxxopts::ParseResult& args) {
   return 0;
 }
 
+// Each mode reads only its own options: one given to another mode would be silently ignored, so
+// it is an error naming the option and the mode (--plan and --explain run nothing; the sweep
+// has no device name, target or assumed MFU).
+void check_mode_options(const cxxopts::ParseResult& args) {
+  if (args.count("plan") && args.count("explain")) throw std::invalid_argument("give --plan or --explain, not both");
+  const std::set<std::string> plan_options = {"plan",
+                                              "model",
+                                              "cutoff-len",
+                                              "dtype",
+                                              "kernels",
+                                              "device",
+                                              "device-memory",
+                                              "target-tokens",
+                                              "target-sequences",
+                                              "world-size",
+                                              "mfu",
+                                              "peak-tflops",
+                                              "zero-stage",
+                                              "ddp-bucket-cap-mb",
+                                              "format",
+                                              "output"};
+  const std::set<std::string> explain_options = {"explain",
+                                                 "model",
+                                                 "cutoff-len",
+                                                 "batch-size",
+                                                 "grad-accum",
+                                                 "dtype",
+                                                 "kernels",
+                                                 "device",
+                                                 "device-memory",
+                                                 "world-size",
+                                                 "zero-stage",
+                                                 "peak-tflops",
+                                                 "step-seconds",
+                                                 "json",
+                                                 "gradient-checkpointing",
+                                                 "gradient-checkpointing-every",
+                                                 "gradient-checkpointing-policy"};
+  const std::set<std::string> not_sweep_options = {
+      "device-memory", "target-tokens", "target-sequences", "world-size", "mfu", "step-seconds", "json"};
+  const char* mode = args.count("plan") ? "--plan" : args.count("explain") ? "--explain" : nullptr;
+  for (const auto& kv : args.arguments()) {
+    const std::string& key = kv.key();
+    const bool applies = mode == nullptr                 ? not_sweep_options.count(key) == 0
+                         : std::string(mode) == "--plan" ? plan_options.count(key) > 0
+                                                         : explain_options.count(key) > 0;
+    if (!applies) {
+      throw std::invalid_argument(
+          fmt::format("--{} does not apply to {} (kiln-profile --help says which mode reads it)", key,
+                      mode ? mode : "a measured sweep"));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,6 +373,7 @@ int main(int argc, char** argv) {
       fmt::print("{}\n", options.help());
       return 0;
     }
+    check_mode_options(args);
     if (args.count("plan")) return plan(args);
     if (args.count("explain")) return explain(args);
     kiln::profile::SweepConfig config;

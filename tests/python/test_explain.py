@@ -4,6 +4,7 @@ the per-token figures recomputed here from the table's own rows, each row's boun
 the A100's data-sheet numbers (312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2039 GB/s), and the matmul
 FLOPs from the model's shape written out below (6 x matmul parameters x tokens, plus the causal
 attention term), independently of kiln's flops.cpp."""
+import json
 import re
 import time
 
@@ -179,3 +180,33 @@ def test_contradictory_recomputation_is_refused_by_explain_and_by_the_sweep(run_
     r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1, *flags,
                  timeout=60)
     assert r.returncode == 2 and key in r.stderr and words in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("mode, flag", [
+    (["--explain"], ["--format", "md"]),
+    (["--explain"], ["--trace", "/tmp/x"]),
+    (["--explain"], ["--counters"]),
+    (["--plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--batch-size", "4"]),
+    (["--plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--config", "/nonexistent.yaml"]),
+    ([], ["--step-seconds", "1"]),
+    ([], ["--device-memory", "A100-80GB"]),
+    (["--plan", "--explain"], []),
+])
+def test_an_option_of_another_mode_is_refused(run_kiln, mode, flag):
+    # Each mode reads its own options; one given to another would be silently ignored.
+    r = run_kiln("kiln-profile", *mode, "--model", "tiny", "--cutoff-len", 16, *flag, timeout=60)
+    assert r.returncode == 2, r.stdout
+    assert ("does not apply to" in r.stderr and flag[0] in r.stderr) or "not both" in r.stderr, r.stderr
+
+
+def test_json_carries_the_modelled_counters_of_step_seconds(run_kiln, explain):
+    out, _, totals, _, _ = explain
+    markdown = next(l for l in out.splitlines() if l.startswith("| kiln |"))
+    r = run_kiln("kiln-profile", "--explain", "--json", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+                 "--device-memory", "A100-80GB", "--dtype", "bf16", "--step-seconds", 1 / 6.99, timeout=60)
+    assert r.returncode == 0, r.stderr
+    counters = json.loads(r.stdout)["modelled_counters"]
+    assert counters["step_seconds"] == pytest.approx(1 / 6.99)
+    kiln = counters["kiln"]
+    shown = [float(x.rstrip("%")) for x in cells(markdown)[1:]]
+    assert [100 * kiln[k] for k in ("memory_bandwidth", "tensor_core", "fp_engine")] == pytest.approx(shown, abs=0.051)
