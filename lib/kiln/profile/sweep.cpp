@@ -98,6 +98,7 @@ void SweepConfig::validate() const {
   if (steps < 1) fail("steps", fmt::format("{} (at least 1 timed step)", steps));
   if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
   if (counter_steps < 0) fail("counter_steps", fmt::format("{} is negative (0: as many as steps)", counter_steps));
+  if (counter_steps > 0 && !counters) fail("counter_steps", "has no effect without counters: true (--counters)");
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
   if (const auto problem = train::recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy,
