@@ -88,6 +88,15 @@ TEST_CASE("impossible shapes are rejected", "[config]") {
              Contains("rope_scaling.rope_type") && Contains("yarn"));
   CHECK_THAT(error_of([] { parse_llama_config(with("", "rope_scaling: {rope_type: llama3, factor: abc}"), "m.yaml"); }),
              Contains("'rope_scaling.factor'") && Contains("'abc'"));
+  // A scaling without its type, or a factor under the default type, would train unscaled: refused
+  // (transformers fails on the first too).
+  CHECK_THAT(error_of([] { parse_llama_config(with("", "rope_scaling: {factor: 8.0}"), "m.yaml"); }),
+             Contains("m.yaml") && Contains("rope_scaling.rope_type"));
+  CHECK_THAT(
+      error_of([] { parse_llama_config(with("", "rope_scaling: {rope_type: default, factor: 8.0}"), "m.yaml"); }),
+      Contains("rope_scaling.factor") && Contains("no effect"));
+  CHECK(parse_llama_config(with("", "rope_scaling: {type: default}"), "m.yaml").rope_scaling.factor == 1.0);
+  CHECK(parse_llama_config(with("", "rope_scaling: null"), "m.yaml").rope_scaling.rope_type == "default");
 }
 
 TEST_CASE("unknown keys are errors, not silently ignored", "[config]") {

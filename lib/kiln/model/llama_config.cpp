@@ -45,7 +45,8 @@ LlamaConfig read_llama_config(ConfigReader& r) {
     ConfigReader s = r.child("rope_scaling");
     // transformers writes `rope_type` (older files: `type`); accept either, not both.
     if (s.has("type") && s.has("rope_type")) s.fail("type", "give either 'rope_type' or 'type', not both");
-    s.read(s.has("type") ? "type" : "rope_type", c.rope_scaling.rope_type);
+    // Without a type the scaling would be silently dropped (transformers fails on it: KeyError).
+    s.read(s.has("type") ? "type" : "rope_type", c.rope_scaling.rope_type, config::Need::kRequired);
     s.read("factor", c.rope_scaling.factor);
     s.read("low_freq_factor", c.rope_scaling.low_freq_factor);
     s.read("high_freq_factor", c.rope_scaling.high_freq_factor);
@@ -118,7 +119,12 @@ void LlamaConfig::validate() const {
       fail("rope_scaling.original_max_position_embeddings",
            fmt::format("must be a positive integer, got {}", s.original_max_position_embeddings));
     }
-  } else if (s.rope_type != "default") {
+  } else if (s.rope_type == "default") {
+    if (s.factor != 1.0) {
+      fail("rope_scaling.factor",
+           fmt::format("{} has no effect with rope_type 'default' (kiln scales by rope_type 'llama3' only)", s.factor));
+    }
+  } else {
     fail("rope_scaling.rope_type", fmt::format("must be 'default' or 'llama3', got '{}'", s.rope_type));
   }
 }
