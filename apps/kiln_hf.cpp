@@ -20,6 +20,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -91,7 +94,26 @@ void inspect(const std::string& path) {
   for (const auto& [key, value] : file.metadata()) fmt::print("metadata\t{}\t{}\n", key, value);
 }
 
+// The options each command reads: one given to another command would be silently ignored.
+void check_command_options(const std::string& command, const cxxopts::ParseResult& args) {
+  static const std::map<std::string, std::set<std::string>> reads = {
+      {"inspect", {"in"}},
+      {"copy", {"in", "out"}},
+      {"init", {"model", "out", "dtype", "seed", "max-shard-bytes"}},
+      {"convert", {"model", "out", "dtype", "max-shard-bytes"}},
+      {"forward", {"model", "batch", "out", "dtype", "grads", "fused-loss", "autocast", "kernels"}},
+      {"train", {"model", "batch", "out", "dtype", "steps", "lr", "max-shard-bytes"}}};
+  const auto it = reads.find(command);
+  if (it == reads.end()) return;  // run() names an unknown command
+  for (const auto& kv : args.arguments()) {
+    if (kv.key() != "command" && !it->second.count(kv.key())) {
+      throw std::invalid_argument(fmt::format("--{} does not apply to {} (kiln-hf --help)", kv.key(), command));
+    }
+  }
+}
+
 int run(const std::string& command, const cxxopts::ParseResult& args) {
+  check_command_options(command, args);
   if (command == "inspect") {
     inspect(required(args, "in"));
     return 0;

@@ -48,3 +48,15 @@ def test_docs_embedding_shows_the_tested_service():
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs/embedding.md").read_text()
     assert (root / "tests/consumer/service.cpp").read_text() in doc
+
+
+def test_kiln_hf_refuses_an_option_its_command_does_not_read(run_kiln, tmp_path):
+    # train ran without --kernels/--autocast/--fused-loss/--grads (forward's options) and said nothing.
+    d = str(tmp_path)
+    for command, args, bad in [("train", ["--model", d, "--kernels", "aten"], "--kernels"),
+                               ("train", ["--model", d, "--grads"], "--grads"),
+                               ("inspect", ["--in", d, "--out", "x"], "--out"),
+                               ("convert", ["--model", d, "--batch", "b.safetensors"], "--batch")]:
+        out = run_kiln("kiln-hf", command, *args)
+        assert out.returncode == 2, out.stderr
+        assert f"{bad} does not apply to {command}" in out.stderr, out.stderr
