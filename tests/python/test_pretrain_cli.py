@@ -103,6 +103,15 @@ def test_bad_keys_and_values_are_named(run_kiln, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_settings_without_effect_are_named_in_a_warning(run_kiln, tmp_path):
+    out = run_ok(run_kiln, "kiln-pretrain", "--dry-run", "--zero_stage", "2", "--max_samples", "5",
+                 "--output_dir", tmp_path / "x")
+    assert "warning: ZeRO stage 2 has no effect in a single process" in out.stderr
+    assert "warning: preset 'quickstart' + command line: max_samples: has no effect without dataset:" in out.stderr
+    quiet = run_ok(run_kiln, "kiln-pretrain", "--dry-run", "--output_dir", tmp_path / "y")
+    assert "warning" not in quiet.stderr
+
+
 def test_data_seed_seeds_the_shard_folders_sampler(run_kiln, tmp_path):
     # HF Trainer's sampler takes data_seed, else seed; the held-out blocks follow seed alone. The
     # reference: the same order as the run whose seed is that value, where nothing else uses the

@@ -234,6 +234,15 @@ TEST_CASE("keys a config sets without effect are named, the others are not", "[t
   const auto both = notes("warmup_steps: 5\nwarmup_ratio: 0.1\n", {"warmup_steps", "warmup_ratio"});
   REQUIRE(both.size() == 1);
   CHECK_THAT(both[0], Contains("warmup_ratio") && Contains("warmup_steps 5 wins"));
+  // HF's evaluation rules (a config with dataset, do_eval or eval_strategy): eval_steps needs
+  // eval_strategy steps, and val_size without any evaluation holds out examples for nothing.
+  CHECK(names(notes("do_eval: false\neval_steps: 10\nval_size: 0.1\n", {"do_eval", "eval_steps", "val_size"})) ==
+        std::set<std::string>{"eval_steps", "val_size"});
+  CHECK(names(notes("do_eval: true\neval_steps: 10\nval_size: 0.1\n", {"do_eval", "eval_steps", "val_size"})) ==
+        std::set<std::string>{"eval_steps"});
+  CHECK(notes("eval_strategy: steps\neval_steps: 10\nval_size: 0.1\n", {"eval_strategy", "eval_steps", "val_size"})
+            .empty());
+  CHECK(notes("eval_steps: 10\nval_size: 0.1\n", {"eval_steps", "val_size"}).empty());  // kiln's own rules
   // Where each key acts, nothing is said; a key at its default that the config did not set neither.
   CHECK(notes("lr_scheduler_type: cosine\nmin_lr_ratio: 0.1\nwarmup_ratio: 0.1\nreport_to: tensorboard\n"
               "logging_dir: /tmp/tb\nauto_fit: true\nauto_fit_memory: 80GB\n",

@@ -38,7 +38,8 @@ const std::vector<std::string>& lf_keys();
 void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
 
 // "key: why" for each key in `given` (set by the file or the command line) that has no effect on
-// this config: the LLaMA-Factory data keys without dataset:, auto_fit_memory without auto_fit,
+// this config: the LLaMA-Factory data keys without dataset:, eval_steps (and val_size) without
+// HF's evaluation strategy where HF's rules apply, auto_fit_memory without auto_fit,
 // logging_dir without tensorboard, a schedule's keys under another schedule, warmup_ratio beside
 // warmup_steps. load_pretrain_config logs each as a warning naming the source.
 std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std::set<std::string>& given);

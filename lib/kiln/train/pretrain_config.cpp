@@ -337,6 +337,17 @@ std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std:
     if (!c.tokenized_path.empty()) note("dataset_dir", "ignored: without dataset:, tokenized_path names the shards");
   }
   if (!c.auto_fit) note("auto_fit_memory", "has no effect without auto_fit: true (--auto-fit)");
+  // HF's evaluation rules apply once a config speaks HF's language (dataset, do_eval or
+  // eval_strategy; train/run_outputs.h eval_schedule): there eval_steps needs eval_strategy steps.
+  const bool hf_evaluation = !c.dataset.empty() || c.do_eval >= 0 || !c.eval_strategy.empty();
+  if (hf_evaluation && c.eval_strategy != "steps") {
+    note("eval_steps", "has no effect without eval_strategy: steps (HF's default strategy is no)");
+    if (c.do_eval != 1) {
+      note("val_size",
+           "holds out examples that are neither trained on nor evaluated (no eval_strategy: steps or "
+           "do_eval: true)");
+    }
+  }
   if (!c.report_to_tensorboard()) note("logging_dir", "has no effect without report_to: tensorboard");
   if (c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "warmup_stable_decay") {
     note("min_lr_ratio", fmt::format("has no effect with lr_scheduler_type {} (a floor of cosine and "

@@ -90,6 +90,12 @@ void Trainer::init() {
   } else if (env.distributed()) {
     comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
   }
+  if (zero_stage_ > 0 && world_size() == 1 && rank() == 0) {
+    logger()->warn(
+        "kiln-pretrain: warning: ZeRO stage {} has no effect in a single process (it shards across the "
+        "ranks of torchrun or srun; docs/distributed.md)",
+        zero_stage_);
+  }
   if (config_.bf16) autocast_dtype_ = at::kBFloat16;
   if (config_.fp16) autocast_dtype_ = at::kHalf;
   at::manual_seed(static_cast<uint64_t>(config_.seed));
