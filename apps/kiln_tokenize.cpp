@@ -5,11 +5,16 @@
 //   --decode FILE     print the text of each line's JSON list of ids (one JSON string per line).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <cxxopts.hpp>
@@ -71,6 +76,33 @@ double bench(const kiln::data::Tokenizer& tok, const std::vector<std::string>& d
 
 }  // namespace
 
+// Each mode reads its own options: one given to another mode, or two modes at once, would be
+// silently ignored, so each is an error naming the option and the mode.
+static void check_mode_options(const cxxopts::ParseResult& args) {
+  const std::vector<std::pair<std::string, std::set<std::string>>> modes = {
+      {"default-corpus", {"default-corpus", "output"}},
+      {"decode", {"decode", "tokenizer", "eos", "skip-special-tokens"}},
+      {"bench", {"bench", "repeat", "input", "tokenizer", "eos", "text-key", "txt-unit", "threads", "skip-bad-lines"}},
+  };
+  const std::set<std::string> not_tokenize = {"default-corpus", "decode", "skip-special-tokens", "bench", "repeat"};
+  std::string mode;
+  for (const auto& [name, reads] : modes) {
+    if (!args.count(name)) continue;
+    if (!mode.empty()) throw std::invalid_argument(fmt::format("give --{} or --{}, not both", mode, name));
+    mode = name;
+  }
+  for (const auto& kv : args.arguments()) {
+    const bool applies =
+        mode.empty() ? not_tokenize.count(kv.key()) == 0 : std::find_if(modes.begin(), modes.end(), [&](const auto& m) {
+                                                             return m.first == mode;
+                                                           })->second.count(kv.key()) > 0;
+    if (!applies) {
+      throw std::invalid_argument(fmt::format("--{} does not apply to {} (kiln-tokenize --help)", kv.key(),
+                                              mode.empty() ? "tokenizing" : "--" + mode));
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string parquet = kiln::data::parquet_supported()
                                   ? fmt::format("read through Apache Arrow: {}", kiln::data::parquet_build_info())
@@ -108,6 +140,7 @@ int main(int argc, char** argv) {
       std::cout << options.help() << "\n";
       return 0;
     }
+    check_mode_options(args);
     if (args.count("default-corpus")) {
       const std::string cache = args.count("output") ? args["output"].as<std::string>() : "";
       fmt::print("{}\n", kiln::data::default_corpus_shards(cache));
@@ -162,7 +195,8 @@ int main(int argc, char** argv) {
       const auto docs = kiln::data::read_documents(opt);
       const int threads =
           opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      const int repeat = std::max(1, args["repeat"].as<int>());
+      const int repeat = args["repeat"].as<int>();
+      if (repeat < 1) throw std::invalid_argument(fmt::format("--repeat must be >= 1, got {}", repeat));
       int64_t bytes = 0, tokens = 0;
       for (const auto& d : docs) bytes += static_cast<int64_t>(d.size());
       bench(*tokenizer, docs, 1, 1, tokens);  // warm-up (word caches, page faults)

@@ -96,6 +96,15 @@ int main(int argc, char** argv) {
     }
     kiln::bench::AttentionSweep sweep;
     const bool attention = ops.find(",attention,") != std::string::npos;
+    // An op's sizes without the op would be silently ignored.
+    for (const char* key : {"seqlens", "head-dims", "batch", "heads", "kv-heads"}) {
+      if (args.count(key) && !attention) {
+        throw std::invalid_argument(fmt::format("--{} applies to --ops attention, which --ops does not name", key));
+      }
+    }
+    if (args.count("comm-max-bytes") && ops.find(",comm,") == std::string::npos) {
+      throw std::invalid_argument("--comm-max-bytes applies to --ops comm, which --ops does not name");
+    }
     if (attention) {
       const std::string seqlens = kiln::cli::optional_string(args, "seqlens");
       sweep.seqlens = kiln::profile::parse_int_list(

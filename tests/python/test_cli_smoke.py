@@ -1,8 +1,12 @@
-"""kiln-smoke end to end: the loss falls on the synthetic language, and bad arguments fail with a
-message that names the argument and value (exit code 2), never a crash."""
+"""The programs' command lines. kiln-smoke end to end: the loss falls on the synthetic language,
+and bad arguments fail with a message that names the argument and value (exit code 2), never a
+crash. Every program: a word no option takes, or an option of another mode, is refused by name
+(cxxopts and the modes' own code would otherwise drop it silently)."""
 import math
 import re
 from pathlib import Path
+
+import pytest
 
 
 def test_smoke_run_learns(run_kiln):
@@ -60,3 +64,18 @@ def test_kiln_hf_refuses_an_option_its_command_does_not_read(run_kiln, tmp_path)
         out = run_kiln("kiln-hf", command, *args)
         assert out.returncode == 2, out.stderr
         assert f"{bad} does not apply to {command}" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("call, words", [
+    (("kiln-tokenize", "--decode", "ids.jsonl", "--input", "a.txt"), "--input does not apply to --decode"),
+    (("kiln-tokenize", "--bench", "--input", "a.txt", "--output", "o"), "--output does not apply to --bench"),
+    (("kiln-tokenize", "--bench", "--input", "a.txt", "--add-special-tokens"),
+     "--add-special-tokens does not apply to --bench"),
+    (("kiln-tokenize", "--input", "a.txt", "--output", "o", "--repeat", "3"), "--repeat does not apply to tokenizing"),
+    (("kiln-tokenize", "--default-corpus", "--decode", "ids.jsonl"), "not both"),
+    (("kiln-bench", "--ops", "rmsnorm", "--seqlens", "128"), "--seqlens applies to --ops attention"),
+    (("kiln-bench", "--ops", "rmsnorm", "--comm-max-bytes", "1048576"), "--comm-max-bytes applies to --ops comm"),
+])
+def test_an_option_of_another_mode_is_refused(run_kiln, call, words):
+    out = run_kiln(*call)
+    assert out.returncode == 2 and words in out.stderr, out.stderr
