@@ -267,6 +267,12 @@ int explain(const cxxopts::ParseResult& args) {
 // has no device name, target or assumed MFU).
 void check_mode_options(const cxxopts::ParseResult& args) {
   if (args.count("plan") && args.count("explain")) throw std::invalid_argument("give --plan or --explain, not both");
+  if (args.count("device")) {  // --plan and --explain read it too, and took any other word for a GPU
+    const std::string device = args["device"].as<std::string>();
+    if (device != "auto" && device != "cpu" && device != "cuda") {
+      throw std::invalid_argument(fmt::format("--device: '{}' is not auto, cpu or cuda", device));
+    }
+  }
   const std::set<std::string> plan_options = {"plan",
                                               "model",
                                               "cutoff-len",
