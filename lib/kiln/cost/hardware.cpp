@@ -106,13 +106,18 @@ const std::vector<HardwareSpec>& hardware_specs() {
   return specs;
 }
 
+namespace {
+
+std::string lower_case(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
 std::optional<HardwareSpec> hardware_spec(const std::string& name) {
-  auto lower = [](std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  };
   for (const HardwareSpec& d : hardware_specs()) {
-    if (lower(d.name) == lower(name)) return d;
+    if (lower_case(d.name) == lower_case(name)) return d;
   }
   return std::nullopt;
 }
@@ -125,9 +130,7 @@ std::optional<HardwareSpec> hardware_for_device_name(const std::string& device_n
   if (std::regex_search(device_name, m, size_in_name)) memory_bytes = std::stod(m[1].str()) * 1e9;
   // A PCIe card says so in its name ("Tesla V100-PCIE-32GB", "NVIDIA H100 PCIe"); the SXM
   // parts do not always ("NVIDIA H200"). A form factor the table lacks takes the family's other.
-  std::string lower = device_name;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const bool pcie = lower.find("pcie") != std::string::npos;
+  const bool pcie = lower_case(device_name).find("pcie") != std::string::npos;
   const auto& specs = hardware_specs();
   const bool has_form = std::any_of(specs.begin(), specs.end(), [&](const HardwareSpec& d) {
     return device_name.find(d.family) != std::string::npos && d.pcie == pcie;

@@ -244,7 +244,8 @@ int PretrainConfig::checkpoint_every() const {
 }
 
 bool PretrainConfig::selective_recomputation() const {
-  return gradient_checkpointing && gradient_checkpointing_policy == "selective";
+  return resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every)
+             .policy == "selective";
 }
 
 int PretrainConfig::resolved_zero_stage() const {
