@@ -21,13 +21,21 @@ bool kernel_image_for_current_device();
 // Kernel sources are also compiled as host C++ against kernels/emulation.h (tests without a GPU):
 // their entry points then live in kiln::kernels::emulated, and these two macros stand for the
 // dynamic shared memory declaration and the <<<...>>> launch.
+// KILN_STATIC_SMEM(T, name, count) declares a static shared array (`__shared__ T name[count]`);
+// the emulation gives each block a fresh, poisoned one and counts its bytes.
 #ifdef KILN_CUDA_EMULATION
 #define KILN_KERNELS_NS kiln::kernels::emulated
 #define KILN_DYNAMIC_SMEM(name) unsigned char* name = ::kiln::emu::current_block()->dynamic_shared
+#define KILN_STATIC_SMEM(T, name, count)                                                            \
+  T* const name = [] {                                                                              \
+    static const char kiln_static_smem_key = 0;                                                     \
+    return static_cast<T*>(::kiln::emu::static_shared(&kiln_static_smem_key, sizeof(T) * (count))); \
+  }()
 #define KILN_LAUNCH(kernel, grid, block, smem, stream, ...) ::kiln::emu::launch(kernel, grid, block, smem, __VA_ARGS__)
 #else
 #define KILN_KERNELS_NS kiln::kernels
 #define KILN_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define KILN_STATIC_SMEM(T, name, count) __shared__ T name[count]
 #define KILN_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #endif
 
@@ -71,10 +79,12 @@ __host__ __device__ __forceinline__ bool aligned16(const T* ptr) {
 
 // Block-wide reductions for a block of kThreads (a multiple of 32, at most 1024). Safe to call
 // repeatedly in one kernel: the leading barrier keeps a second call from overwriting the slots
-// the first one is still reading.
+// the first one is still reading. Each reduction op's instantiation holds kBlockReduceSmemBytes
+// of static shared memory, which launchers that plan dynamic shared memory must count.
+constexpr int kBlockReduceSmemBytes = 32 * static_cast<int>(sizeof(float));
 template <int kThreads, typename Op>
 __device__ __forceinline__ float block_reduce(float v, Op op) {
-  __shared__ float slots[32];
+  KILN_STATIC_SMEM(float, slots, 32);
   for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();
