@@ -21,6 +21,9 @@ void launch_flash_bwd(const FlashBwdParams& params, Stream stream);
 
 void launch_rmsnorm_fwd(const RmsNormFwdParams& params, Stream stream);
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
+int64_t rmsnorm_bwd_static_smem_bytes();
+int64_t rmsnorm_bwd_max_smem(int64_t device_optin);
+bool rmsnorm_bwd_fits(int64_t cols, int64_t device_optin);
 void launch_rmsnorm_bwd(const RmsNormBwdParams& params, Stream stream);
 void launch_rope(const RopeParams& params, Stream stream);
 void launch_rope_mixed(const RopeMixedParams& params, Stream stream);

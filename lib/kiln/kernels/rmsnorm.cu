@@ -189,8 +189,14 @@ void launch_rmsnorm_fwd(const RmsNormFwdParams& p, Stream stream) {
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols) {
   return cols * static_cast<int64_t>(sizeof(float));
 }
+int64_t rmsnorm_bwd_static_smem_bytes() {
+  return kBlockReduceSmemBytes;  // block_sum's slots
+}
 int64_t rmsnorm_bwd_max_smem(int64_t device_optin) {
   return std::min(kMaxSmem, device_optin);
+}
+bool rmsnorm_bwd_fits(int64_t cols, int64_t device_optin) {
+  return rmsnorm_bwd_smem_bytes(cols) + rmsnorm_bwd_static_smem_bytes() <= rmsnorm_bwd_max_smem(device_optin);
 }
 
 void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
@@ -199,8 +205,9 @@ void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
   KILN_DTYPE_SWITCH(p.dtype, T, [&] {
     const bool vec = can_vectorise<T>(p.cols, p.cols, {p.x, p.weight, p.dy, p.dh, p.dx});
     auto run = [&](auto kernel) {
-#ifndef KILN_CUDA_EMULATION
-      if (smem > 48 * 1024) {
+      // Beyond 48 KiB, static and dynamic together, a block needs the kernel's opt-in (the
+      // emulation has its own cudaFuncSetAttribute and holds the launch to it).
+      if (smem + rmsnorm_bwd_static_smem_bytes() > 48 * 1024) {
         const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) {
           (void)cudaGetLastError();
@@ -208,7 +215,6 @@ void launch_rmsnorm_bwd(const RmsNormBwdParams& p, Stream stream) {
                                    " bytes of shared memory per block: " + cudaGetErrorString(e));
         }
       }
-#endif
       KILN_LAUNCH(kernel, static_cast<unsigned>(p.blocks), kBwdThreads, smem, stream, p);
     };
     if (p.dh != nullptr) {

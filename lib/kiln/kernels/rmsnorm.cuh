@@ -37,10 +37,14 @@ struct RmsNormBwdParams {
   DType dtype = DType::kFloat32;
 };
 
-// Dynamic shared memory the backward needs (one fp32 dweight accumulator per column); the op
-// falls back to ATen when it exceeds rmsnorm_bwd_max_smem(the device's opt-in per block).
+// Dynamic shared memory the backward needs (one fp32 dweight accumulator per column), the static
+// shared memory its kernel declares beside it, and the most it asks for on a device with this
+// opt-in per block (sharedMemPerBlockOptin, static and dynamic together). rmsnorm_bwd_fits is
+// the op's rule: it falls back to ATen where the two do not fit.
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
+int64_t rmsnorm_bwd_static_smem_bytes();
 int64_t rmsnorm_bwd_max_smem(int64_t device_optin);
+bool rmsnorm_bwd_fits(int64_t cols, int64_t device_optin);
 void launch_rmsnorm_bwd(const RmsNormBwdParams& params, Stream stream);
 
 }  // namespace kiln::kernels

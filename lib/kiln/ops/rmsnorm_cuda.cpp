@@ -16,8 +16,7 @@ namespace kiln::ops {
 bool rmsnorm_cuda_applies(const at::Tensor& x, const at::Tensor& weight) {
   if (!x.is_cuda() || !weight.is_cuda() || !kernel_supports(x.scalar_type())) return false;
   const KernelTarget& t = kernel_target(x.device());
-  return t.image && t.arch >= 70 &&
-         kernels::rmsnorm_bwd_smem_bytes(x.size(-1)) <= kernels::rmsnorm_bwd_max_smem(t.smem_optin);
+  return t.image && t.arch >= 70 && kernels::rmsnorm_bwd_fits(x.size(-1), t.smem_optin);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_cuda_forward(const at::Tensor& x2, const at::Tensor& residual2,
