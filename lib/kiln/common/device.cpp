@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 #include <sys/resource.h>
@@ -64,13 +65,20 @@ namespace {
 [[maybe_unused]] int cuda_index(const at::Device& device) {  // unused without CUDA
   return device.has_index() ? device.index() : 0;
 }
+// A CUDA device handed to a kiln built without CUDA: an error, never a silent no-op or the host's figure.
+[[maybe_unused]] void refuse_without_cuda(const at::Device& device, const char* what) {  // unused with CUDA
+  if (device.is_cuda()) {
+    throw std::runtime_error(std::string(what) + " on " + device.str() + ": this kiln was built without CUDA");
+  }
+}
 }  // namespace
 
 double device_memory_bytes(const at::Device& device) {
 #ifdef KILN_WITH_CUDA
   if (device.is_cuda()) return static_cast<double>(cuda_total_memory_bytes(cuda_index(device)));
+#else
+  refuse_without_cuda(device, "device memory");
 #endif
-  (void)device;
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
@@ -122,8 +130,9 @@ void reset_peak_memory(const at::Device& device) {
 void synchronize(const at::Device& device) {
 #ifdef KILN_WITH_CUDA
   if (device.is_cuda()) cuda_synchronize(cuda_index(device));
+#else
+  refuse_without_cuda(device, "synchronize");
 #endif
-  (void)device;
 }
 
 std::optional<double> peak_reserved_bytes(const at::Device& device) {
@@ -144,9 +153,10 @@ void release_cached_memory(const at::Device& device) {
 void set_device_memory_cap(const at::Device& device, int64_t bytes) {
 #ifdef KILN_WITH_CUDA
   if (device.is_cuda()) cuda_set_memory_cap(cuda_index(device), bytes);
-#endif
-  (void)device;
+#else
+  refuse_without_cuda(device, "a memory cap");
   (void)bytes;
+#endif
 }
 
 std::string name(const at::Device& device) {

@@ -41,9 +41,12 @@ struct RssSample {
 std::optional<RssSample> read_rss();
 bool reset_rss_peak();
 // What the device holds in all: a GPU's total memory, or the machine's physical RAM on the CPU.
+// Throws, naming the device, when CUDA cannot tell (never 0 for a GPU). name() too, for a GPU.
 double device_memory_bytes(const at::Device& device);
 
 // Waits for the device's queued work (CUDA); a no-op on the CPU, whose ops are synchronous.
+// Throws std::runtime_error naming the CUDA call and the device when CUDA reports an error (no
+// driver, no such device, an error a kernel left); the previous current device is restored either way.
 void synchronize(const at::Device& device);
 // The CUDA caching allocator's peak reserved bytes (what nvidia-smi roughly shows); nullopt on
 // the CPU.
