@@ -11,6 +11,7 @@
 #include "kiln/common/process_settings.h"
 #include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
+#include "kiln/dist/comm.h"
 #include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/train/stop_request.h"
@@ -117,6 +118,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     trainer.set_progress_bar(true);
     const auto result = trainer.train();
+    // The process groups in order, here, where an error still sets the exit status (an exception
+    // before this point aborts them instead: dist/comm.h, docs/distributed.md "Shutdown").
+    if (auto* comm = trainer.comm()) comm->shutdown();
     if (!main_rank) return 0;
     fmt::print("kiln-pretrain: {} at step {}; checkpoint {}{}\n", result.interrupted ? "interrupted" : "finished",
                result.global_step, result.last_checkpoint,

@@ -33,7 +33,7 @@ void run_comm(at::TensorOptions opt, int iters, int64_t max_bytes, nlohmann::jso
     at::accelerator::setDeviceIndex(mine.index());
     opt = opt.device(mine);
   }
-  auto comm = kiln::dist::connect(env, {.cuda = opt.device().is_cuda()});
+  auto comm = kiln::dist::connect(env, {.cuda_device = opt.device().is_cuda() ? opt.device().index() : -1});
   const int n = comm->world_size();
   const bool main_rank = comm->rank() == 0;
   const int64_t esize = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(opt.dtype())));
@@ -50,7 +50,7 @@ void run_comm(at::TensorOptions opt, int iters, int64_t max_bytes, nlohmann::jso
     const int64_t elems = bytes / esize / n * n;  // divisible by the world size
     at::Tensor full = at::ones({elems}, opt), part = at::ones({elems / n}, opt);
     auto time = [&](const std::function<std::unique_ptr<kiln::dist::Pending>()>& launch) {
-      launch()->wait();  // warm-up (and, for NCCL, the communicator's creation)
+      launch()->wait();  // warm-up (NCCL's communicator was created by connect())
       std::vector<double> samples;
       for (int i = 0; i < iters; ++i) {
         comm->barrier();
@@ -82,6 +82,7 @@ void run_comm(at::TensorOptions opt, int iters, int64_t max_bytes, nlohmann::jso
                            {"all_gather_s", t_ag},
                            {"all_gather_busbw_gbps", bus(t_ag, rs)}});
   }
+  comm->shutdown();  // in order, now (docs/distributed.md, "Shutdown")
 }
 
 }  // namespace kiln::bench

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "kiln/common/process_settings.h"
+#include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/train/trainer.h"
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
       });
     }
     trainer.train();
+    if (auto* comm = trainer.comm()) comm->shutdown();  // as kiln-pretrain
     const auto* dp = trainer.data_parallel();
     fmt::print(
         "{{\"rank\": {}, \"world_size\": {}, \"optimizer_state_bytes\": {}, \"grad_bytes\": {}, "

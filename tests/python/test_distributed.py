@@ -359,6 +359,51 @@ def test_a_hung_rank_ends_the_others_after_ddp_timeout(kiln_bin, tmp_path):
     assert "[rank 0] error" in err and "failed" in err, err[-2000:]
 
 
+@pytest.mark.parametrize("victim", [1, 0])
+def test_kill_9_of_one_rank_during_a_step_ends_the_other_at_once(kiln_bin, tmp_path, victim):
+    """SIGKILL of one rank in the middle of training (no save in progress; rank 0 hosts the store,
+    so victim 0 takes it down too): the survivor's next collective fails on the closed connections,
+    long before ddp_timeout (60 s here), and it exits 2 by itself with one line naming the
+    collective, its rank and the peer's address; nothing is left running."""
+    out = tmp_path / "run"
+    args = [*BASE, "--per_device_train_batch_size", 2, "--max_steps", 100000, "--save_steps", 0, "--zero_stage", 2,
+            "--ddp_timeout", 60, "--output_dir", out]
+    procs = slurm_launch(kiln_bin, 2, args, free_port())
+    survivor = 1 - victim
+    try:
+        wait_for(out / "metrics.jsonl", 120)
+        time.sleep(1.0)  # a few steps in: between, or inside, a step's collectives
+        procs[victim].kill()
+        killed = time.time()
+        rc, err, _ = reap(procs[survivor:survivor + 1], 60)[0]
+        waited = time.time() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rc == 2, err[-2000:]
+    assert waited < 20, f"rank {survivor} took {waited:.1f} s to see a killed rank (ddp_timeout 60)"
+    last = err.strip().splitlines()[-1]
+    assert f"kiln-pretrain: [rank {survivor}] error: " in last and f"(rank {survivor} of 2) failed" in last, last
+    assert re.search(r"(all_reduce|reduce_scatter|all_gather|broadcast|barrier)", last), last
+    assert re.search(r"(Connection (reset|closed) by peer|Read error|Broken pipe).*127\.0\.0\.1|127\.0\.0\.1.*"
+                     r"(Connection (reset|closed) by peer|Broken pipe)", last), last
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_a_normal_two_rank_run_shuts_the_groups_down_quietly(kiln_bin, tmp_path):
+    """Both ranks reach the end, shut their groups down in order (Comm::shutdown) and exit 0 with
+    nothing from c10d on stderr: no warning about a process group left to its destructor, no
+    connection error from a rank whose peer closed first."""
+    res = torchrun(kiln_bin, "kiln-pretrain", 2, *BASE, "--max_steps", 3, "--per_device_train_batch_size", 1,
+                   "--output_dir", tmp_path / "run")
+    assert "kiln-pretrain: finished at step 3" in res.stdout
+    noise = [line for line in res.stderr.splitlines()
+             if re.search(r"destroy_process_group|ProcessGroup|c10d|gloo|Connection|\[W\d{4}", line)]
+    assert not noise, noise
+
+
 def test_sigterm_to_one_rank_makes_every_rank_save_the_same_checkpoint(kiln_bin, tmp_path):
     out = tmp_path / "run"
     args = [*BASE, "--per_device_train_batch_size", 2, "--max_steps", 100000, "--save_steps", 0,

@@ -2,7 +2,9 @@
 // (and through them gloo's, from Debian's libgloo-dev: the wheel ships none).
 #include "kiln/dist/comm.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <exception>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -21,15 +23,21 @@ namespace kiln::dist {
 #ifdef KILN_WITH_DIST
 namespace {
 
+// Set by any collective of a communicator that failed: its groups can no longer be shut down
+// cleanly (an NCCL shutdown would wait for kernels that never end), so the destructor aborts.
+using FailedFlag = std::shared_ptr<std::atomic<bool>>;
+
 class WorkPending final : public Pending {
  public:
-  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string what) : work_(std::move(work)), what_(std::move(what)) {}
+  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string what, FailedFlag failed)
+      : work_(std::move(work)), what_(std::move(what)), failed_(std::move(failed)) {}
   void wait() override {
     if (!work_) return;
     try {
       work_->wait();
     } catch (const std::exception& e) {
       work_.reset();
+      failed_->store(true);
       throw CommError(fmt::format("{} failed: {}", what_, e.what()));
     }
     work_.reset();
@@ -38,6 +46,7 @@ class WorkPending final : public Pending {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   std::string what_;
+  FailedFlag failed_;
 };
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
@@ -59,9 +68,8 @@ class C10dComm final : public Comm {
     so.numWorkers = env.agent_store ? std::nullopt : std::optional<size_t>(env.world_size);
     so.waitWorkers = false;
     so.timeout = options.timeout;
-    c10::intrusive_ptr<c10d::Store> tcp;
     try {
-      tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+      store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     } catch (const std::exception& e) {
       throw CommError(fmt::format("rendezvous with the store at {}:{} ({}) failed: {}", env.master_addr,
                                   env.master_port, so.isServer ? "hosting it" : "as a client", e.what()));
@@ -72,14 +80,21 @@ class C10dComm final : public Comm {
       ctl_opts->devices.push_back(gloo_device(env));
       ctl_opts->threads = 1;
       control_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>(prefix + "control", tcp), env.rank, env.world_size, ctl_opts);
-      if (options.cuda) {
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "control", store_), env.rank, env.world_size, ctl_opts);
+      if (options.cuda_device >= 0) {
 #ifdef KILN_WITH_NCCL
+        const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
         auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
         nccl_opts->timeout = options.timeout;
-        data_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-            c10::make_intrusive<c10d::PrefixStore>(prefix + "data", tcp), env.rank, env.world_size, nccl_opts);
+        auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+            c10::make_intrusive<c10d::PrefixStore>(prefix + "data", store_), env.rank, env.world_size, nccl_opts);
+        data_ = nccl;
         backend_ = "nccl";
+        // As init_process_group(device_id=...) does: the group is bound to this rank's GPU, so no
+        // later call guesses one from the rank, and the communicator is created now (every rank
+        // here, at the same point) instead of at the first collective, in the middle of backward.
+        nccl->setBoundDeviceId(device);
+        nccl->eagerConnectSingleDevice(device);
 #else
         throw CommError("this kiln was built without NCCL (KILN_WITH_NCCL): cannot train data-parallel on CUDA");
 #endif
@@ -87,16 +102,22 @@ class C10dComm final : public Comm {
         auto data_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
         data_opts->devices.push_back(gloo_device(env));
         data_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-            c10::make_intrusive<c10d::PrefixStore>(prefix + "data", tcp), env.rank, env.world_size, data_opts);
+            c10::make_intrusive<c10d::PrefixStore>(prefix + "data", store_), env.rank, env.world_size, data_opts);
         backend_ = "gloo";
       }
-    } catch (const CommError&) {
-      throw;
     } catch (const std::exception& e) {
+      teardown(/*abort=*/true);  // what was joined goes in order; the others fail at once, not at the timeout
+      if (dynamic_cast<const CommError*>(&e)) throw;
       throw CommError(fmt::format("joining the process group (rank {} of {}, store {}:{}) failed: {}", env.rank,
                                   env.world_size, env.master_addr, env.master_port, e.what()));
     }
-    store_ = tcp;
+  }
+
+  ~C10dComm() override {
+    try {
+      teardown(/*abort=*/std::uncaught_exceptions() > 0 || failed_->load());
+    } catch (...) {  // a destructor cannot report: shutdown() and abort() are the calls that do
+    }
   }
 
   int rank() const override {
@@ -117,20 +138,20 @@ class C10dComm final : public Comm {
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     o.timeout = timeout_;
-    return run("all_reduce", [&] { return data_->allreduce(ts, o); });
+    return run("all_reduce", [&] { return data()->allreduce(ts, o); });
   }
 
   std::unique_ptr<Pending> all_gather(at::Tensor out, at::Tensor in) override {
     c10d::AllgatherOptions o;
     o.timeout = timeout_;
-    return run("all_gather", [&] { return data_->_allgather_base(out, in, o); });
+    return run("all_gather", [&] { return data()->_allgather_base(out, in, o); });
   }
 
   std::unique_ptr<Pending> reduce_scatter_sum(at::Tensor out, at::Tensor in) override {
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     o.timeout = timeout_;
-    return run("reduce_scatter", [&] { return data_->_reduce_scatter_base(out, in, o); });
+    return run("reduce_scatter", [&] { return data()->_reduce_scatter_base(out, in, o); });
   }
 
   void broadcast(std::vector<at::Tensor> tensors, int root) override {
@@ -140,7 +161,7 @@ class C10dComm final : public Comm {
       c10d::BroadcastOptions o;
       o.rootRank = root;
       o.timeout = timeout_;
-      run("broadcast", [&] { return data_->broadcast(one, o); })->wait();
+      run("broadcast", [&] { return data()->broadcast(one, o); })->wait();
     }
   }
 
@@ -159,17 +180,72 @@ class C10dComm final : public Comm {
   void barrier() override {
     c10d::BarrierOptions o;
     o.timeout = timeout_;
-    WorkPending(wrap("barrier", [&] { return control_->barrier(o); }),
-                fmt::format("barrier (rank {} of {})", env_.rank, env_.world_size))
+    WorkPending(wrap("barrier", [&] { return control("barrier")->barrier(o); }),
+                fmt::format("barrier (rank {} of {})", env_.rank, env_.world_size), failed_)
         .wait();
   }
 
+  void shutdown() override {
+    teardown(/*abort=*/false);
+  }
+  void abort() override {
+    teardown(/*abort=*/true);
+  }
+
  private:
+  // The order of docs/distributed.md, "Shutdown". Each group is released here, so its destructor
+  // (Gloo: waits for its queued collectives, joins its threads, closes its connections) runs now, in
+  // this order, not whenever the last reference goes.
+  void teardown(bool abort) {
+    if (closed_) return;
+    closed_ = true;
+    std::string error;
+    if (!abort && data_) {
+      try {
+        data_->shutdown();  // NCCL: flushes and destroys the communicator; Gloo: nothing to do
+      } catch (const std::exception& e) {
+        error = fmt::format("shutting down the {} group (rank {} of {}) failed: {}", backend_, env_.rank,
+                            env_.world_size, e.what());
+        abort = true;  // what NCCL could not finalize is aborted
+      }
+    }
+    if (abort) {
+      if (data_) {
+        try {
+          data_->abort();                  // NCCL: ncclCommAbort, kernels in flight end; Gloo: nothing (c10d has none)
+        } catch (const std::exception&) {  // aborting a broken group: its failure was already reported
+        }
+      }
+      control_.reset();  // never anything in flight: its connections close now, the others fail at once
+      data_.reset();     // Gloo: queued collectives fail as the others close theirs
+    } else {
+      data_.reset();
+      control_.reset();
+    }
+    store_.reset();  // last: the groups' rendezvous keys live in it (rank 0 hosts it without torchrun)
+    if (!error.empty()) throw CommError(error);
+  }
+
+  c10d::Backend* data() {
+    if (!data_)
+      throw CommError(fmt::format("the {} group (rank {} of {}) was shut down", backend_, env_.rank, env_.world_size));
+    return data_.get();
+  }
+  c10d::Backend* control(const char* what) {
+    if (!control_) {
+      throw CommError(
+          fmt::format("{} (rank {} of {}): the control group was shut down", what, env_.rank, env_.world_size));
+    }
+    return control_.get();
+  }
   template <typename F>
   c10::intrusive_ptr<c10d::Work> wrap(const char* what, F&& launch) {
     try {
       return launch();
+    } catch (const CommError&) {
+      throw;
     } catch (const std::exception& e) {
+      failed_->store(true);
       throw CommError(fmt::format("{} failed: {}", what, e.what()));
     }
   }
@@ -177,15 +253,15 @@ class C10dComm final : public Comm {
   std::unique_ptr<Pending> run(const char* what, F&& launch) {
     return std::make_unique<WorkPending>(
         wrap(what, std::forward<F>(launch)),
-        fmt::format("{} on the {} group (rank {} of {})", what, backend_, env_.rank, env_.world_size));
+        fmt::format("{} on the {} group (rank {} of {})", what, backend_, env_.rank, env_.world_size), failed_);
   }
   void control_reduce(at::Tensor& t, c10d::ReduceOp op, const char* what) {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
     o.timeout = timeout_;
-    WorkPending(wrap(what, [&] { return control_->allreduce(ts, o); }),
-                fmt::format("{} (rank {} of {})", what, env_.rank, env_.world_size))
+    WorkPending(wrap(what, [&] { return control(what)->allreduce(ts, o); }),
+                fmt::format("{} (rank {} of {})", what, env_.rank, env_.world_size), failed_)
         .wait();
   }
 
@@ -193,7 +269,9 @@ class C10dComm final : public Comm {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> control_, data_;
-  std::string backend_;
+  std::string backend_ = "gloo";
+  FailedFlag failed_ = std::make_shared<std::atomic<bool>>(false);
+  bool closed_ = false;
 };
 
 }  // namespace

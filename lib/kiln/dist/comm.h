@@ -9,6 +9,10 @@
 // Every collective is bounded by the timeout (HF's ddp_timeout); a failed or timed-out collective
 // throws CommError naming the operation, so a dead rank makes the others exit with a message.
 //
+// The NCCL group is bound to this rank's GPU and its communicator created in connect(), by every
+// rank at the same point (as init_process_group(device_id=...)). The groups are torn down in a
+// fixed order by shutdown() (normal exit) or abort() (an error), never left to destructors at exit.
+//
 // The c10d and gloo headers are included only by comm.cpp: the rest of kiln sees this interface.
 #pragma once
 
@@ -57,11 +61,28 @@ class Comm {
   virtual std::vector<double> host_sum(std::vector<double> values) = 0;
   virtual std::vector<int64_t> host_max(std::vector<int64_t> values) = 0;
   virtual void barrier() = 0;
+
+  // Teardown, each rank on its own (docs/distributed.md, "Shutdown"). Both are idempotent; a
+  // collective after either throws CommError. The destructor does abort() when it runs during an
+  // exception's unwinding or after a collective failed, shutdown() otherwise, and never throws.
+  //
+  // shutdown(): the normal end, every collective of this rank waited for. The data group first
+  // (NCCL: its communicator is flushed and destroyed, ncclCommFinalize and ncclCommDestroy), then
+  // the control group, then the store. Throws CommError when NCCL reports an error (the rest is
+  // still torn down).
+  virtual void shutdown() = 0;
+  // abort(): an error on this rank. The data group is aborted first (NCCL: ncclCommAbort, kernels
+  // in flight end; bounded by the timeout), then the control group is closed (nothing of it is
+  // ever in flight), so every other rank's next collective fails at once on the closed connections
+  // instead of waiting for the timeout; then the Gloo data group (its queued collectives fail as
+  // the others go), then the store.
+  virtual void abort() = 0;
 };
 
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // ddp_timeout
-  bool cuda = false;                                            // data group on NCCL
+  // This rank's GPU (LOCAL_RANK's): the data group is NCCL, bound to it. -1: CPU, Gloo.
+  int cuda_device = -1;
 };
 
 // Joins the job that `env` describes. Throws CommError naming the store address when the

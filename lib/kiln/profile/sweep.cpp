@@ -609,7 +609,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   if (device.is_cuda()) at::accelerator::setDeviceIndex(device.index());
   std::shared_ptr<dist::Comm> comm;
   if (env.distributed()) {
-    comm = dist::connect(env, {.cuda = device.is_cuda()});
+    comm = dist::connect(env, {.cuda_device = device.is_cuda() ? device.index() : -1});
     report.world_size = comm->world_size();
     report.launcher = env.launcher;
     report.backend = comm->backend();
@@ -775,6 +775,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.counters_note = fmt::format("counted ({}) over {}{}", what.empty() ? "no point ran" : what,
                                        counted_steps_text(config), missing);
   }
+  if (comm) comm->shutdown();  // in order, now (docs/distributed.md, "Shutdown"); an error aborts in ~C10dComm
   return report;
 }
 

@@ -169,6 +169,8 @@ class Trainer {
   void apply_auto_fit();
   void setup_optimizer();
   EvalOptions eval_options();
+  // dp_ after comm_: its hooks and collectives go first, then the last reference to the groups,
+  // whose destructor aborts them during an exception's unwinding and shuts them down otherwise.
   std::shared_ptr<dist::Comm> comm_;
   std::unique_ptr<dist::DataParallel> dp_;
   int zero_stage_ = 0;

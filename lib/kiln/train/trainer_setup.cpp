@@ -88,7 +88,8 @@ void Trainer::init() {
     env_world_ = env.world_size;
     env_launcher_ = env.launcher;
   } else if (env.distributed()) {
-    comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout), .cuda = device_.is_cuda()});
+    comm_ = dist::connect(env, {.timeout = std::chrono::seconds(config_.ddp_timeout),
+                                .cuda_device = device_.is_cuda() ? device_.index() : -1});
   }
   if (zero_stage_ > 0 && world_size() == 1 && rank() == 0) {
     logger()->warn(
