@@ -258,6 +258,14 @@ TEST_CASE("the bf16 CPU cross-entropy rows: fp32 arithmetic on the bf16 logits, 
       CHECK(at::equal(loss, l32));
       CHECK(at::equal(lse, s32));
       CHECK(got[1].to(at::kFloat).abs().max().item<float>() == 0.0f);
+      // With a grad_scale (the trainer's 1 / targets): the fp32 gradient times it, rounded once.
+      const float scale = 1.0f / 3000.0f;
+      at::Tensor scaled = xb.clone(), l_s = at::empty({rows}), s_s = at::empty({rows});
+      cpu::cross_entropy_rows_bf16(reinterpret_cast<uint16_t*>(scaled.mutable_data_ptr<at::BFloat16>()),
+                                   labels.const_data_ptr<int64_t>(), -100, static_cast<float>(z), m(l_s), m(s_s), rows,
+                                   cols, true, scale);
+      CHECK(at::equal(scaled, (g32 * scale).to(at::kBFloat16)));
+      CHECK(at::equal(l_s, l32));
     }
   }
 }

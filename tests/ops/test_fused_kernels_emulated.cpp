@@ -247,6 +247,53 @@ TEST_CASE("cross-entropy kernel (emulated): loss, lse and the in-place gradient 
   }
 }
 
+TEST_CASE("cross-entropy kernel (emulated): fp16 rounds the gradient after grad_scale", "[ops][emulated]") {
+  // Rows whose non-target probabilities are about 1e-8, below half of fp16's smallest subnormal
+  // (6e-8): (softmax - onehot) times GradScaler's 65536 / 12 targets is what must be rounded to
+  // fp16. Reference: that product in fp64 from the same fp16 logits, rounded once to fp16. (ATen's
+  // fp32 cross-entropy is no reference for the target here: it subtracts a rounded lse of 18.4,
+  // whose 2e-6 step is 10-20% of 1 - p(target) = 1e-5.)
+  at::manual_seed(21);
+  for (int64_t vocab : {1024, 1003}) {  // the 128-bit packs and the scalar loop
+    CAPTURE(vocab);
+    const int64_t rows = 4;
+    const at::Tensor labels = at::tensor({int64_t{5}, int64_t{-100}, vocab - 1, int64_t{0}});
+    at::Tensor x = at::randn({rows, vocab}) * 0.3;
+    x.index_put_({at::arange(rows), labels.clamp_min(0)}, 18.4);  // exp(-18.4) = 1e-8 per other class
+    const at::Tensor logits = x.to(at::kHalf);
+    float grad_scale = static_cast<float>(65536.0 / 12.0);
+    at::Tensor work = logits.clone(), loss = at::empty({rows}, at::kFloat), lse = at::empty({rows}, at::kFloat);
+    kk::CrossEntropyParams p;
+    p.logits = work.data_ptr();
+    p.labels = labels.data_ptr<int64_t>();
+    p.loss = loss.data_ptr<float>();
+    p.lse = lse.data_ptr<float>();
+    p.rows = rows;
+    p.vocab = vocab;
+    p.grad_scale = &grad_scale;
+    p.dtype = kk::DType::kFloat16;
+    kk::emulated::launch_cross_entropy_fwd_bwd(p, nullptr);
+
+    const at::Tensor x64 = logits.to(at::kDouble), valid = (labels != -100).unsqueeze(1);
+    const at::Tensor onehot = at::one_hot(labels.clamp_min(0), vocab).to(at::kBool);
+    const at::Tensor g64 = at::where(valid, at::softmax(x64, 1) - onehot.to(at::kDouble), at::zeros_like(x64));
+    const at::Tensor want = (g64 * static_cast<double>(grad_scale)).to(at::kHalf).to(at::kDouble);
+    const at::Tensor got = work.to(at::kDouble);
+    const at::Tensor loss64 =
+        at::where(valid.squeeze(1), -at::log_softmax(x64, 1).gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1),
+                  at::zeros({rows}, at::kDouble));
+    CHECK(at::allclose(loss.to(at::kDouble), loss64, 2e-2, 1e-7));  // 1e-5 per row, fp32's sum of exp
+    const at::Tensor err = (got - want).abs();
+    // Other classes: one fp16 rounding of fp32 arithmetic, 0.2% or, in the subnormal range, one
+    // step of 6e-8. The target's 1 - p = 1e-5 carries fp32's error of the row's sum: 3%.
+    CHECK((err <= want.abs() * 2e-3 + 6e-8).logical_or(onehot).all().item<bool>());
+    CHECK((err <= want.abs() * 3e-2).logical_or(onehot.logical_not()).all().item<bool>());
+    CHECK(got.ne(0).sum().item<int64_t>() == (rows - 1) * vocab);  // no entry of a valid row is 0
+    // The case is the one described: unscaled, almost every non-target entry rounds to 0 in fp16.
+    CHECK(g64.to(at::kHalf).eq(0).sum().item<int64_t>() > (rows - 1) * (vocab - 1) * 9 / 10);
+  }
+}
+
 TEST_CASE("the kernels plan a V100's 96 KiB of shared memory per block below sm_80", "[ops][emulated]") {
   // sharedMemPerBlockOptin as the devices report it: V100 96 KiB, A100 163 KiB, H100/H200 227 KiB.
   CHECK(kiln::ops::planned_smem_optin(70, 98304) == 98304);

@@ -37,6 +37,58 @@ Ref reference(const at::Tensor& hidden, const at::Tensor& weight, const at::Tens
   return {loss.detach(), h.grad(), w.grad()};
 }
 
+// The largest difference relative to the largest magnitude of `want`.
+double rel_diff(const at::Tensor& got, const at::Tensor& want) {
+  return max_abs_diff(got, want) / std::max(want.abs().max().item<double>(), 1e-30);
+}
+
+// A head whose non-target probabilities are all about 1e-8 (fp16's smallest subnormal is 6e-8,
+// and a value under half of it rounds to 0): the target (class 0 or 1, chosen by hidden's first
+// two dimensions) gets 1 - 1e-5 of the mass, the 998 others share 1e-5, and their weight rows
+// share a direction (+1), so that their gradient neither vanishes nor cancels. The last row is
+// ignored. Rows 2.. of grad(weight) and dims 2.. of grad(hidden) come (almost) only from them.
+struct TinyProbHead {
+  at::Tensor hidden, weight, labels;
+  int64_t targets = 0;
+};
+TinyProbHead tiny_probability_head(at::ScalarType dtype, int64_t rows) {
+  const int64_t vocab = 1000, dim = 16;
+  at::Tensor w = at::zeros({vocab, dim});
+  w.narrow(1, 2, dim - 2).copy_(at::randn({vocab, dim - 2}) * 0.5 + 1.0);
+  w[0][0] = 18.4;  // exp(-18.4) = 1.0e-8
+  w[1][1] = 18.4;
+  at::Tensor labels = at::randint(2, {rows}, at::kLong);
+  at::Tensor h = at::zeros({rows, dim});
+  h.narrow(1, 2, dim - 2).copy_(at::randn({rows, dim - 2}) * 0.1);
+  h.index_put_({at::arange(rows), labels}, 1.0);
+  labels[rows - 1] = -100;
+  return {h.to(dtype), w.to(dtype), labels, rows - 1};
+}
+
+// The trainer's backward (train/step.cpp): loss_sum / targets, times the loss scale; the
+// gradients of hidden and weight. The head runs unfused (linear_ce=aten, autograd through the full
+// logits: the reference) or fused, told to expect `expected` (undefined: told nothing).
+struct HeadGrads {
+  at::Tensor loss_sum, grad_hidden, grad_weight;
+};
+HeadGrads trainer_backward(const TinyProbHead& head, double loss_scale, bool aten, const at::Tensor& expected,
+                           int64_t chunk) {
+  const at::Tensor h = head.hidden.clone().requires_grad_(true), w = head.weight.clone().requires_grad_(true);
+  if (aten) kiln::ops::set_backends("kiln,linear_ce=aten");
+  const auto r = kiln::ops::linear_cross_entropy(
+      h, w, head.labels, {.chunk_tokens = chunk, .reduction = LossReduction::kSum, .expected_grad = expected});
+  kiln::ops::set_backend(kiln::ops::Backend::kKiln);
+  const at::Tensor scale = at::full({1}, loss_scale, at::TensorOptions().dtype(at::kFloat).device(h.device()));
+  (r.loss_sum.to(at::kFloat) * (1.0 / static_cast<double>(head.targets)) * scale.squeeze()).backward();
+  return {r.loss_sum.detach(), h.grad(), w.grad()};
+}
+
+// What the trainer passes as expected_grad for that backward.
+at::Tensor trainer_expected_grad(double loss_scale, int64_t targets, const at::Device& device) {
+  return at::full({1}, loss_scale, at::TensorOptions().dtype(at::kFloat).device(device)).squeeze() *
+         (1.0 / static_cast<double>(targets));
+}
+
 at::Tensor random_labels(std::vector<int64_t> shape, int64_t vocab) {
   at::Tensor y = at::randint(vocab, shape, at::kLong);
   y.view({-1}).index_put_({at::rand({y.numel()}).lt(0.3)}, -100);  // about 30% ignored
@@ -175,6 +227,83 @@ TEST_CASE("the bf16 CPU head: the fused rows give ATen's chunk path to bf16 roun
   CHECK(max_abs_diff(gw[0], gw[1]) < gw[1].abs().max().item<double>() / 64);
 }
 
+TEST_CASE("an fp16 head rounds the loss-scaled gradient, as the aten reference does", "[ops][linear_ce]") {
+  // GradScaler's first scale, 65536, over the step's targets: the reference rounds (softmax -
+  // onehot) * 65536 / N to fp16, where probabilities of 1e-8 are representable; rounding the
+  // unscaled gradient first (the fused head told nothing) flushes them to 0 and loses their part
+  // of grad(hidden) and all of grad(weight)'s rows 2.. . The head runs natively in fp16 on the CPU
+  // (ATen's chunk ops).
+  at::manual_seed(11);
+  kiln::ops::testing::force_cpu_head_fp32(0);
+  const TinyProbHead head = tiny_probability_head(at::kHalf, 12);
+  const double scale = 65536.0;
+  const at::Tensor expected = trainer_expected_grad(scale, head.targets, at::kCPU);
+  const HeadGrads ref = trainer_backward(head, scale, /*aten=*/true, {}, 5);
+  const HeadGrads told = trainer_backward(head, scale, false, expected, 5);
+  const HeadGrads untold = trainer_backward(head, scale, false, {}, 5);
+  // A guess that is off (the scaler backed off by 3 after the forward, say) stays correct.
+  const HeadGrads ref3 = trainer_backward(head, scale / 3, true, {}, 5);
+  const HeadGrads off = trainer_backward(head, scale / 3, false, expected, 5);
+  kiln::ops::testing::force_cpu_head_fp32(-1);
+
+  REQUIRE(told.grad_hidden.scalar_type() == at::kHalf);
+  // The case is the one described: most non-target entries of the unscaled gradient are 0 in fp16.
+  const at::Tensor logits = at::linear(head.hidden.to(at::kFloat), head.weight.to(at::kFloat));
+  const at::Tensor p = at::softmax(logits, -1).narrow(1, 2, 998);
+  CHECK(p.lt(2.98e-8).to(at::kFloat).mean().item<double>() > 0.9);
+  auto blocks = [](const HeadGrads& g) {  // {all of grad(hidden), its dims 2.., grad(weight) rows 2..}
+    return std::vector<at::Tensor>{g.grad_hidden.to(at::kFloat), g.grad_hidden.narrow(1, 2, 14).to(at::kFloat),
+                                   g.grad_weight.narrow(0, 2, 998).to(at::kFloat)};
+  };
+  const auto want = blocks(ref), got = blocks(told), got_untold = blocks(untold), want3 = blocks(ref3),
+             got_off = blocks(off);
+  CHECK(max_abs_diff(told.loss_sum, ref.loss_sum) < 1e-3);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = rel_diff(got[i], want[i]), err_untold = rel_diff(got_untold[i], want[i]);
+    const double err_off = rel_diff(got_off[i], want3[i]);
+    CAPTURE(i, err, err_untold, err_off);
+    CHECK(err < 1e-2);
+    CHECK(err_off < 2e-2);
+    if (i > 0) CHECK(err_untold > 0.3);  // what the fused head did before it was told the scale
+  }
+}
+
+TEST_CASE("expected_grad: bf16 heads round the scaled gradient too, fp32 ones ignore it bitwise", "[ops][linear_ce]") {
+  at::manual_seed(12);
+  SECTION("bf16, the fused CPU rows and ATen's chunk ops, against autograd in fp32") {
+    // bf16 trains without a loss scale: the gradient is 1 / targets.
+    const at::Tensor hidden = at::randn({2, 24, 32}).to(at::kBFloat16);
+    const at::Tensor weight = (at::randn({300, 32}) * 0.1).to(at::kBFloat16);
+    const at::Tensor labels = random_labels({2, 24}, 300);
+    const int64_t targets = labels.ne(-100).sum().item<int64_t>();
+    const double inv = 1.0 / static_cast<double>(targets);
+    const Ref want = reference(hidden.to(at::kFloat), weight.to(at::kFloat), labels, 0.0, LossReduction::kSum, inv);
+    kiln::ops::testing::force_cpu_head_fp32(0);
+    for (bool aten_chunks : {false, true}) {
+      kiln::ops::testing::force_cpu_cross_entropy_aten(aten_chunks);
+      const at::Tensor h = hidden.clone().requires_grad_(true), w = weight.clone().requires_grad_(true);
+      const auto r = kiln::ops::linear_cross_entropy(h, w, labels,
+                                                     {.chunk_tokens = 16,
+                                                      .reduction = LossReduction::kSum,
+                                                      .expected_grad = trainer_expected_grad(1.0, targets, at::kCPU)});
+      (r.loss_sum * inv).backward();
+      CAPTURE(aten_chunks);
+      CHECK(rel_diff(h.grad().to(at::kFloat), want.grad_hidden) < 2e-2);
+      CHECK(rel_diff(w.grad().to(at::kFloat), want.grad_weight) < 2e-2);
+    }
+    kiln::ops::testing::force_cpu_cross_entropy_aten(false);
+    kiln::ops::testing::force_cpu_head_fp32(-1);
+  }
+  SECTION("fp32: the same bits with and without it") {
+    const TinyProbHead head = tiny_probability_head(at::kFloat, 12);
+    const at::Tensor expected = trainer_expected_grad(65536.0, head.targets, at::kCPU);
+    const HeadGrads told = trainer_backward(head, 65536.0, false, expected, 5);
+    const HeadGrads untold = trainer_backward(head, 65536.0, false, {}, 5);
+    CHECK(at::equal(told.grad_hidden, untold.grad_hidden));
+    CHECK(at::equal(told.grad_weight, untold.grad_weight));
+  }
+}
+
 TEST_CASE("the aten backend of linear cross-entropy is the full-logits reference", "[ops][linear_ce]") {
   at::manual_seed(3);
   const at::Tensor hidden = at::randn({6, 10}), weight = at::randn({20, 10});
@@ -263,5 +392,39 @@ TEST_CASE("linear cross-entropy CUDA kernel matches the fp32 reference", "[ops][
               2 * max_abs_diff(aten.grad_weight, ref.grad_weight) + 1e-5);
       }
     }
+  }
+}
+
+TEST_CASE("CUDA fp16 head rounds the loss-scaled gradient as the aten reference does", "[ops][linear_ce][cuda]") {
+  // The kernel reads the expected gradient on the device (no host wait) and scales before it
+  // rounds; the weight gradient goes through the fp32-output addmm. grad(weight)'s non-target rows depend on
+  // the small probabilities alone: against the reference. grad(hidden) also holds the target's
+  // 1 - p = 1e-5, which ATen's fp32 cross-entropy gets 10-20% wrong here (it subtracts a rounded
+  // lse of 18.4): against fp64 from the same fp16 logits instead.
+  REQUIRE(torch::cuda::is_available());
+  REQUIRE(kiln::ops::kernels_compiled());
+  at::manual_seed(14);
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    const TinyProbHead cpu = tiny_probability_head(dtype, 12);
+    const TinyProbHead head{cpu.hidden.cuda(), cpu.weight.cuda(), cpu.labels.cuda(), cpu.targets};
+    const double scale = dtype == at::kHalf ? 65536.0 : 1.0;
+    const at::Tensor expected = trainer_expected_grad(scale, head.targets, head.hidden.device());
+    const HeadGrads ref = trainer_backward(head, scale, true, {}, 5);
+    const HeadGrads told = trainer_backward(head, scale, false, expected, 5);
+    const HeadGrads untold = trainer_backward(head, scale, false, {}, 5);
+    const at::Tensor logits = at::linear(head.hidden, head.weight).to(at::kDouble);
+    const at::Tensor valid = head.labels.ne(-100).unsqueeze(1);
+    const at::Tensor g64 =
+        at::where(valid, at::softmax(logits, 1) - at::one_hot(head.labels.clamp_min(0), 1000), at::zeros_like(logits)) *
+        (scale / static_cast<double>(head.targets));
+    const at::Tensor gh64 = g64.mm(head.weight.to(at::kDouble));
+    const at::Tensor want_gw = ref.grad_weight.narrow(0, 2, 998).to(at::kFloat);
+    const double err_h = rel_diff(told.grad_hidden.to(at::kDouble), gh64);
+    const double err_w = rel_diff(told.grad_weight.narrow(0, 2, 998).to(at::kFloat), want_gw);
+    const double err_w_untold = rel_diff(untold.grad_weight.narrow(0, 2, 998).to(at::kFloat), want_gw);
+    CAPTURE(dtype, err_h, err_w, err_w_untold);
+    CHECK(err_h < 5e-2);
+    CHECK(err_w < (dtype == at::kHalf ? 1e-2 : 2e-2));
+    if (dtype == at::kHalf) CHECK(err_w_untold > 0.3);
   }
 }

@@ -241,7 +241,8 @@ KILN_BODY void rope_rows_fp32_bf16_body(const float* src, uint16_t* dst, const f
 // The rows in fp32 arithmetic whatever T; the gradient written over the row in T.
 template <typename T>
 KILN_BODY void cross_entropy_rows_core(T* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
-                                       float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
+                                       float* loss, float* lse, int64_t rows, int64_t cols, int write_grad,
+                                       float grad_scale) {
   for (int64_t r = 0; r < rows; ++r) {
     T* x = logits + r * cols;
     // Pass 1: the row's maximum (a NaN wins, so that it reaches the loss).
@@ -284,22 +285,26 @@ KILN_BODY void cross_entropy_rows_core(T* logits, const int64_t* labels, int64_t
       for (int64_t c = 0; c < cols; ++c) store_elem(x + c, 0.0f);
       continue;
     }
+    // Times grad_scale before the store rounds (x * 1 is x: without a scale, the same bits).
     const float scale = 1.0f + 2.0f * z_loss * l_se;
-    for (int64_t c = 0; c < cols; ++c) store_elem(x + c, exp_inline((load_elem(x[c]) - m) - logs) * scale);
+    for (int64_t c = 0; c < cols; ++c) {
+      store_elem(x + c, (exp_inline((load_elem(x[c]) - m) - logs) * scale) * grad_scale);
+    }
     // The target's element from its own value (in bf16 the stored softmax is already rounded).
-    store_elem(x + t, exp_inline((xt - m) - logs) * scale - 1.0f);
+    store_elem(x + t, (exp_inline((xt - m) - logs) * scale - 1.0f) * grad_scale);
   }
 }
 
 KILN_BODY void cross_entropy_rows_lv_body(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
-                                          float* loss, float* lse, int64_t rows, int64_t cols, int write_grad) {
-  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad);
+                                          float* loss, float* lse, int64_t rows, int64_t cols, int write_grad,
+                                          float grad_scale) {
+  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad, grad_scale);
 }
 
 KILN_BODY void cross_entropy_rows_bf16_lv_body(uint16_t* logits, const int64_t* labels, int64_t ignore_index,
                                                float z_loss, float* loss, float* lse, int64_t rows, int64_t cols,
-                                               int write_grad) {
-  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad);
+                                               int write_grad, float grad_scale) {
+  cross_entropy_rows_core(logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad, grad_scale);
 }
 
 // acc += widened src.
@@ -386,9 +391,9 @@ void swiglu_forward_bf16_range(const uint16_t* g, const uint16_t* u, uint16_t* y
 void swiglu_backward_bf16_range(const uint16_t* g, const uint16_t* u, const uint16_t* dy, uint16_t* dg, uint16_t* du,
                                 int64_t n);
 void cross_entropy_rows_lv(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                           float* lse, int64_t rows, int64_t cols, int write_grad);
+                           float* lse, int64_t rows, int64_t cols, int write_grad, float grad_scale);
 void cross_entropy_rows_bf16_lv(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss,
-                                float* loss, float* lse, int64_t rows, int64_t cols, int write_grad);
+                                float* loss, float* lse, int64_t rows, int64_t cols, int write_grad, float grad_scale);
 void accumulate_bf16_range(float* acc, const uint16_t* src, int64_t n);
 void rope_rows(const float* src, float* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
                int64_t r1, int backward);
@@ -418,12 +423,12 @@ KILN_LEVELS(swiglu_backward_bf16_range,
             (g, u, dy, dg, du, n))
 KILN_LEVELS(cross_entropy_rows_lv,
             (float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
-             int64_t rows, int64_t cols, int write_grad),
-            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
+             int64_t rows, int64_t cols, int write_grad, float grad_scale),
+            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad, grad_scale))
 KILN_LEVELS(cross_entropy_rows_bf16_lv,
             (uint16_t * logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss, float* lse,
-             int64_t rows, int64_t cols, int write_grad),
-            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad))
+             int64_t rows, int64_t cols, int write_grad, float grad_scale),
+            (logits, labels, ignore_index, z_loss, loss, lse, rows, cols, write_grad, grad_scale))
 KILN_LEVELS(rope_rows,
             (const float* src, float* dst, const float* cos, const float* sin, const RopeShape* sh, int64_t r0,
              int64_t r1, int backward),
@@ -510,26 +515,27 @@ namespace {
 // The rows over OpenMP shares of whole rows, for either element type's level-dispatched loop.
 template <typename T>
 void cross_entropy_rows_parallel(void (*rows_lv)(T*, const int64_t*, int64_t, float, float*, float*, int64_t, int64_t,
-                                                 int),
+                                                 int, float),
                                  T* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                                 float* lse, int64_t rows, int64_t cols, bool write_grad) {
+                                 float* lse, int64_t rows, int64_t cols, bool write_grad, float grad_scale) {
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
   parallel_ranges(rows, grain, [&](int64_t b, int64_t e) {
-    rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols, write_grad ? 1 : 0);
+    rows_lv(logits + b * cols, labels + b, ignore_index, z_loss, loss + b, lse + b, e - b, cols, write_grad ? 1 : 0,
+            grad_scale);
   });
 }
 }  // namespace
 
 void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                        float* lse, int64_t rows, int64_t cols, bool write_grad) {
+                        float* lse, int64_t rows, int64_t cols, bool write_grad, float grad_scale) {
   cross_entropy_rows_parallel(&cross_entropy_rows_lv, logits, labels, ignore_index, z_loss, loss, lse, rows, cols,
-                              write_grad);
+                              write_grad, grad_scale);
 }
 
 void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                             float* lse, int64_t rows, int64_t cols, bool write_grad) {
+                             float* lse, int64_t rows, int64_t cols, bool write_grad, float grad_scale) {
   cross_entropy_rows_parallel(&cross_entropy_rows_bf16_lv, logits, labels, ignore_index, z_loss, loss, lse, rows, cols,
-                              write_grad);
+                              write_grad, grad_scale);
 }
 
 namespace {

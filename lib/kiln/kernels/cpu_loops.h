@@ -67,17 +67,18 @@ void rope_backward_fp32_to_bf16(const float* src, uint16_t* dst, const float* co
 // Per row, with t = labels[r] (index 0 stands in for an ignored row): m = max, logs =
 // log(sum exp(x - m)), nll = logs - (x[t] - m), lse[r] = x[t] + nll, loss[r] = nll + z_loss lse^2,
 // or 0 when t == ignore_index. With write_grad the row is overwritten in place by d loss[r] / dx =
-// exp(x - m - logs) (1 + 2 z_loss lse) - onehot(t), all zeros for an ignored row. Labels must be in
-// [0, cols) or ignore_index (the caller checks). Rows are independent: the same bits whatever the
-// thread count.
+// exp(x - m - logs) (1 + 2 z_loss lse) - onehot(t), all zeros for an ignored row, times grad_scale
+// (the gradient the caller expects backward to apply, so that a bf16 result is the scaled
+// gradient rounded once; 1 leaves the bits unchanged). Labels must be in [0, cols) or ignore_index
+// (the caller checks). Rows are independent: the same bits whatever the thread count.
 void cross_entropy_rows(float* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                        float* lse, int64_t rows, int64_t cols, bool write_grad);
+                        float* lse, int64_t rows, int64_t cols, bool write_grad, float grad_scale = 1.0f);
 
 // The same on bf16 logits (uint16 bits): each element widened to fp32, the arithmetic above in
 // fp32, the gradient rounded once to bf16 over the logits (what ATen's fp32 log-softmax of bf16
 // logits and a cast of its gradient back to bf16 compute, without the fp32 [rows, cols] copies).
 void cross_entropy_rows_bf16(uint16_t* logits, const int64_t* labels, int64_t ignore_index, float z_loss, float* loss,
-                             float* lse, int64_t rows, int64_t cols, bool write_grad);
+                             float* lse, int64_t rows, int64_t cols, bool write_grad, float grad_scale = 1.0f);
 
 // acc[i] += src[i] widened from bf16: accumulates a bf16 GEMM's product into an fp32 sum without
 // the fp32 temporary a mixed-dtype add_ allocates.

@@ -48,19 +48,24 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEn
   }
   const float row_max = block_max<kThreads>(acc.max);
   const float scaled = acc.max == -INFINITY ? 0.f : acc.sum * expf(acc.max - row_max);
-  const float lse = row_max + logf(block_sum<kThreads>(scaled));
+  // log(sum exp(x - max)) kept apart: x - lse with lse rounded at its own magnitude (2e-6 at 18)
+  // costs 1 - p(target) of a confident row (1e-5, say) up to 10% (7% measured, 0.9% without).
+  const float log_sum = logf(block_sum<kThreads>(scaled));
+  const float lse = row_max + log_sum;
 
   if (threadIdx.x == 0) {
     p.lse[row] = lse;
-    p.loss[row] = valid ? lse - target + p.z_loss * lse * lse : 0.f;
+    p.loss[row] = valid ? (row_max - target) + log_sum + p.z_loss * lse * lse : 0.f;
   }
   if (!p.write_grad) return;
   // d/dx_j [lse - x_t + z lse^2] = softmax_j (1 + 2 z lse) - [j == t]; an ignored row gets 0.
+  // Times grad_scale before the rounding to T (x * 1 is x: no scale, the same bits).
   const float scale = valid ? 1.f + 2.f * p.z_loss * lse : 0.f;
+  const float grad_scale = p.grad_scale != nullptr ? *p.grad_scale : 1.f;
   auto grad = [&](float v, int64_t j) {
-    float g = expf(v - lse) * scale;
+    float g = expf((v - row_max) - log_sum) * scale;
     if (valid && j == label) g -= 1.f;
-    return static_cast<T>(g);
+    return static_cast<T>(g * grad_scale);
   };
   if constexpr (kVec) {
     Pack<T>* xp = reinterpret_cast<Pack<T>*>(x);

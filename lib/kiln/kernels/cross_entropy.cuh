@@ -1,7 +1,7 @@
 // Cross-entropy over one chunk of logits rows, forward and backward in one pass pair per row:
 // pass 1 reads the row once (online max and sum of exp, the target logit), pass 2 overwrites the
-// row in place with d(loss)/d(logits) = softmax * (1 + 2 z lse) - one_hot(target), zero for an
-// ignored row. Torch-free: validation and the chunk loop live in ops/linear_cross_entropy.cpp.
+// row in place with d(loss)/d(logits) = (softmax * (1 + 2 z lse) - one_hot(target)) * grad_scale,
+// zero for an ignored row. Torch-free: validation and the chunk loop live in ops/linear_cross_entropy.cpp.
 #pragma once
 
 #include "kiln/kernels/common.cuh"
@@ -18,6 +18,10 @@ struct CrossEntropyParams {
   int64_t ignore_index = -100;
   float z_loss = 0.f;
   bool write_grad = true;
+  // [1] on the device, or null (1): the gradient is multiplied by *grad_scale in fp32 before it is
+  // rounded to the logits' dtype (the loss scale and 1 / targets that backward would apply later:
+  // fp16 would otherwise flush the small probabilities to zero first).
+  const float* grad_scale = nullptr;
   DType dtype = DType::kFloat32;  // of logits
 };
 

@@ -244,7 +244,8 @@ at::Tensor LlamaForCausalLMImpl::document_positions(const at::Tensor& segment_id
 }
 
 CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& labels,
-                                             const at::Tensor& position_ids, const at::Tensor& segment_ids) {
+                                             const at::Tensor& position_ids, const at::Tensor& segment_ids,
+                                             const at::Tensor& loss_sum_grad) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   TORCH_CHECK(!segment_ids.defined() || segment_ids.sizes() == input_ids.sizes(), "segment_ids ", segment_ids.sizes(),
               " do not match input_ids ", input_ids.sizes());
@@ -266,8 +267,8 @@ CausalLMOutput LlamaForCausalLMImpl::forward(const at::Tensor& input_ids, const 
     // which keeps hidden's rows in place (no copy of the activations).
     const at::Tensor y = labels.to(hidden.device());
     const at::Tensor targets = at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1);
-    ops::LinearCrossEntropyResult r =
-        ops::linear_cross_entropy(hidden, head, targets, {.reduction = ops::LossReduction::kSum});
+    ops::LinearCrossEntropyResult r = ops::linear_cross_entropy(
+        hidden, head, targets, {.reduction = ops::LossReduction::kSum, .expected_grad = loss_sum_grad});
     out.loss_sum = r.loss_sum;
     out.num_tokens = r.num_tokens;
     out.loss = out.loss_sum / out.num_tokens;

@@ -127,8 +127,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // ("neat packing"): attention stays within a document and the default positions restart at 0
   // at each document, so each document is computed as if it were alone. Labels are not changed:
   // the data loader marks a document's first token -100 (data/loader.h).
+  // loss_sum_grad: with fused_lm_loss, the gradient backward will send to `loss_sum` (0-d, on the
+  // device: the trainer's loss_scale / total_targets), so that a bf16/fp16 head rounds its scaled
+  // gradient as autograd through the full logits would (ops::LinearCrossEntropyOptions::expected_grad).
+  // Undefined: not known. Any other backward stays correct; only the rounding differs.
   CausalLMOutput forward(const at::Tensor& input_ids, const at::Tensor& labels = {},
-                         const at::Tensor& position_ids = {}, const at::Tensor& segment_ids = {});
+                         const at::Tensor& position_ids = {}, const at::Tensor& segment_ids = {},
+                         const at::Tensor& loss_sum_grad = {});
 
   // Positions restarting at 0 where the segment id changes: [B, T] int64.
   static at::Tensor document_positions(const at::Tensor& segment_ids);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -21,8 +22,10 @@ namespace kiln::ops {
 
 #ifdef KILN_WITH_CUDA
 // ops/linear_cross_entropy_cuda.cpp: the kernel on one chunk. logits [n, V] contiguous, in place.
+// grad_scale: undefined, or a 0-d fp32 tensor on the logits' device that multiplies the gradient
+// before it is rounded.
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                              bool write_grad, at::Tensor& loss, at::Tensor& lse);
+                              bool write_grad, const at::Tensor& grad_scale, at::Tensor& loss, at::Tensor& lse);
 bool cross_entropy_cuda_applies(const at::Tensor& logits);
 #endif
 
@@ -31,13 +34,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// loss [n], lse [n] in the accumulation dtype; with write_grad, d(loss)/d(logits) in the compute dtype.
+// loss [n], lse [n] in the accumulation dtype; with write_grad, d(loss)/d(logits) in the compute
+// dtype, times grad_scale (0-d fp32 on the device, or undefined: 1) before it was rounded.
 struct ChunkResult {
   at::Tensor loss, lse, grad;
 };
 
 ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                       bool write_grad, at::ScalarType acc) {
+                       bool write_grad, const at::Tensor& grad_scale, at::ScalarType acc) {
   const at::ScalarType compute = logits.scalar_type();
   const bool cuda = logits.is_cuda();
   const at::Tensor valid = labels.ne(ignore_index);
@@ -59,6 +63,7 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
   at::Tensor x = logp.exp_();
   if (z_loss != 0 || cuda || !valid.all().item<bool>()) x.mul_(((lse * (2 * z_loss) + 1) * valid_acc).unsqueeze(1));
   x.scatter_add_(1, safe, valid_acc.neg().unsqueeze(1));
+  if (grad_scale.defined()) x.mul_(grad_scale);  // before the rounding to the compute dtype
   r.grad = x.to(compute);
   return r;
 }
@@ -68,7 +73,8 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
 // besides the logits) instead of log_softmax + exp_ + mul_ + scatter_add_.
 // bf16 logits: the same loop in fp32 arithmetic, the gradient rounded once to bf16 in place.
 ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                           bool write_grad) {
+                           bool write_grad, const at::Tensor& grad_scale) {
+  const float scale = grad_scale.defined() ? grad_scale.item<float>() : 1.0f;  // a CPU tensor: no wait
   const int64_t n = logits.size(0), vocab = logits.size(1);
   ChunkResult r;
   r.loss = at::empty({n}, logits.options().dtype(at::kFloat));
@@ -77,38 +83,39 @@ ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t 
     kernels::cpu::cross_entropy_rows_bf16(reinterpret_cast<uint16_t*>(logits.mutable_data_ptr<at::BFloat16>()),
                                           labels.const_data_ptr<int64_t>(), ignore_index, static_cast<float>(z_loss),
                                           r.loss.mutable_data_ptr<float>(), r.lse.mutable_data_ptr<float>(), n, vocab,
-                                          write_grad);
+                                          write_grad, scale);
   } else {
     kernels::cpu::cross_entropy_rows(logits.mutable_data_ptr<float>(), labels.const_data_ptr<int64_t>(), ignore_index,
                                      static_cast<float>(z_loss), r.loss.mutable_data_ptr<float>(),
-                                     r.lse.mutable_data_ptr<float>(), n, vocab, write_grad);
+                                     r.lse.mutable_data_ptr<float>(), n, vocab, write_grad, scale);
   }
   if (write_grad) r.grad = std::move(logits);
   return r;
 }
 
 ChunkResult chunk_dispatch(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                           bool write_grad, at::ScalarType acc) {
+                           bool write_grad, const at::Tensor& grad_scale, at::ScalarType acc) {
 #ifdef KILN_WITH_CUDA
   if (logits.is_cuda() && backend(Op::kLinearCrossEntropy) == Backend::kKiln && cross_entropy_cuda_applies(logits)) {
     ChunkResult r;
-    cross_entropy_chunk_cuda(logits, labels, ignore_index, z_loss, write_grad, r.loss, r.lse);
+    cross_entropy_chunk_cuda(logits, labels, ignore_index, z_loss, write_grad, grad_scale, r.loss, r.lse);
     if (write_grad) r.grad = logits;
     return r;
   }
 #endif
   if (logits.is_cpu() && cpu_cross_entropy_uses_loop(logits.scalar_type()) && logits.is_contiguous() &&
       labels.scalar_type() == at::kLong && labels.is_contiguous()) {
-    return chunk_cpu_loop(std::move(logits), labels, ignore_index, z_loss, write_grad);
+    return chunk_cpu_loop(std::move(logits), labels, ignore_index, z_loss, write_grad, grad_scale);
   }
-  return chunk_aten(std::move(logits), labels, ignore_index, z_loss, write_grad, acc);
+  return chunk_aten(std::move(logits), labels, ignore_index, z_loss, write_grad, grad_scale, acc);
 }
 
-// grad_hidden [N, H] and grad_weight [V, H] are filled when with_grad; returns {loss_sum, z_sum}.
+// grad_hidden [N, H] and grad_weight [V, H] are filled when with_grad (the gradients of loss_sum
+// times grad_scale when it is defined); returns {loss_sum, z_sum}.
 std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const at::Tensor& weight,
                                                const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                                               int64_t chunk, bool with_grad, at::Tensor* grad_hidden,
-                                               at::Tensor* grad_weight) {
+                                               int64_t chunk, bool with_grad, const at::Tensor& grad_scale,
+                                               at::Tensor* grad_hidden, at::Tensor* grad_weight) {
   const int64_t rows = hidden.size(0);
   const at::ScalarType acc = at::promote_types(hidden.scalar_type(), at::kFloat);
   at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(acc));
@@ -136,7 +143,7 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     const at::Tensor y = labels.narrow(0, start, n);  // [n]
     at::Tensor logits = at::empty({n, weight.size(0)}, hidden.options());
     mm_into(logits, h, weight.t());
-    ChunkResult r = chunk_dispatch(std::move(logits), y, ignore_index, z_loss, with_grad, acc);
+    ChunkResult r = chunk_dispatch(std::move(logits), y, ignore_index, z_loss, with_grad, grad_scale, acc);
     loss_sum.add_(r.loss.to(acc).sum());
     if (z_loss != 0) z_sum.add_((r.lse.to(acc).square() * y.ne(ignore_index).to(acc)).sum() * z_loss);
     if (!with_grad) continue;
@@ -163,26 +170,34 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
   return {loss_sum, z_sum};
 }
 
+// expected: the gradient loss_sum is expected to receive (0-d fp32 on the inputs' device), or
+// undefined. The saved gradients are those of loss_sum times expected; backward multiplies them by
+// grad_output / expected (exactly 1 when the guess was right).
 struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                               const at::Tensor& labels, int64_t ignore_index, double z_loss, int64_t chunk) {
+                               const at::Tensor& labels, int64_t ignore_index, double z_loss, int64_t chunk,
+                               const std::optional<at::Tensor>& expected_in) {
+    // An optional, since a Function's tensor inputs must be defined.
+    const at::Tensor expected = expected_in.value_or(at::Tensor());
     at::Tensor grad_hidden, grad_weight;
     auto [loss_sum, z_sum] =
-        chunked_pass(hidden, weight, labels, ignore_index, z_loss, chunk, true, &grad_hidden, &grad_weight);
-    ctx->save_for_backward({grad_hidden, grad_weight});
+        chunked_pass(hidden, weight, labels, ignore_index, z_loss, chunk, true, expected, &grad_hidden, &grad_weight);
+    ctx->save_for_backward({grad_hidden, grad_weight, expected});
     ctx->mark_non_differentiable({z_sum});
     return {loss_sum, z_sum};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& g = grad_outputs[0];  // 0-d
+    at::Tensor g = grad_outputs[0];  // 0-d
     at::Tensor grad_hidden = saved[0], grad_weight = saved[1];
+    const at::Tensor& expected = saved[2];
     if (g.defined()) {
+      if (expected.defined()) g = g.to(at::kFloat) / expected;
       grad_hidden = grad_hidden * g.to(grad_hidden.scalar_type());
       grad_weight = grad_weight * g.to(grad_weight.scalar_type());
     }
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -302,12 +317,22 @@ LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at
   if (!needs_grad || rows == 0) {
     const at::AutoGradMode no_grad(false);
     auto [loss_sum, z_sum] =
-        chunked_pass(h, w, y, o.ignore_index, o.z_loss, std::max<int64_t>(chunk, 1), false, nullptr, nullptr);
+        chunked_pass(h, w, y, o.ignore_index, o.z_loss, std::max<int64_t>(chunk, 1), false, {}, nullptr, nullptr);
     return finish(loss_sum, z_sum, labels, o);
+  }
+  // The scaled gradient is what gets rounded where rounding loses it: bf16/fp16 (fp16's subnormals
+  // end at 6e-8; bf16's rounding of 1 / targets in backward would bias the whole gradient by up to
+  // 2^-9). fp32 and fp64 keep their unscaled gradient (their bits unchanged).
+  std::optional<at::Tensor> expected;
+  if (o.expected_grad.defined() && (compute == at::kHalf || compute == at::kBFloat16)) {
+    TORCH_CHECK(o.expected_grad.numel() == 1 && at::isFloatingType(o.expected_grad.scalar_type()),
+                "linear_cross_entropy: expected_grad must be one floating-point value, got ",
+                o.expected_grad.scalar_type(), " ", o.expected_grad.sizes());
+    expected = o.expected_grad.detach().reshape({}).to(h.device(), at::kFloat).contiguous();
   }
   // The Function's body calls ATen ops that autocast would re-cast; its inputs are already cast.
   const AutocastOff no_autocast;
-  const variable_list out = LinearCrossEntropyFunction::apply(h, w, y, o.ignore_index, o.z_loss, chunk);
+  const variable_list out = LinearCrossEntropyFunction::apply(h, w, y, o.ignore_index, o.z_loss, chunk, expected);
   return finish(out[0], out[1], labels, o);
 }
 

@@ -11,6 +11,11 @@
 // input dtype, as at::linear would; fp32 on CPUs whose native one is slower, see
 // linear_cross_entropy_matmul_dtype), loss and softmax in fp32 (fp64 for fp64 inputs),
 // grad(weight) accumulated in fp32 across chunks.
+//
+// Since the gradient is formed before backward knows grad_output, a bf16/fp16 head rounds it
+// before the loss scale and 1 / targets are applied unless the caller says which grad_output to
+// expect (LinearCrossEntropyOptions::expected_grad): fp16 then keeps the probabilities below its
+// subnormal range that the scaled gradient brings back into it, as the unfused reference does.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,14 @@ struct LinearCrossEntropyOptions {
   double z_loss = 0.0;       // adds z_loss * logsumexp(logits)^2 per target token (PaLM's z-loss)
   int64_t chunk_tokens = 0;  // rows per chunk; 0 = automatic (see auto_chunk_tokens)
   LossReduction reduction = LossReduction::kMean;
+  // The gradient backward is expected to send to `loss_sum` (0-d; the trainer's loss_scale /
+  // total_targets), or undefined. With a bf16/fp16 head the chunk's d(loss_sum)/d(logits) is
+  // multiplied by it in fp32 and only then rounded to the compute dtype, as autograd through the
+  // unfused reference rounds the already scaled gradient; backward then multiplies by
+  // grad_output / expected_grad (exactly 1 when the guess was right; still correct when it was
+  // not). Read on the device (no host synchronisation). Must be finite and non-zero. fp32/fp64
+  // heads ignore it (no narrower rounding to protect).
+  at::Tensor expected_grad;
 };
 
 struct LinearCrossEntropyResult {

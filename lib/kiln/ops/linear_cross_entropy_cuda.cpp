@@ -17,7 +17,7 @@ bool cross_entropy_cuda_applies(const at::Tensor& logits) {
 }
 
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
-                              bool write_grad, at::Tensor& loss, at::Tensor& lse) {
+                              bool write_grad, const at::Tensor& grad_scale, at::Tensor& loss, at::Tensor& lse) {
   TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2,
               "cross_entropy_chunk_cuda: logits must be contiguous [n, V]");
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -34,6 +34,12 @@ void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int6
   p.ignore_index = ignore_index;
   p.z_loss = static_cast<float>(z_loss);
   p.write_grad = write_grad;
+  if (grad_scale.defined()) {
+    TORCH_CHECK(
+        grad_scale.device() == logits.device() && grad_scale.scalar_type() == at::kFloat && grad_scale.numel() == 1,
+        "cross_entropy_chunk_cuda: grad_scale must be one fp32 value on the logits' device");
+    p.grad_scale = grad_scale.const_data_ptr<float>();
+  }
   p.dtype = kernel_dtype(logits.scalar_type());
   kernels::launch_cross_entropy_fwd_bwd(p, at::cuda::getCurrentCUDAStream().stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -36,6 +36,12 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
   AccumulateResult result;
   result.loss_sum = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
   const double inv_targets = 1.0 / static_cast<double>(options.total_targets);
+  // The gradient each backward below sends to loss_sum, computed as autograd will compute it
+  // (the loss scale times 1 / targets in fp32): the fused loss head rounds its bf16/fp16 gradient
+  // after this scale instead of before it (ops::LinearCrossEntropyOptions::expected_grad).
+  const at::TensorOptions fp32_on_device = at::TensorOptions().device(options.device).dtype(at::kFloat);
+  const at::Tensor loss_sum_grad = options.loss_scale ? options.loss_scale->squeeze().to(fp32_on_device) * inv_targets
+                                                      : at::full({}, inv_targets, fp32_on_device);
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const MicroBatch& mb = micro_batches[i];
     if (options.should_stop && options.should_stop()) {
@@ -49,7 +55,7 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
       const at::Tensor segments =
           mb.segment_ids.defined() ? mb.segment_ids.to(options.device, /*non_blocking=*/true) : at::Tensor();
       const auto out = model->forward(mb.input_ids.to(options.device, /*non_blocking=*/true),
-                                      mb.labels.to(options.device, /*non_blocking=*/true), {}, segments);
+                                      mb.labels.to(options.device, /*non_blocking=*/true), {}, segments, loss_sum_grad);
       loss_sum = out.loss_sum.to(at::kFloat);
       result.num_targets += count_targets(mb.labels.cpu());
     }
