@@ -3,8 +3,11 @@
 // finite differences in fp64, and the fused model loss against the model's full-logits loss.
 // [cuda]: the kiln kernel path against the fp32 reference with design.md's low-precision rule.
 #include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/addmm_ops.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 #include <catch2/catch.hpp>
 
 #include "kiln/model/llama.h"
@@ -232,7 +235,7 @@ TEST_CASE("an fp16 head rounds the loss-scaled gradient, as the aten reference d
   // onehot) * 65536 / N to fp16, where probabilities of 1e-8 are representable; rounding the
   // unscaled gradient first (the fused head told nothing) flushes them to 0 and loses their part
   // of grad(hidden) and all of grad(weight)'s rows 2.. . The head runs natively in fp16 on the CPU
-  // (ATen's chunk ops).
+  // (ATen's chunk ops; the fp32 copies for the weight gradient).
   at::manual_seed(11);
   kiln::ops::testing::force_cpu_head_fp32(0);
   const TinyProbHead head = tiny_probability_head(at::kHalf, 12);
@@ -302,6 +305,85 @@ TEST_CASE("expected_grad: bf16 heads round the scaled gradient too, fp32 ones ig
     CHECK(at::equal(told.grad_hidden, untold.grad_hidden));
     CHECK(at::equal(told.grad_weight, untold.grad_weight));
   }
+}
+
+TEST_CASE("the fused head's weight-gradient accumulation, per dtype and device", "[ops][linear_ce]") {
+  using kiln::ops::linear_cross_entropy_weight_grad_path;
+  using kiln::ops::WeightGradAccumulation;
+  CHECK(linear_cross_entropy_weight_grad_path(at::kFloat, true, 70) == WeightGradAccumulation::kSameDtype);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kDouble, false, 0) == WeightGradAccumulation::kSameDtype);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kHalf, false, 0) == WeightGradAccumulation::kUpcast);
+  // CUDA: the fp32-output addmm where this LibTorch takes an fp32 `self` (2.10 on), except bf16
+  // below sm_80, which ATen refuses; fp16 on a V100 is fine.
+  const bool fp32_self = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10);
+  const auto out_dtype = fp32_self ? WeightGradAccumulation::kOutDtype : WeightGradAccumulation::kUpcast;
+  CHECK(linear_cross_entropy_weight_grad_path(at::kHalf, true, 70) == out_dtype);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kBFloat16, true, 80) == out_dtype);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kBFloat16, true, 90) == out_dtype);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kBFloat16, true, 70) == WeightGradAccumulation::kUpcast);
+  CHECK(linear_cross_entropy_weight_grad_path(at::kBFloat16, true, 75) == WeightGradAccumulation::kUpcast);
+}
+
+#ifdef KILN_WITH_CUDA
+TEST_CASE("the LibTorch under test takes the CUDA head's fp32-output addmm with the fp32 sum as self",
+          "[ops][linear_ce]") {
+  // The CUDA kernel of aten::addmm.dtype_out, called through the dispatcher with CPU tensors: its
+  // argument checks run before its device check, so a form they refuse fails with a dtype error
+  // and the one linear_cross_entropy calls (out = self = the fp32 sum, bf16/fp16 operands) gets
+  // as far as the device check, on this LibTorch (2.11 here, 2.10 under check_torch_builds.sh 12).
+  const auto op = c10::Dispatcher::singleton().findSchema({"aten::addmm", "dtype_out"});
+  REQUIRE(op.has_value());
+  REQUIRE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  if (kiln::ops::linear_cross_entropy_weight_grad_path(at::kHalf, true, 90) !=
+      kiln::ops::WeightGradAccumulation::kOutDtype) {
+    return;  // an older LibTorch: the head does not call it
+  }
+  const c10::DispatchKeySet cuda(c10::DispatchKey::CUDA);
+  auto call = [&](at::Tensor& out, const at::Tensor& self, at::ScalarType operands) -> std::string {
+    const at::Tensor g_t = at::zeros({6, 4}, operands), h = at::zeros({4, 5}, operands);
+    try {
+      at::_ops::addmm_dtype_out::redispatch(cuda, self, g_t, h, at::kFloat, 1, 1, out);
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();  // the check's message alone (a backtrace names functions)
+    }
+    return "no error";
+  };
+  for (auto operands : {at::kHalf, at::kBFloat16}) {
+    CAPTURE(operands);
+    at::Tensor sum = at::zeros({6, 5}, at::kFloat);
+    const std::string ours = call(sum, sum, operands);
+    CHECK_THAT(ours, Catch::Matchers::Contains("GPU") || Catch::Matchers::Contains("cuda"));
+    CHECK_THAT(ours, !Catch::Matchers::Contains("dtype"));
+    // The control: a self of a third dtype is refused by the dtype checks this probe reaches.
+    at::Tensor out = at::zeros({6, 5}, at::kFloat);
+    CHECK_THAT(call(out, at::zeros({6, 5}, at::kDouble), operands), Catch::Matchers::Contains("dtype"));
+  }
+}
+#endif
+
+TEST_CASE("the fp32 copies' weight gradient is the fp32 sum over chunks, rounded once", "[ops][linear_ce]") {
+  // The path of CUDA bf16 below sm_80 and of the CPU fp16 head (this one). With a zero weight
+  // every probability is 1/8 and each entry of the chunk's gradient is 1/8 or -7/8 exactly, so the
+  // fp32 sum of 64 one-row chunks of fp16 hidden in [0.5, 2) is exact and grad(weight) must be
+  // that sum rounded once to fp16, bit for bit. Rounding each chunk's product to fp16 first (what
+  // an fp16 GEMM per chunk would do) gives other bits.
+  at::manual_seed(13);
+  kiln::ops::testing::force_cpu_head_fp32(0);
+  const int64_t rows = 64, vocab = 8, dim = 24;
+  const at::Tensor hidden = (at::rand({rows, dim}) * 1.5 + 0.5).to(at::kHalf);
+  const at::Tensor labels = at::arange(rows, at::kLong).remainder(vocab).index_select(0, at::randperm(rows));
+  const at::Tensor h = hidden.clone().requires_grad_(true), w = at::zeros({vocab, dim}, at::kHalf).requires_grad_(true);
+  kiln::ops::linear_cross_entropy(h, w, labels, {.chunk_tokens = 1, .reduction = LossReduction::kSum})
+      .loss_sum.backward();
+  kiln::ops::testing::force_cpu_head_fp32(-1);
+  const at::Tensor g = at::full({rows, vocab}, 0.125, at::kDouble) - at::one_hot(labels, vocab).to(at::kDouble);
+  const at::Tensor exact = g.t().mm(hidden.to(at::kDouble));
+  CHECK(at::equal(w.grad(), exact.to(at::kHalf)));
+  at::Tensor per_chunk = at::zeros({vocab, dim}, at::kFloat);
+  for (int64_t i = 0; i < rows; ++i) {
+    per_chunk += g.narrow(0, i, 1).t().mm(hidden.to(at::kDouble).narrow(0, i, 1)).to(at::kHalf).to(at::kFloat);
+  }
+  CHECK_FALSE(at::equal(per_chunk.to(at::kHalf), exact.to(at::kHalf)));
 }
 
 TEST_CASE("the aten backend of linear cross-entropy is the full-logits reference", "[ops][linear_ce]") {
@@ -397,7 +479,8 @@ TEST_CASE("linear cross-entropy CUDA kernel matches the fp32 reference", "[ops][
 
 TEST_CASE("CUDA fp16 head rounds the loss-scaled gradient as the aten reference does", "[ops][linear_ce][cuda]") {
   // The kernel reads the expected gradient on the device (no host wait) and scales before it
-  // rounds; the weight gradient goes through the fp32-output addmm. grad(weight)'s non-target rows depend on
+  // rounds; the weight gradient goes through the fp32-output addmm (the fp32 copies for bf16 below
+  // sm_80, as KILN_KERNEL_ARCH=70 makes any GPU take). grad(weight)'s non-target rows depend on
   // the small probabilities alone: against the reference. grad(hidden) also holds the target's
   // 1 - p = 1e-5, which ATen's fp32 cross-entropy gets 10-20% wrong here (it subtracts a rounded
   // lse of 18.4): against fp64 from the same fp16 logits instead.

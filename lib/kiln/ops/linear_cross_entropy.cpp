@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
 #include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/autocast_off.h"
@@ -27,6 +28,8 @@ namespace kiln::ops {
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                               bool write_grad, const at::Tensor& grad_scale, at::Tensor& loss, at::Tensor& lse);
 bool cross_entropy_cuda_applies(const at::Tensor& logits);
+// The compute capability x 10 the kernels plan for on this device (ops/cuda_arch.h).
+int cuda_planned_arch(const c10::Device& device);
 #endif
 
 namespace {
@@ -121,21 +124,25 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
   at::Tensor loss_sum = at::zeros({}, hidden.options().dtype(acc));
   at::Tensor z_sum = at::zeros({}, hidden.options().dtype(acc));
   at::Tensor grad_w_acc;
-  const bool mixed_cuda = hidden.is_cuda() && acc != hidden.scalar_type();
-  // Same dtype: the first chunk's product is written into the accumulator (no zero fill of the
-  // [V, H] fp32 buffer, one pass over 65 MB fewer at V 32000, H 512); the others add into it.
-  const bool same_dtype = !mixed_cuda && acc == hidden.scalar_type();
-  // bf16 on the CPU: each chunk's bf16 weight gradient goes into one reused bf16 buffer and is
-  // widened into the fp32 sum by a loop (a mixed-dtype add_ would allocate an fp32 [V, H] copy per
-  // chunk, and its page faults cost more than the add); the first chunk's is widened into it.
-  const bool cpu_bf16 = hidden.is_cpu() && hidden.scalar_type() == at::kBFloat16 && acc == at::kFloat &&
-                        cpu_cross_entropy_uses_loop(at::kBFloat16);
+  int arch = 0;
+#ifdef KILN_WITH_CUDA
+  if (hidden.is_cuda() && with_grad) arch = cuda_planned_arch(hidden.device());
+#endif
+  using Path = WeightGradAccumulation;
+  const Path path = linear_cross_entropy_weight_grad_path(hidden.scalar_type(), hidden.is_cuda(), arch);
+  // Same dtype and the fp32 copies: the first chunk's product is written into the accumulator (no
+  // zero fill of the [V, H] fp32 buffer, one pass over 65 MB fewer at V 32000, H 512); the others
+  // add into it. CPU bf16 with the rows: each chunk's bf16 weight gradient goes into one reused
+  // bf16 buffer and is widened into the fp32 sum by a loop (a mixed-dtype add_ would allocate an
+  // fp32 [V, H] copy per chunk, and its page faults cost more than the add); the first chunk's is
+  // widened into it. out_dtype and the mixed add start from a zero-filled sum.
   at::Tensor dw_chunk;
   if (with_grad) {
     *grad_hidden = at::empty_like(hidden);
-    grad_w_acc = same_dtype || cpu_bf16 ? at::empty(weight.sizes(), weight.options().dtype(acc))
-                                        : at::zeros(weight.sizes(), weight.options().dtype(acc));
-    if (cpu_bf16) dw_chunk = at::empty(weight.sizes(), weight.options());
+    const bool written_first = path == Path::kSameDtype || path == Path::kUpcast || path == Path::kCpuBf16Rows;
+    grad_w_acc = written_first ? at::empty(weight.sizes(), weight.options().dtype(acc))
+                               : at::zeros(weight.sizes(), weight.options().dtype(acc));
+    if (path == Path::kCpuBf16Rows) dw_chunk = at::empty(weight.sizes(), weight.options());
   }
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
@@ -149,21 +156,32 @@ std::pair<at::Tensor, at::Tensor> chunked_pass(const at::Tensor& hidden, const a
     if (!with_grad) continue;
     at::Tensor gh = grad_hidden->narrow(0, start, n);
     mm_into(gh, r.grad, weight);  // [n, V] x [V, H]
-    if (same_dtype) {
-      mm_into(grad_w_acc, r.grad.t(), h, /*accumulate=*/start != 0);
-    } else if (cpu_bf16) {
-      at::mm_out(dw_chunk, r.grad.t(), h);  // bf16 x bf16 (oneDNN), rounded to bf16 as autocast's
-      if (start == 0) {
-        grad_w_acc.copy_(dw_chunk);
-      } else {
-        kernels::cpu::accumulate_bf16(grad_w_acc.mutable_data_ptr<float>(),
-                                      reinterpret_cast<const uint16_t*>(dw_chunk.const_data_ptr<at::BFloat16>()),
-                                      grad_w_acc.numel());
-      }
-    } else if (mixed_cuda) {
-      at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);  // bf16 x bf16 accumulated into fp32
-    } else {
-      grad_w_acc.add_(at::mm(r.grad.t(), h));
+    switch (path) {
+      case Path::kSameDtype:
+        mm_into(grad_w_acc, r.grad.t(), h, /*accumulate=*/start != 0);
+        break;
+      case Path::kOutDtype:
+        // bf16/fp16 operands, fp32 output, `self` the fp32 sum itself (beta 1), which torch 2.10.0
+        // and 2.11.0 accept (docs/kernels.md, "Known limits"); no fp32 copy of anything.
+        at::addmm_out(grad_w_acc, grad_w_acc, r.grad.t(), h, acc);
+        break;
+      case Path::kUpcast:
+        // The chunk's operands in fp32 (the GEMM's own inputs are these values exactly), one fp32 GEMM.
+        mm_into(grad_w_acc, r.grad.t().to(acc), h.to(acc), /*accumulate=*/start != 0);
+        break;
+      case Path::kCpuBf16Rows:
+        at::mm_out(dw_chunk, r.grad.t(), h);  // bf16 x bf16 (oneDNN), rounded to bf16 as autocast's
+        if (start == 0) {
+          grad_w_acc.copy_(dw_chunk);
+        } else {
+          kernels::cpu::accumulate_bf16(grad_w_acc.mutable_data_ptr<float>(),
+                                        reinterpret_cast<const uint16_t*>(dw_chunk.const_data_ptr<at::BFloat16>()),
+                                        grad_w_acc.numel());
+        }
+        break;
+      case Path::kMixedAdd:
+        grad_w_acc.add_(at::mm(r.grad.t(), h));
+        break;
     }
   }
   if (with_grad) *grad_weight = grad_w_acc.to(weight.scalar_type());
@@ -243,6 +261,25 @@ bool cpu_cross_entropy_uses_loop(at::ScalarType logits) {
     return v != nullptr && std::string(v) == "0";
   }();
   return (logits == at::kFloat || logits == at::kBFloat16) && !disabled && !forced_cpu_cross_entropy_aten.load();
+}
+
+WeightGradAccumulation linear_cross_entropy_weight_grad_path(at::ScalarType matmul, bool cuda, int arch) {
+  using Path = WeightGradAccumulation;
+  if (matmul == at::kFloat || matmul == at::kDouble) return Path::kSameDtype;
+  if (cuda) {
+    // addmm's out_dtype overload takes an fp32 `self` from torch 2.10 on ("self dtype must match
+    // either out_dtype or mat1 dtype"; docs/kernels.md, "Known limits"); an older LibTorch gets the
+    // fp32 copies. ATen's bf16 GEMM with fp32 output checks the device: "only supported for CUDA
+    // devices with compute capability 8.0 or higher" (at::cuda::blas::gemm<BFloat16, float>).
+    constexpr bool kAddmmTakesFp32Self =
+        TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10);
+    if (!kAddmmTakesFp32Self) return Path::kUpcast;
+    return matmul == at::kBFloat16 && arch < 80 ? Path::kUpcast : Path::kOutDtype;
+  }
+  if (matmul == at::kBFloat16) return cpu_cross_entropy_uses_loop(at::kBFloat16) ? Path::kCpuBf16Rows : Path::kMixedAdd;
+  // CPU fp16: ATen has no fp32-output GEMM on the CPU; the fp32 copies spare an fp16 [V, H]
+  // product rounded per chunk and the fp32 [V, H] temporary of a mixed-dtype add_.
+  return Path::kUpcast;
 }
 
 void testing::force_cpu_head_fp32(int mode) {

@@ -90,6 +90,20 @@ at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cp
 // The memory model gets this (train/kernel_choices.cpp).
 bool cpu_cross_entropy_uses_loop(at::ScalarType logits);
 
+// How a chunk's weight gradient g^T h (g: the chunk's d loss / d logits) goes into the fp32 sum
+// over chunks, by the head's matmul dtype and device (docs/kernels.md, "Linear + cross-entropy"):
+enum class WeightGradAccumulation {
+  kSameDtype,    // the matmul dtype is the sum's (fp32, fp64): mm into it, accumulating from chunk 2
+  kOutDtype,     // CUDA bf16/fp16: addmm(sum, g^T, h, out_dtype=fp32, out=sum), cuBLAS's fp32 output
+  kUpcast,       // fp32 copies of the chunk's g and h ([n, V] + [n, H]), then an fp32 GEMM into the sum:
+                 // CUDA bf16 below sm_80 (ATen refuses a bf16 GEMM with fp32 output there) and CPU fp16
+  kCpuBf16Rows,  // CPU bf16 with the fused rows: a bf16 GEMM into one reused buffer, widened into the sum
+  kMixedAdd,     // CPU bf16 without them: sum.add_(mm(g^T, h))
+};
+// `arch`: the CUDA device's compute capability x 10 as the kernels plan for it (ops/cuda_arch.h:
+// KILN_KERNEL_ARCH=70 makes an A100/H100 take a V100's path); ignored on the CPU.
+WeightGradAccumulation linear_cross_entropy_weight_grad_path(at::ScalarType matmul, bool cuda, int arch);
+
 namespace testing {
 // Sends CPU chunks to the ATen ops whatever their dtype (true) or back to the rule above (false):
 // for tests and benchmarks that compare the two.

@@ -16,6 +16,10 @@ bool cross_entropy_cuda_applies(const at::Tensor& logits) {
   return t.image && t.arch >= 70;
 }
 
+int cuda_planned_arch(const c10::Device& device) {
+  return kernel_target(device).arch;
+}
+
 void cross_entropy_chunk_cuda(at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                               bool write_grad, const at::Tensor& grad_scale, at::Tensor& loss, at::Tensor& lse) {
   TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2,
