@@ -6,17 +6,22 @@
 # CMAKE_PREFIX_PATH at it. Only files under /usr/include, /usr/lib and /usr/share/{cmake,pkgconfig}
 # and pkgconf (pkg-config finds PCRE2) are taken; the result is a few MiB.
 #
-#   scripts/bundle_deps.sh [--prebuilt BUILD_DIR] [--no-python]
+#   scripts/bundle_deps.sh [--prebuilt BUILD_DIR] [--no-python] [--sanitizer]
+#
+# The device tool carries at most 64 MiB, the checkout's tracked files included: the last line
+# says how much .deps and the checkout hold together.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="$root/.deps"
 prebuilt_from=""
 python_part=1
+sanitizer=0
 while (($#)); do
   case "$1" in
     --prebuilt) prebuilt_from="$(cd "$2" && pwd)"; shift 2 ;;
     --no-python) python_part=0; shift ;;
-    *) echo "usage: scripts/bundle_deps.sh [--prebuilt BUILD_DIR] [--no-python]" >&2; exit 2 ;;
+    --sanitizer) sanitizer=1; shift ;;
+    *) echo "usage: scripts/bundle_deps.sh [--prebuilt BUILD_DIR] [--no-python] [--sanitizer]" >&2; exit 2 ;;
   esac
 done
 dev_packages=(libfmt-dev libspdlog-dev libyaml-cpp-dev libcxxopts-dev catch2 nlohmann-json3-dev libpcre2-dev
@@ -81,7 +86,10 @@ fi
 # they load that are neither LibTorch's (the GPU machine's own torch wheel provides those, the same
 # version) nor the C and C++ runtimes, into .deps/prebuilt/lib: the GPU machine then spends no
 # time compiling. source_root records this checkout's path: the tests find their fixtures there
-# (KILN_TEST_FIXTURES), and device_check.sh links that path to its own checkout.
+# (KILN_TEST_FIXTURES), and device_check.sh links that path to its own checkout. The folder travels
+# packed, as .deps/prebuilt.tar.xz (47 MB of stripped programs and libraries pack to about 10 MB,
+# which leaves room in the device tool's 64 MiB for compute-sanitizer); device_check.sh unpacks it
+# into .deps/prebuilt there (a second or two).
 if [[ -n "$prebuilt_from" ]]; then
   pre="$dest/prebuilt"
   mkdir -p "$pre/bin" "$pre/tests" "$pre/lib"
@@ -99,6 +107,27 @@ if [[ -n "$prebuilt_from" ]]; then
       strip -o "$pre/lib/$(basename "$lib")" "$lib"
     done
   echo "$root" >"$pre/source_root"
-  echo "bundle_deps: $(du -sh "$pre" | cut -f1) of prebuilt programs and their libraries in $pre"
+  echo "bundle_deps: $(du -sh "$pre" | cut -f1) of prebuilt programs and their libraries, packed into $dest/prebuilt.tar.xz"
+  tar -C "$dest" -cf - prebuilt | xz -T0 -6 >"$dest/prebuilt.tar.xz"
+  rm -rf "$pre"
+fi
+
+# --sanitizer: compute-sanitizer for a GPU machine whose CUDA has none: PyPI's
+# nvidia-cuda-sanitizer-api wheel of CUDA 13.0 (the H200 machine's driver runs CUDA 13.0), 14 MB
+# as it comes (41 MB unpacked), into .deps/compute-sanitizer.whl; device_check.sh unpacks it there
+# only when it finds no compute-sanitizer of the machine's own.
+if ((sanitizer)); then
+  tmp="$(mktemp -d)"
+  "$KILN_PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" nvidia-cuda-sanitizer-api==13.0.85
+  mv "$tmp"/nvidia_cuda_sanitizer_api-*.whl "$dest/compute-sanitizer.whl"
+  rm -rf "$tmp"
+  echo "bundle_deps: $(du -sh "$dest/compute-sanitizer.whl" | cut -f1) of compute-sanitizer in $dest/compute-sanitizer.whl"
 fi
 echo "bundle_deps: $(du -sh "$dest" | cut -f1) in $dest"
+# What the device tool sends: the tracked files and .deps (64 MiB at most).
+tracked="$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -n 1 | cut -f1)"
+total=$(( $(du -sb "$dest" | cut -f1) + ${tracked:-0} ))
+echo "bundle_deps: $((total / 1048576)) MiB with the checkout's tracked files (the device tool carries at most 64 MiB)"
+if ((total > 64 * 1048576)); then
+  echo "bundle_deps: warning: over 64 MiB: leave out --sanitizer where the GPU machine has compute-sanitizer, or the Python part (--no-python)" >&2
+fi
