@@ -89,7 +89,7 @@ fi
 # (KILN_TEST_FIXTURES), and device_check.sh links that path to its own checkout. The folder travels
 # packed, as .deps/prebuilt.tar.xz (47 MB of stripped programs and libraries pack to about 10 MB,
 # which leaves room in the device tool's 64 MiB for compute-sanitizer); device_check.sh unpacks it
-# into .deps/prebuilt there (a second or two).
+# into build-prebuilt/ there (a second or two; ignored, so never carried).
 if [[ -n "$prebuilt_from" ]]; then
   pre="$dest/prebuilt"
   mkdir -p "$pre/bin" "$pre/tests" "$pre/lib"

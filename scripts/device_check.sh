@@ -69,7 +69,7 @@
 # by an unchecked kernel would not count as initialising). --error-exitcode 99: an error found
 # fails the step; the reports are STEP.sanitizer.txt.
 #
-# The programs: .deps/prebuilt, unpacked from .deps/prebuilt.tar.xz (scripts/bundle_deps.sh
+# The programs: .deps/prebuilt.tar.xz unpacked into build-prebuilt/prebuilt (scripts/bundle_deps.sh
 # --prebuilt BUILD_DIR, a build folder configured here with -DKILN_CUDA=ON -DKILN_BUILD_TESTS=ON
 # -DKILN_PARQUET=OFF -DCMAKE_CUDA_ARCHITECTURES=90, targets kiln_tests kiln-pretrain kiln-bench
 # kiln-profile kiln-hf): they load the GPU machine's own LibTorch (the same torch 2.11.0
@@ -425,7 +425,7 @@ sanitize() {
   [[ "$tool" == memcheck ]] && args+=(--padding 256)
   [[ "$path" == volta ]] && export KILN_KERNEL_ARCH=70
   [[ "$tool" == memcheck || "$tool" == initcheck ]] && export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-  echo "$path code paths: $sanitizer ${args[*]} $tests --kiln-require-cuda [sanitize]"
+  echo "$path code paths (KILN_KERNEL_ARCH=${KILN_KERNEL_ARCH:-unset}): $sanitizer ${args[*]} $tests --kiln-require-cuda [sanitize]"
   "$sanitizer" "${args[@]}" "$tests" --kiln-require-cuda "[sanitize]"
 }
 
@@ -471,10 +471,14 @@ fi
 prebuilt="$root/.deps/prebuilt"
 use_prebuilt=0
 if [[ -f "$root/.deps/prebuilt.tar.xz" && ! -x "$prebuilt/tests/kiln_tests" && "$call" != configure ]]; then
-  # bundle_deps.sh --prebuilt packs the programs (47 MB to about 10 MB of the carry).
-  (tar -C "$root/.deps" -xJf "$root/.deps/prebuilt.tar.xz" ||
+  # bundle_deps.sh --prebuilt packs the programs (47 MB to about 10 MB of the carry); unpacked
+  # into build-prebuilt/, which is ignored and never carried.
+  rm -rf "$root/build-prebuilt"
+  mkdir -p "$root/build-prebuilt"
+  (tar -C "$root/build-prebuilt" -xJf "$root/.deps/prebuilt.tar.xz" ||
     "$py" -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], **({"filter": "data"} if hasattr(t, "data_filter") else {}))' "$root/.deps/prebuilt.tar.xz" \
-      "$root/.deps") >>"$log" 2>&1 || echo "device_check: could not unpack .deps/prebuilt.tar.xz (env.log)" | tee -a "$log"
+      "$root/build-prebuilt") >>"$log" 2>&1 || echo "device_check: could not unpack .deps/prebuilt.tar.xz (env.log)" | tee -a "$log"
+  prebuilt="$root/build-prebuilt/prebuilt"
 fi
 if [[ -x "$prebuilt/tests/kiln_tests" && "$call" != configure ]]; then
   export LD_LIBRARY_PATH="$prebuilt/lib:$torch_dir/lib:$(dirname "$torch_dir")/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
