@@ -354,9 +354,11 @@ void swiglu_case(int64_t n, bool many) {
 
 // ---- cross-entropy rows
 
+// grad_scale: the gradient backward will send (the loss scale over the targets), applied before
+// the gradient is rounded to T; 0 passes no pointer (the kernel's 1).
 template <typename T>
-void cross_entropy_case(int64_t vocab, double z, bool many) {
-  CAPTURE(name_of<T>(), vocab, z);
+void cross_entropy_case(int64_t vocab, double z, bool many, float grad_scale = 0) {
+  CAPTURE(name_of<T>(), vocab, z, grad_scale);
   const int64_t rows = 4;
   const auto logits = randn<T>(rows * vocab, 3.0);
   const std::vector<int64_t> labels = {5, -100, vocab - 1, 0};
@@ -372,7 +374,8 @@ void cross_entropy_case(int64_t vocab, double z, bool many) {
     loss_ref[r] = valid ? lse - f(logits[r * vocab + labels[r]]) + z * lse * lse : 0.0;
     for (int64_t j = 0; j < vocab; ++j) {
       grad_ref[r * vocab + j] =
-          valid ? std::exp(f(logits[r * vocab + j]) - lse) * (1 + 2 * z * lse) - (j == labels[r] ? 1.0 : 0.0) : 0.0;
+          (valid ? std::exp(f(logits[r * vocab + j]) - lse) * (1 + 2 * z * lse) - (j == labels[r] ? 1.0 : 0.0) : 0.0) *
+          (grad_scale != 0 ? grad_scale : 1.0);
     }
   }
   under_schedules(90, many, [&] {
@@ -387,6 +390,7 @@ void cross_entropy_case(int64_t vocab, double z, bool many) {
     p.vocab = vocab;
     p.ignore_index = -100;
     p.z_loss = static_cast<float>(z);
+    p.grad_scale = grad_scale != 0 ? &grad_scale : nullptr;
     p.dtype = dtype_of<T>();
     kk::emulated::launch_cross_entropy_fwd_bwd(p, nullptr);
     CHECK_CLOSE("lse", lse, lse_ref, 1e-5);
@@ -547,6 +551,7 @@ void all_kernels(bool many) {
     cross_entropy_case<float>(vocab, 0.0, many);
     cross_entropy_case<bf16>(vocab, 1e-3, many);
     cross_entropy_case<fp16>(vocab, 0.0, many);
+    cross_entropy_case<fp16>(vocab, 0.0, many, 1024.f);  // fp16 under a loss scale
   }
 }
 
