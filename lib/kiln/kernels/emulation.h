@@ -78,6 +78,7 @@ extern "C" void __tsan_ignore_thread_end();
 #endif
 #if defined(__SANITIZE_ADDRESS__)
 #define KILN_EMU_ASAN 1
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -708,6 +709,10 @@ void launch(Kernel kernel, dim3 grid, dim3 threads, size_t dynamic_shared_bytes,
         f.thread_idx = {t, 0, 0};
         f.stack = stack_pool()[t].get();
         f.stack_size = stack;
+#ifdef KILN_EMU_ASAN
+        // The redzones of the frames an earlier fiber left on this stack (it never returned).
+        ASAN_UNPOISON_MEMORY_REGION(f.stack, stack);
+#endif
         f.context = new_context(f.stack, stack, fiber_entry);
 #ifdef KILN_EMU_TSAN
         while (tsan_fiber_pool().size() <= t) tsan_fiber_pool().push_back(__tsan_create_fiber(0));
