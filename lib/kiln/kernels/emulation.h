@@ -192,7 +192,11 @@ struct Internal {
 
 // ---- configuration
 
-enum class Schedule { kIndex, kReverse, kRandom, kWarpSkewed };
+// kIndex, kReverse: each round runs every fiber that can run, in that order; kRandom: a fresh
+// permutation each round; kWarpAhead: always the first fiber that can run in a seeded priority
+// order of warps, so one warp runs on until all its threads wait at a block barrier before the
+// next warp starts (a warp as far ahead of the others as a barrier lets it be).
+enum class Schedule { kIndex, kReverse, kRandom, kWarpAhead };
 enum class Landing { kAtWait, kAtIssue };
 
 struct Config {
@@ -210,24 +214,24 @@ inline const char* schedule_name(Schedule s) {
       return "reverse";
     case Schedule::kRandom:
       return "random";
-    case Schedule::kWarpSkewed:
-      return "warp-skewed";
+    case Schedule::kWarpAhead:
+      return "warp-ahead";
   }
   return "?";
 }
 
-// Defaults from KILN_EMU_SCHEDULE (index|reverse|random|warp-skewed), KILN_EMU_SEED and
+// Defaults from KILN_EMU_SCHEDULE (index|reverse|random|warp-ahead), KILN_EMU_SEED and
 // KILN_EMU_CP_ASYNC (wait|issue), so a whole test run can be repeated under another schedule.
 inline Config config_from_env() {
   Config c;
   if (const char* s = std::getenv("KILN_EMU_SCHEDULE"); s != nullptr && *s != '\0') {
     const std::string v(s);
     bool known = false;
-    for (Schedule x : {Schedule::kIndex, Schedule::kReverse, Schedule::kRandom, Schedule::kWarpSkewed}) {
+    for (Schedule x : {Schedule::kIndex, Schedule::kReverse, Schedule::kRandom, Schedule::kWarpAhead}) {
       if (v == schedule_name(x)) c.schedule = x, known = true;
     }
     if (!known)
-      throw std::invalid_argument("KILN_EMU_SCHEDULE: '" + v + "' is not index, reverse, random or warp-skewed");
+      throw std::invalid_argument("KILN_EMU_SCHEDULE: '" + v + "' is not index, reverse, random or warp-ahead");
   }
   if (const char* s = std::getenv("KILN_EMU_SEED"); s != nullptr && *s != '\0') c.seed = std::strtoull(s, nullptr, 10);
   if (const char* s = std::getenv("KILN_EMU_CP_ASYNC"); s != nullptr && *s != '\0') {
@@ -603,7 +607,7 @@ inline void fiber_entry() {
   switch_to_scheduler(f, /*last=*/true);  // never returns here
 }
 
-// The order fibers run in during one scheduling round.
+// The order fibers run in during one scheduling round (kWarpAhead: the priority order).
 inline void schedule_order(std::vector<size_t>& order, unsigned n, std::mt19937_64& rng) {
   order.resize(n);
   std::iota(order.begin(), order.end(), size_t{0});
@@ -616,10 +620,11 @@ inline void schedule_order(std::vector<size_t>& order, unsigned n, std::mt19937_
     case Schedule::kRandom:
       std::shuffle(order.begin(), order.end(), rng);
       break;
-    case Schedule::kWarpSkewed: {  // warps last to first, each warp's lanes rotated by its own offset
+    case Schedule::kWarpAhead: {  // priority: warps from a seeded first one on, lanes rotated per warp
       const unsigned warps = (n + 31) / 32;
       size_t k = 0;
-      for (unsigned w = warps; w-- > 0;) {
+      for (unsigned j = 0; j < warps; ++j) {
+        const unsigned w = static_cast<unsigned>((config().seed + j) % warps);
         const unsigned lanes = std::min(32u, n - 32 * w);
         const unsigned rot = static_cast<unsigned>((config().seed + 11u * w) % lanes);
         for (unsigned i = 0; i < lanes; ++i) order[k++] = 32 * w + (i + rot) % lanes;
@@ -749,6 +754,7 @@ void launch(Kernel kernel, dim3 grid, dim3 threads, size_t dynamic_shared_bytes,
                     std::to_string(i) + ")");
           }
           if (f.done) --live;
+          if (cfg.schedule == Schedule::kWarpAhead) break;  // again from the first in priority
         }
         if (!ran) {
           abandon("emulation: deadlock in block (" + std::to_string(bx) + ", " + std::to_string(by) +
