@@ -325,6 +325,11 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   write_atomic(path, [&](auto&& put) { put(text.data(), text.size()); });
 }
 
+void write_stream_atomic(const std::string& path,
+                         const std::function<void(const std::function<void(const void*, size_t)>& put)>& body) {
+  write_atomic(path, [&](auto&& put) { body(put); });
+}
+
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -112,5 +113,8 @@ void save_safetensors_checkpoint(const std::string& dir, const NamedTensors& ten
 
 // Writes `text` to `path` through a temporary file and rename (atomic on POSIX file systems).
 void write_file_atomic(const std::string& path, const std::string& text);
+// The same for a body written in pieces: `body` calls `put(data, n)` as often as it needs.
+void write_stream_atomic(const std::string& path,
+                         const std::function<void(const std::function<void(const void*, size_t)>& put)>& body);
 
 }  // namespace kiln::io

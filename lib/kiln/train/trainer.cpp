@@ -78,6 +78,15 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+optim::ScheduleConfig schedule_of(const PretrainConfig& c, const StepPlan& plan) {
+  return optim::ScheduleConfig{
+      .type = c.lr_scheduler_type,
+      .total_steps = plan.total_steps,
+      .warmup_steps = optim::resolve_warmup_steps(c.warmup_steps, c.warmup_ratio, plan.total_steps),
+      .min_lr_ratio = c.min_lr_ratio,
+      .decay_ratio = c.decay_ratio};
+}
+
 std::string latest_checkpoint(const std::string& output_dir) {
   const auto all = list_checkpoints(output_dir);
   return all.empty() ? std::string() : all.back().string();
@@ -189,12 +198,7 @@ Trainer::Run::Run(Trainer& trainer) : t(trainer), st(*trainer.state_) {
   fopts = at::TensorOptions().device(t.device_).dtype(at::kFloat);
   reset_window();
   st.first_bad_step = at::full({}, -1.0, fopts);
-  sched = optim::ScheduleConfig{
-      .type = c.lr_scheduler_type,
-      .total_steps = t.plan_.total_steps,
-      .warmup_steps = optim::resolve_warmup_steps(c.warmup_steps, c.warmup_ratio, t.plan_.total_steps),
-      .min_lr_ratio = c.min_lr_ratio,
-      .decay_ratio = c.decay_ratio};
+  sched = schedule_of(c, t.plan_);
   bar.emplace(t.plan_.total_steps, st.global_step, t.is_main() && t.progress_bar_ ? stderr : nullptr);
   t.model_->train();
   // This call's share, for the summary entry (HF's speed metrics and train_loss).

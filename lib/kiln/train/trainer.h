@@ -140,6 +140,9 @@ class Trainer {
   void prepare_output_dir_on_main();
   void clean_incomplete_on_main();  // what a kill during a save or rotation left
   void resume(const std::string& checkpoint_dir);
+  // The rest of a resume from a checkpoint of transformers' Trainer (or LLaMA-Factory), after
+  // trainer_state.json: weights, optimizer.pt, scheduler.pt, scaler.pt, HF's data position.
+  void resume_from_hf(const std::string& checkpoint_dir, int64_t saved_max_steps);
   void log_metrics(const std::string& json_line);       // appends a line to output_dir/metrics.jsonl
   double epoch_of(int64_t step) const;                  // HF's fractional epoch after `step` optimizer steps
   HfTrainerState hf_trainer_state(int64_t step) const;  // trainer_state.json's content at `step`

@@ -12,10 +12,12 @@
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/io/torch_pickle.h"
 #include "kiln/model/hf.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/train/checkpoint_dir.h"
+#include "kiln/train/hf_optimizer_files.h"
 #include "kiln/train/run_outputs.h"
 #include "kiln/train/trainer_internal.h"
 #include "kiln/train/training_data.h"
@@ -86,6 +88,72 @@ std::string rng_state_file(int rank, int world) {
 // What a resume must match that HF's trainer_state.json has no field for.
 constexpr const char* kKilnStateFile = "kiln_state.json";
 
+// The parameters as HF's Trainer groups them: named_parameters() order (kiln's modules register
+// in transformers' order, under its names), decay for more than one dimension (transformers'
+// get_decay_parameter_names leaves out the norms and biases, which are kiln's 1-D parameters).
+std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model) {
+  std::vector<HfParamShape> out;
+  for (const auto& p : model->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    out.push_back({p.key(), p.value().dim() > 1, p.value().sizes().vec()});
+  }
+  return out;
+}
+
+// Every parameter's whole AdamW state in HF's layout, on rank 0's CPU (empty on the other ranks).
+// With ZeRO each rank holds chunk r of every bucket: the chunks are all-gathered bucket by bucket
+// (a collective: every rank calls this), so no rank ever holds more than one bucket of them
+// beyond what rank 0 keeps.
+std::vector<HfParamState> gather_hf_state(const model::LlamaForCausalLM& model, const optim::AdamW& optimizer,
+                                          const dist::DataParallel* dp, bool main) {
+  const std::map<std::string, at::Tensor> sd = optimizer.state_dict();
+  std::vector<HfParamState> out;
+  if (!dp || dp->zero_stage() == 0) {
+    if (!main) return out;
+    for (const HfParamShape& p : hf_param_shapes(model)) {
+      out.push_back({p.name, p.decay, sd.at(p.name + ".exp_avg").to(at::kCPU), sd.at(p.name + ".exp_avg_sq").to(at::kCPU),
+                     sd.at(p.name + ".step").item<double>()});
+    }
+    return out;
+  }
+  const auto& params = dp->params();
+  const int rank = dp->comm().rank();
+  std::map<std::string, HfParamState> full;
+  std::vector<int64_t> steps(params.size(), -1);
+  for (const dist::Bucket& bucket : dp->buckets()) {
+    const int64_t chunk = bucket.chunk(), lo = bucket.offset + rank * chunk, hi = lo + chunk;
+    const at::TensorOptions opts = params[static_cast<size_t>(bucket.params.front())].param.options();
+    at::Tensor local_m = at::zeros({chunk}, opts), local_v = at::zeros({chunk}, opts);
+    for (const int64_t i : bucket.params) {
+      const dist::FlatParam& fp = params[static_cast<size_t>(i)];
+      const int64_t s = std::max(lo, fp.offset), e = std::min(hi, fp.offset + fp.numel);
+      if (s >= e) continue;
+      const std::string name = fmt::format("{}[{}:{}]", fp.name, s - fp.offset, e - fp.offset);
+      local_m.narrow(0, s - lo, e - s).copy_(sd.at(name + ".exp_avg"));
+      local_v.narrow(0, s - lo, e - s).copy_(sd.at(name + ".exp_avg_sq"));
+      steps[static_cast<size_t>(i)] = static_cast<int64_t>(sd.at(name + ".step").item<double>());
+    }
+    at::Tensor all_m = at::empty({bucket.numel}, opts), all_v = at::empty({bucket.numel}, opts);
+    dp->comm().all_gather(all_m, local_m)->wait();
+    dp->comm().all_gather(all_v, local_v)->wait();
+    if (!main) continue;
+    for (const int64_t i : bucket.params) {
+      const dist::FlatParam& fp = params[static_cast<size_t>(i)];
+      const auto piece = [&](const at::Tensor& all) {
+        return all.narrow(0, fp.offset - bucket.offset, fp.numel).view(fp.param.sizes()).to(at::kCPU).clone();
+      };
+      full[fp.name] = {fp.name, fp.param.dim() > 1, piece(all_m), piece(all_v), 0};
+    }
+  }
+  steps = dp->comm().host_max(steps);  // each parameter's step, from a rank that holds part of it
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (main) full.at(params[i].name).step = static_cast<double>(steps[i]);
+  }
+  if (!main) return out;
+  for (const HfParamShape& p : hf_param_shapes(model)) out.push_back(std::move(full.at(p.name)));
+  return out;
+}
+
 }  // namespace
 
 std::string Trainer::save_checkpoint(int64_t step) {
@@ -110,6 +178,27 @@ std::string Trainer::save_checkpoint(int64_t step) {
     }
     const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
     io::save_safetensors((tmp / file).string(), opt);
+  }
+  // transformers' optimizer.pt, scheduler.pt (and scaler.pt), so that its Trainer (and LLaMA-Factory)
+  // continues this run from the checkpoint (docs/training.md, "Moving a run between LLaMA-Factory and kiln").
+  const std::vector<HfParamState> hf_state = gather_hf_state(model_, *optimizer_, dp_.get(), is_main());
+  if (is_main()) {
+    const optim::ScheduleConfig sched = schedule_of(config_, plan_);
+    const double next_lr = config_.learning_rate * optim::lr_multiplier(sched, std::min(step, plan_.total_steps));
+    const HfAdamWHyper hyper{.lr = next_lr,
+                             .initial_lr = config_.learning_rate,
+                             .beta1 = config_.adam_beta1,
+                             .beta2 = config_.adam_beta2,
+                             .eps = config_.adam_epsilon,
+                             .weight_decay = config_.weight_decay};
+    io::save_torch_pickle((tmp / "optimizer.pt").string(), hf_adamw_state_dict(hf_state, hyper));
+    io::save_torch_pickle((tmp / "scheduler.pt").string(),
+                          hf_lambda_lr_state_dict(config_.learning_rate, step, next_lr));
+    if (scaler_) {
+      io::save_torch_pickle((tmp / "scaler.pt").string(),
+                            hf_grad_scaler_state_dict(scaler_->scale().item<double>(),
+                                                      scaler_->growth_tracker().item<int64_t>()));
+    }
   }
   const at::Tensor cpu_rng = cpu_rng_state();
   io::save_safetensors((tmp / rng_state_file(rank(), world_size())).string(), {{"cpu", cpu_rng}});
@@ -144,14 +233,36 @@ std::string Trainer::save_checkpoint(int64_t step) {
 void Trainer::resume(const std::string& dir) {
   const fs::path d(dir);
   state_->resumed_from = dir;
-  for (const char* f : {"config.json", "loader_state.json", "trainer_state.json"}) {
-    if (source_ && std::string(f) == "loader_state.json") continue;  // the host restores its own data
+  // DeepSpeed's checkpoints keep the optimizer state in its own partitioned files.
+  if (fs::is_directory(d)) {
+    static const std::regex ds("global_step[0-9]+");
+    for (const auto& e : fs::directory_iterator(d)) {
+      if (e.is_directory() && std::regex_match(e.path().filename().string(), ds)) {
+        throw std::runtime_error(fmt::format(
+            "resume_from_checkpoint: {} holds DeepSpeed's {}/ (its partitioned optimizer state), which kiln does not "
+            "read: convert the weights with the zero_to_fp32.py that DeepSpeed wrote beside it and start from them "
+            "(model_name_or_path), or resume the run in DeepSpeed",
+            dir, e.path().filename().string()));
+      }
+    }
+  }
+  // A checkpoint of transformers' Trainer (LLaMA-Factory's): none of kiln's own files.
+  const bool from_hf = !fs::exists(d / kKilnStateFile) && !fs::exists(d / "loader_state.json") &&
+                       !fs::exists(d / "optimizer.safetensors") && fs::exists(d / "optimizer.pt");
+  const std::vector<const char*> needed =
+      from_hf ? std::vector<const char*>{"config.json", "trainer_state.json", "scheduler.pt"}
+              : std::vector<const char*>{"config.json", "loader_state.json", "trainer_state.json"};
+  for (const char* f : needed) {
+    if (!from_hf && source_ && std::string(f) == "loader_state.json") continue;  // the host restores its own data
     if (!fs::exists(d / f)) {
-      throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, f));
+      throw std::runtime_error(
+          fmt::format("resume_from_checkpoint: {} is neither a kiln checkpoint nor one of transformers' Trainer (no {})",
+                      dir, f));
     }
   }
   json ts;
   const char* key = "";
+  int64_t saved_max_steps = -1;
   try {
     ts = json::parse(read_text(d / "trainer_state.json"));
     key = "global_step";
@@ -162,9 +273,15 @@ void Trainer::resume(const std::string& dir) {
     state_->log_history = ts.at(key);
     key = "total_flos";
     state_->total_flos = ts.value(key, 0.0);
+    key = "max_steps";
+    saved_max_steps = ts.contains(key) && !ts.at(key).is_null() ? ts.at(key).get<int64_t>() : -1;
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: invalid trainer state{}: {}", (d / "trainer_state.json").string(),
                                          *key ? fmt::format(" (field {})", key) : "", e.what()));
+  }
+  if (from_hf) {
+    resume_from_hf(dir, saved_max_steps);
+    return;
   }
   // kiln_state.json; checkpoints of kiln 0.2 kept these keys in trainer_state.json.
   fs::path state_file = d / "trainer_state.json";
@@ -263,6 +380,101 @@ void Trainer::resume(const std::string& dir) {
   if (state_->global_step > plan_.total_steps) {
     throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps",
                                          (d / "trainer_state.json").string(), state_->global_step, plan_.total_steps));
+  }
+}
+
+void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
+  const fs::path d(dir);
+  const std::string state_file = (d / "trainer_state.json").string();
+  // The schedule: its length from trainer_state.json, its type and warmup from the learning rate
+  // that scheduler.pt holds for the saved step (LambdaLR keeps no more of it).
+  const optim::ScheduleConfig sched = schedule_of(config_, plan_);
+  if (saved_max_steps >= 0 && saved_max_steps != plan_.total_steps) {
+    throw std::runtime_error(fmt::format(
+        "{}: max_steps {} differs from this run's {} steps ({}): the learning-rate schedule would not continue; set "
+        "max_steps: {} (or the same epochs and data)",
+        state_file, saved_max_steps, plan_.total_steps, config_.source, saved_max_steps));
+  }
+  if (state_->global_step > plan_.total_steps) {
+    throw std::runtime_error(
+        fmt::format("{}: global_step {} is past this run's {} steps", state_file, state_->global_step, plan_.total_steps));
+  }
+  const std::string sched_file = (d / "scheduler.pt").string();
+  const HfSchedulerState s = read_hf_lambda_lr(io::load_torch_pickle(sched_file), sched_file);
+  if (s.last_epoch != state_->global_step) {
+    throw std::runtime_error(fmt::format("{}: last_epoch {} differs from global_step {} of trainer_state.json",
+                                         sched_file, s.last_epoch, state_->global_step));
+  }
+  const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); };
+  for (const double base : s.base_lrs) {
+    if (!close(base, config_.learning_rate)) {
+      throw std::runtime_error(fmt::format("{}: base_lrs {} differ from this run's learning_rate {} ({})", sched_file,
+                                           fmt::join(s.base_lrs, ", "), config_.learning_rate, config_.source));
+    }
+  }
+  const double expected = config_.learning_rate * optim::lr_multiplier(sched, s.last_epoch);
+  for (const double lr : s.last_lrs) {
+    if (!close(lr, expected)) {
+      throw std::runtime_error(fmt::format(
+          "{}: _last_lr {} at step {} is not this run's schedule ({}: lr_scheduler_type {}, {} warmup steps over {} "
+          "steps gives {})",
+          sched_file, lr, s.last_epoch, config_.source, sched.type, sched.warmup_steps, sched.total_steps, expected));
+    }
+  }
+
+  io::SafetensorsCheckpoint weights(dir);
+  model::load_weights(*model_, weights, dir);
+
+  const std::string opt_file = (d / "optimizer.pt").string();
+  std::map<std::string, HfParamState> full =
+      read_hf_adamw(io::load_torch_pickle(opt_file), hf_param_shapes(model_), opt_file);
+  std::map<std::string, at::Tensor> state;
+  const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
+    const auto part = [&](const at::Tensor& t) { return begin < 0 ? t : t.flatten().slice(0, begin, end); };
+    state[name + ".exp_avg"] = part(p.exp_avg);
+    state[name + ".exp_avg_sq"] = part(p.exp_avg_sq);
+    state[name + ".step"] = at::full({}, p.step, at::kFloat);
+  };
+  if (dp_ && zero_stage_ > 0) {
+    // This rank's chunks: "<param>[begin:end]" slices of the flattened parameter.
+    static const std::regex slice(R"((.*)\[([0-9]+):([0-9]+)\])");
+    for (const optim::ParamSpec& spec : dp_->optimizer_params()) {
+      std::smatch m;
+      if (!std::regex_match(spec.name, m, slice)) throw std::logic_error("ZeRO shard without a slice: " + spec.name);
+      put(spec.name, full.at(m[1].str()), std::stoll(m[2].str()), std::stoll(m[3].str()));
+    }
+  } else {
+    for (const auto& [name, p] : full) put(name, p, -1, -1);
+  }
+  try {
+    optimizer_->load_state_dict(state);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", opt_file, e.what()));
+  }
+  if (const fs::path f = d / "scaler.pt"; scaler_ && fs::exists(f)) {
+    const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
+    scaler_->mutable_scale().fill_(sc.scale);
+    scaler_->growth_tracker().fill_(sc.growth_tracker);
+  }
+  if (fs::exists(d / "rng_state.pth") && is_main()) {
+    logger()->info(
+        "kiln-pretrain: {}: ignored (the Python, numpy and torch random states of transformers' Trainer; "
+        "kiln's data order follows the seed and the step)",
+        (d / "rng_state.pth").string());
+  }
+  if (loader_) {
+    // transformers' position: the epochs done and the batches of this epoch to skip, from the step.
+    data::LoaderState ls = loader_->state();
+    const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
+    ls.epoch = state_->global_step / per_epoch;
+    ls.position = state_->global_step % per_epoch * config_.gradient_accumulation_steps;
+    loader_->restore(ls);
+  }
+  if (is_main()) {
+    logger()->info("kiln-pretrain: resuming transformers' checkpoint {} at step {} (epoch {}, {} batches into it)", dir,
+                   state_->global_step, state_->global_step / std::max<int64_t>(plan_.updates_per_epoch, 1),
+                   state_->global_step % std::max<int64_t>(plan_.updates_per_epoch, 1) *
+                       config_.gradient_accumulation_steps);
   }
 }
 

@@ -1,0 +1,68 @@
+// optimizer.pt, scheduler.pt and scaler.pt as transformers' Trainer writes and reads them
+// (docs/formats.md, "HF Trainer's optimizer.pt, scheduler.pt, scaler.pt"), so that a run moves
+// between kiln and transformers / LLaMA-Factory at a checkpoint (docs/training.md, "Moving a run
+// between LLaMA-Factory and kiln").
+//
+// optimizer.pt is torch.optim.AdamW.state_dict() over HF's two parameter groups (Trainer's
+// create_optimizer: the decay group holds the weights with more than one dimension, the other one
+// the norms and biases, each in named_parameters() order); its `state` is keyed by the position
+// over both groups. scheduler.pt is LambdaLR.state_dict(); scaler.pt torch.amp.GradScaler's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+namespace kiln::train {
+
+// One parameter in HF's layout: the whole tensor's state, in the parameter's shape.
+struct HfParamState {
+  std::string name;
+  bool decay = true;
+  at::Tensor exp_avg, exp_avg_sq;  // fp32
+  double step = 0;
+};
+
+struct HfAdamWHyper {
+  double lr = 0;          // the learning rate of the next step (what the scheduler set last)
+  double initial_lr = 0;  // the peak (LambdaLR's base_lrs)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool fused = true;  // transformers' default optim, adamw_torch_fused: the kernel kiln's AdamW runs
+};
+
+// torch.optim.AdamW.state_dict() of `params` (in named_parameters() order) over HF's two groups.
+c10::IValue hf_adamw_state_dict(const std::vector<HfParamState>& params, const HfAdamWHyper& hyper);
+// LambdaLR.state_dict() after `step` scheduler steps over two groups.
+c10::IValue hf_lambda_lr_state_dict(double base_lr, int64_t step, double last_lr);
+// torch.amp.GradScaler.state_dict() with kiln's (HF's default) growth settings.
+c10::IValue hf_grad_scaler_state_dict(double scale, int64_t growth_tracker);
+
+// What the model expects of each parameter, in named_parameters() order.
+struct HfParamShape {
+  std::string name;
+  bool decay = true;
+  std::vector<int64_t> shape;
+};
+
+// Reads optimizer.pt's AdamW state for `expected`. Throws std::runtime_error "<file>: <field>
+// <problem>" for another optimizer, another group layout, a missing or mis-shaped moment.
+std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& state_dict,
+                                                  const std::vector<HfParamShape>& expected, const std::string& file);
+
+struct HfSchedulerState {
+  int64_t last_epoch = 0;
+  std::vector<double> base_lrs, last_lrs;
+};
+HfSchedulerState read_hf_lambda_lr(const c10::IValue& state_dict, const std::string& file);
+
+struct HfScalerState {
+  double scale = 0;
+  int64_t growth_tracker = 0;
+};
+HfScalerState read_hf_grad_scaler(const c10::IValue& state_dict, const std::string& file);
+
+}  // namespace kiln::train
