@@ -9,6 +9,9 @@
 //   kiln-hf train   --model DIR --batch FILE --out DIR [--steps N] [--lr X] [--dtype D]
 //   kiln-hf inspect --in FILE|DIR                 list tensors (name, dtype, shape) and metadata
 //   kiln-hf copy    --in FILE --out FILE          read every tensor and write them all again
+//   kiln-hf optimizer --model DIR --out FILE      DIR/optimizer.pt (transformers' AdamW) read as
+//                   kiln-pretrain's resume reads it, into kiln's AdamW over DIR's model; writes
+//                   that AdamW's state ("<param>.exp_avg", ".exp_avg_sq", ".step") as safetensors
 //
 // A batch file is safetensors with "input_ids" [B, T] (I64) and optionally "labels" [B, T]
 // (default: input_ids). forward writes "logits" [B, T, V], "loss" [] and, with --grads,
@@ -36,6 +39,8 @@
 #include "kiln/model/hf.h"
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/train/hf_optimizer_files.h"
 #include "kiln/train/step.h"
 
 namespace {
@@ -102,7 +107,8 @@ void check_command_options(const std::string& command, const cxxopts::ParseResul
       {"init", {"model", "out", "dtype", "seed", "max-shard-bytes"}},
       {"convert", {"model", "out", "dtype", "max-shard-bytes"}},
       {"forward", {"model", "batch", "out", "dtype", "grads", "fused-loss", "autocast", "kernels"}},
-      {"train", {"model", "batch", "out", "dtype", "steps", "lr", "max-shard-bytes"}}};
+      {"train", {"model", "batch", "out", "dtype", "steps", "lr", "max-shard-bytes"}},
+      {"optimizer", {"model", "out"}}};
   const auto it = reads.find(command);
   if (it == reads.end()) return;  // run() names an unknown command
   for (const auto& kv : args.arguments()) {
@@ -138,6 +144,17 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
   LlamaForCausalLM model = kiln::model::load_pretrained(required(args, "model"), {.dtype = dtype});
   if (command == "convert") {
     kiln::model::save_pretrained(model, required(args, "out"), save_options);
+    return 0;
+  }
+  if (command == "optimizer") {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
+    kiln::optim::AdamW optimizer(named, kiln::optim::AdamWConfig{});
+    const std::string dir = required(args, "model");
+    kiln::train::load_hf_optimizer_file((std::filesystem::path(dir) / "optimizer.pt").string(), model, optimizer);
+    kiln::io::NamedTensors tensors;
+    for (const auto& [name, t] : optimizer.state_dict()) tensors.emplace_back(name, t);
+    kiln::io::save_safetensors(required(args, "out"), tensors);
     return 0;
   }
   const Batch batch = read_batch(required(args, "batch"));
@@ -184,17 +201,17 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
     return 0;
   }
   throw std::invalid_argument(
-      fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy)", command));
+      fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy, optimizer)", command));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   cxxopts::Options options(
-      "kiln-hf", "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect or copy");
+      "kiln-hf", "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect, copy or optimizer");
   // clang-format off
   options.add_options()
-    ("command", "init, convert, forward, train, inspect or copy", cxxopts::value<std::string>())
+    ("command", "init, convert, forward, train, inspect, copy or optimizer", cxxopts::value<std::string>())
     ("model", "HF checkpoint directory (init: preset name or model YAML)", cxxopts::value<std::string>())
     ("out", "output directory (init, convert, train) or safetensors file (forward)", cxxopts::value<std::string>())
     ("in", "inspect, copy: safetensors file (inspect: or checkpoint directory)", cxxopts::value<std::string>())

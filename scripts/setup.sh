@@ -84,11 +84,12 @@ python_packages=("torch==${KILN_TORCH_VERSION}" "pyarrow==26.0.1")
 # of the HF-parity and tokenizer tests; numpy is what they (and torch's tensor conversion) need;
 # unicodedata2 is the Unicode 16.0 database that scripts/gen_unicode_tables.py (and its --check
 # test) reads; tensorboard reads kiln's event files (tests/python/test_run_outputs.py); zstandard
-# is the tests' independent zstd writer (pyarrow their Parquet writer).
+# is the tests' independent zstd writer (pyarrow their Parquet writer); accelerate is what
+# transformers' Trainer needs to run (tests/python/test_hf_trainer_resume.py).
 if ((tests)); then
   python_packages+=(
     "numpy==2.4.6" "transformers==5.24.0" "tokenizers==0.23.3" "safetensors==0.8.0" "pytest==9.2.0"
-    "unicodedata2==16.0.0" "tensorboard==2.21.0" "zstandard==0.25.0"
+    "unicodedata2==16.0.0" "tensorboard==2.21.0" "zstandard==0.25.0" "accelerate==1.15.0"
   )
 fi
 

@@ -44,12 +44,12 @@ LF_OUTPUT_FILES = {"README.md", "all_results.json", "chat_template.jinja", "conf
 LF_CHECKPOINT_FILES = {"chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                        "optimizer.pt", "rng_state.pth", "scheduler.pt", "tokenizer.json", "tokenizer_config.json",
                        "trainer_state.json", "training_args.bin"}
-# Python pickles kiln cannot write -> kiln's files for them (docs/training.md, "Coming from
-# LLaMA-Factory"); the scheduler's state is a function of the step, so it has no file.
-PICKLES = {"training_args.bin": "training_args.json", "optimizer.pt": "optimizer.safetensors",
-           "rng_state.pth": "rng_state.safetensors", "scheduler.pt": None}
+# Python pickles kiln does not write -> kiln's files for them (docs/training.md, "Coming from
+# LLaMA-Factory"). optimizer.pt and scheduler.pt are written as transformers' Trainer writes them
+# (tests/python/test_hf_trainer_resume.py), beside kiln's own optimizer.safetensors.
+PICKLES = {"training_args.bin": "training_args.json", "rng_state.pth": "rng_state.safetensors"}
 KILN_OUTPUT_EXTRA = {"kiln_data.json", "metrics.jsonl"}
-KILN_CHECKPOINT_EXTRA = {"kiln_data.json", "kiln_state.json", "loader_state.json"}
+KILN_CHECKPOINT_EXTRA = {"kiln_data.json", "kiln_state.json", "loader_state.json", "optimizer.safetensors"}
 LOG_KEYS = ["current_steps", "total_steps", "loss", "eval_loss", "predict_loss", "reward", "accuracy", "lr", "epoch",
             "percentage", "elapsed_time", "remaining_time"]
 EVAL_RESULT_KEYS = {"epoch", "eval_loss", "eval_perplexity", "eval_runtime", "eval_samples_per_second",

@@ -69,6 +69,8 @@ c10::IValue load_torch_pickle(const std::string& path) {
   } catch (const c10::Error& e) {
     throw std::runtime_error(
         fmt::format("{}: not a torch.save file LibTorch can read ({})", path, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: not a torch.save file LibTorch can read ({})", path, e.what()));
   }
 }
 

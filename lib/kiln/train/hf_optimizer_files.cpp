@@ -1,12 +1,15 @@
 #include "kiln/train/hf_optimizer_files.h"
 
 #include <cmath>
+#include <regex>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "kiln/dist/data_parallel.h"
 #include "kiln/io/torch_pickle.h"
+#include "kiln/optim/adamw.h"
 
 namespace kiln::train {
 
@@ -117,13 +120,15 @@ std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& sd, const s
   for (size_t g = 0; g < 2; ++g) {
     const std::string where = fmt::format("param_groups[{}]", g);
     const c10::IValue grp = groups.get(g);
+    if (!grp.isGenericDict() || grp.toGenericDict().find("betas") == grp.toGenericDict().end()) {
+      fail(file, where + ".betas", "is missing: another optimizer than transformers' AdamW (adamw_torch)");
+    }
     for (const char* key : {"amsgrad", "maximize"}) {
-      const c10::IValue v = at_key(grp, key, file, where);
-      if (v.isBool() && v.toBool()) {
+      const auto it = grp.toGenericDict().find(key);
+      if (it != grp.toGenericDict().end() && it->value().isBool() && it->value().toBool()) {
         fail(file, where + "." + key, "is True: another optimizer than transformers' AdamW (adamw_torch)");
       }
     }
-    at_key(grp, "betas", file, where);  // SGD, Adafactor... have none: another optimizer
     const c10::IValue ids_v = at_key(grp, "params", file, where);
     if (!ids_v.isList()) fail(file, where + ".params", "is not a list");
     const auto ids = ids_v.toList();
@@ -165,6 +170,43 @@ std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& sd, const s
     }
   }
   return out;
+}
+
+std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model) {
+  std::vector<HfParamShape> out;
+  for (const auto& p : model->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    out.push_back({p.key(), p.value().dim() > 1, p.value().sizes().vec()});
+  }
+  return out;
+}
+
+void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausalLM& model, optim::AdamW& optimizer,
+                            const dist::DataParallel* zero) {
+  const std::map<std::string, HfParamState> full = read_hf_adamw(io::load_torch_pickle(file), hf_param_shapes(model), file);
+  std::map<std::string, at::Tensor> state;
+  const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
+    const auto part = [&](const at::Tensor& t) { return begin < 0 ? t : t.flatten().slice(0, begin, end); };
+    state[name + ".exp_avg"] = part(p.exp_avg);
+    state[name + ".exp_avg_sq"] = part(p.exp_avg_sq);
+    state[name + ".step"] = at::full({}, p.step, at::kFloat);
+  };
+  if (zero) {
+    // This rank's chunks: "<param>[begin:end]" slices of the flattened parameter.
+    static const std::regex slice(R"((.*)\[([0-9]+):([0-9]+)\])");
+    for (const optim::ParamSpec& spec : zero->optimizer_params()) {
+      std::smatch m;
+      if (!std::regex_match(spec.name, m, slice)) throw std::logic_error("ZeRO shard without a slice: " + spec.name);
+      put(spec.name, full.at(m[1].str()), std::stoll(m[2].str()), std::stoll(m[3].str()));
+    }
+  } else {
+    for (const auto& [name, p] : full) put(name, p, -1, -1);
+  }
+  try {
+    optimizer.load_state_dict(state);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", file, e.what()));
+  }
 }
 
 HfSchedulerState read_hf_lambda_lr(const c10::IValue& sd, const std::string& file) {

@@ -17,6 +17,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "kiln/model/llama.h"
+
+namespace kiln::optim {
+class AdamW;
+}
+namespace kiln::dist {
+class DataParallel;
+}
+
 namespace kiln::train {
 
 // One parameter in HF's layout: the whole tensor's state, in the parameter's shape.
@@ -52,6 +61,17 @@ struct HfParamShape {
 // <problem>" for another optimizer, another group layout, a missing or mis-shaped moment.
 std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& state_dict,
                                                   const std::vector<HfParamShape>& expected, const std::string& file);
+
+// The parameters as transformers' Trainer groups them: named_parameters() order (kiln's modules
+// register in transformers' order, under its names), decay for more than one dimension
+// (get_decay_parameter_names leaves out the norms and biases, kiln's 1-D parameters).
+std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model);
+
+// Reads optimizer.pt into `optimizer`, an AdamW over `model`'s parameters, or over this rank's
+// ZeRO chunks of them when `zero` is given (each rank reads the whole file and keeps its part).
+// Throws std::runtime_error naming the file and field; a refused file leaves `optimizer` as it was.
+void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausalLM& model, optim::AdamW& optimizer,
+                            const dist::DataParallel* zero = nullptr);
 
 struct HfSchedulerState {
   int64_t last_epoch = 0;

@@ -517,7 +517,17 @@ std::string trainer_state_text(const HfTrainerState& s) {
                   {"num_input_tokens_seen", 0},
                   {"num_train_epochs", s.num_train_epochs},
                   {"save_steps", s.save_steps},
-                  {"stateful_callbacks", json::object()},
+                  // TrainerControl as Trainer._save_checkpoint records it; its save of a resumed run
+                  // looks the entry up and fails without it.
+                  {"stateful_callbacks",
+                   {{"TrainerControl",
+                     {{"args",
+                       {{"should_epoch_stop", false},
+                        {"should_evaluate", false},
+                        {"should_log", false},
+                        {"should_save", true},
+                        {"should_training_stop", s.global_step >= s.max_steps}}},
+                      {"attributes", json::object()}}}}},
                   {"total_flos", s.total_flos},
                   {"train_batch_size", s.train_batch_size},
                   {"trial_name", nullptr},

@@ -88,18 +88,6 @@ std::string rng_state_file(int rank, int world) {
 // What a resume must match that HF's trainer_state.json has no field for.
 constexpr const char* kKilnStateFile = "kiln_state.json";
 
-// The parameters as HF's Trainer groups them: named_parameters() order (kiln's modules register
-// in transformers' order, under its names), decay for more than one dimension (transformers'
-// get_decay_parameter_names leaves out the norms and biases, which are kiln's 1-D parameters).
-std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model) {
-  std::vector<HfParamShape> out;
-  for (const auto& p : model->named_parameters()) {
-    if (!p.value().requires_grad()) continue;
-    out.push_back({p.key(), p.value().dim() > 1, p.value().sizes().vec()});
-  }
-  return out;
-}
-
 // Every parameter's whole AdamW state in HF's layout, on rank 0's CPU (empty on the other ranks).
 // With ZeRO each rank holds chunk r of every bucket: the chunks are all-gathered bucket by bucket
 // (a collective: every rank calls this), so no rank ever holds more than one bucket of them
@@ -425,32 +413,7 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   io::SafetensorsCheckpoint weights(dir);
   model::load_weights(*model_, weights, dir);
 
-  const std::string opt_file = (d / "optimizer.pt").string();
-  std::map<std::string, HfParamState> full =
-      read_hf_adamw(io::load_torch_pickle(opt_file), hf_param_shapes(model_), opt_file);
-  std::map<std::string, at::Tensor> state;
-  const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
-    const auto part = [&](const at::Tensor& t) { return begin < 0 ? t : t.flatten().slice(0, begin, end); };
-    state[name + ".exp_avg"] = part(p.exp_avg);
-    state[name + ".exp_avg_sq"] = part(p.exp_avg_sq);
-    state[name + ".step"] = at::full({}, p.step, at::kFloat);
-  };
-  if (dp_ && zero_stage_ > 0) {
-    // This rank's chunks: "<param>[begin:end]" slices of the flattened parameter.
-    static const std::regex slice(R"((.*)\[([0-9]+):([0-9]+)\])");
-    for (const optim::ParamSpec& spec : dp_->optimizer_params()) {
-      std::smatch m;
-      if (!std::regex_match(spec.name, m, slice)) throw std::logic_error("ZeRO shard without a slice: " + spec.name);
-      put(spec.name, full.at(m[1].str()), std::stoll(m[2].str()), std::stoll(m[3].str()));
-    }
-  } else {
-    for (const auto& [name, p] : full) put(name, p, -1, -1);
-  }
-  try {
-    optimizer_->load_state_dict(state);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: {}", opt_file, e.what()));
-  }
+  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, *optimizer_, dp_ && zero_stage_ > 0 ? dp_.get() : nullptr);
   if (const fs::path f = d / "scaler.pt"; scaler_ && fs::exists(f)) {
     const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
     scaler_->mutable_scale().fill_(sc.scale);
