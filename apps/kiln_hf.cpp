@@ -208,7 +208,8 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
 
 int main(int argc, char** argv) {
   cxxopts::Options options(
-      "kiln-hf", "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect, copy or optimizer");
+      "kiln-hf",
+      "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect, copy or optimizer");
   // clang-format off
   options.add_options()
     ("command", "init, convert, forward, train, inspect, copy or optimizer", cxxopts::value<std::string>())

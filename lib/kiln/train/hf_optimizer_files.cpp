@@ -77,9 +77,9 @@ c10::IValue hf_adamw_state_dict(const std::vector<HfParamState>& params, const H
     }
   }
   const auto n_decay = static_cast<int64_t>(decay.size()), n_rest = static_cast<int64_t>(no_decay.size());
-  return tp::dict({{"state", state},
-                   {"param_groups", tp::list({group(hyper, hyper.weight_decay, 0, n_decay),
-                                              group(hyper, 0.0, n_decay, n_rest)})}});
+  return tp::dict(
+      {{"state", state},
+       {"param_groups", tp::list({group(hyper, hyper.weight_decay, 0, n_decay), group(hyper, 0.0, n_decay, n_rest)})}});
 }
 
 c10::IValue hf_lambda_lr_state_dict(double base_lr, int64_t step, double last_lr) {
@@ -183,7 +183,8 @@ std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model) 
 
 void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausalLM& model, optim::AdamW& optimizer,
                             const dist::DataParallel* zero) {
-  const std::map<std::string, HfParamState> full = read_hf_adamw(io::load_torch_pickle(file), hf_param_shapes(model), file);
+  const std::map<std::string, HfParamState> full =
+      read_hf_adamw(io::load_torch_pickle(file), hf_param_shapes(model), file);
   std::map<std::string, at::Tensor> state;
   const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
     const auto part = [&](const at::Tensor& t) { return begin < 0 ? t : t.flatten().slice(0, begin, end); };

@@ -99,8 +99,8 @@ std::vector<HfParamState> gather_hf_state(const model::LlamaForCausalLM& model, 
   if (!dp || dp->zero_stage() == 0) {
     if (!main) return out;
     for (const HfParamShape& p : hf_param_shapes(model)) {
-      out.push_back({p.name, p.decay, sd.at(p.name + ".exp_avg").to(at::kCPU), sd.at(p.name + ".exp_avg_sq").to(at::kCPU),
-                     sd.at(p.name + ".step").item<double>()});
+      out.push_back({p.name, p.decay, sd.at(p.name + ".exp_avg").to(at::kCPU),
+                     sd.at(p.name + ".exp_avg_sq").to(at::kCPU), sd.at(p.name + ".step").item<double>()});
     }
     return out;
   }
@@ -183,9 +183,9 @@ std::string Trainer::save_checkpoint(int64_t step) {
     io::save_torch_pickle((tmp / "scheduler.pt").string(),
                           hf_lambda_lr_state_dict(config_.learning_rate, step, next_lr));
     if (scaler_) {
-      io::save_torch_pickle((tmp / "scaler.pt").string(),
-                            hf_grad_scaler_state_dict(scaler_->scale().item<double>(),
-                                                      scaler_->growth_tracker().item<int64_t>()));
+      io::save_torch_pickle(
+          (tmp / "scaler.pt").string(),
+          hf_grad_scaler_state_dict(scaler_->scale().item<double>(), scaler_->growth_tracker().item<int64_t>()));
     }
   }
   const at::Tensor cpu_rng = cpu_rng_state();
@@ -243,9 +243,8 @@ void Trainer::resume(const std::string& dir) {
   for (const char* f : needed) {
     if (!from_hf && source_ && std::string(f) == "loader_state.json") continue;  // the host restores its own data
     if (!fs::exists(d / f)) {
-      throw std::runtime_error(
-          fmt::format("resume_from_checkpoint: {} is neither a kiln checkpoint nor one of transformers' Trainer (no {})",
-                      dir, f));
+      throw std::runtime_error(fmt::format(
+          "resume_from_checkpoint: {} is neither a kiln checkpoint nor one of transformers' Trainer (no {})", dir, f));
     }
   }
   json ts;
@@ -384,8 +383,8 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
         state_file, saved_max_steps, plan_.total_steps, config_.source, saved_max_steps));
   }
   if (state_->global_step > plan_.total_steps) {
-    throw std::runtime_error(
-        fmt::format("{}: global_step {} is past this run's {} steps", state_file, state_->global_step, plan_.total_steps));
+    throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps", state_file,
+                                         state_->global_step, plan_.total_steps));
   }
   const std::string sched_file = (d / "scheduler.pt").string();
   const HfSchedulerState s = read_hf_lambda_lr(io::load_torch_pickle(sched_file), sched_file);
@@ -413,7 +412,8 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   io::SafetensorsCheckpoint weights(dir);
   model::load_weights(*model_, weights, dir);
 
-  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, *optimizer_, dp_ && zero_stage_ > 0 ? dp_.get() : nullptr);
+  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, *optimizer_,
+                         dp_ && zero_stage_ > 0 ? dp_.get() : nullptr);
   if (const fs::path f = d / "scaler.pt"; scaler_ && fs::exists(f)) {
     const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
     scaler_->mutable_scale().fill_(sc.scale);
@@ -434,10 +434,10 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
     loader_->restore(ls);
   }
   if (is_main()) {
-    logger()->info("kiln-pretrain: resuming transformers' checkpoint {} at step {} (epoch {}, {} batches into it)", dir,
-                   state_->global_step, state_->global_step / std::max<int64_t>(plan_.updates_per_epoch, 1),
-                   state_->global_step % std::max<int64_t>(plan_.updates_per_epoch, 1) *
-                       config_.gradient_accumulation_steps);
+    logger()->info(
+        "kiln-pretrain: resuming transformers' checkpoint {} at step {} (epoch {}, {} batches into it)", dir,
+        state_->global_step, state_->global_step / std::max<int64_t>(plan_.updates_per_epoch, 1),
+        state_->global_step % std::max<int64_t>(plan_.updates_per_epoch, 1) * config_.gradient_accumulation_steps);
   }
 }
 
