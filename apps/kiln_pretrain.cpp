@@ -1,6 +1,8 @@
 // kiln-pretrain: pretrain or continue pretraining a LLaMA from a YAML config (LLaMA-Factory key
 // names), every key overridable as --key value. With no config, the embedded quick start.
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -64,6 +66,20 @@ std::string rank_prefix() {
   }
 }
 
+// Under srun or torchrun each rank runs on its share of the host's CPUs (docs/distributed.md,
+// "CPU threads per rank"); 0 for a process alone. A malformed launcher environment is the
+// trainer's error to report, with its message.
+int rank_threads() {
+  try {
+    std::optional<int> omp;
+    if (const char* v = std::getenv("OMP_NUM_THREADS"); v != nullptr && *v != '\0') omp = std::atoi(v);
+    return kiln::dist::rank_cpu_threads(kiln::dist::read_dist_env(), omp, kiln::dist::affinity_cpu_count(),
+                                        kiln::dist::online_cpu_count());
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,7 +88,7 @@ int main(int argc, char** argv) {
   // This program's process settings (common/process_settings.h), before the first tensor. Silent:
   // an error stays the one line on stderr; --help and docs/training.md say them.
   if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
-  kiln::pin_cpu_math_threads();
+  kiln::pin_cpu_math_threads(rank_threads());
   std::string config_path = "quickstart";
   bool dry_run = false;
   std::string dump_path;

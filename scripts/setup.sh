@@ -39,6 +39,7 @@ if ((tests)); then
   debian_packages+=(
     catch2 clang-format
     chromium  # headless screenshot check of kiln-profile's HTML report
+    slurmctld slurmd slurm-client munge  # a one-host Slurm cluster (tests/python/test_slurm.py)
   )
 fi
 missing=()

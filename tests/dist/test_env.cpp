@@ -106,3 +106,33 @@ TEST_CASE("malformed launcher variables name the variable", "[dist]") {
                     {"MASTER_PORT", "1"}}),
              Catch::Contains("local rank 2"));
 }
+
+TEST_CASE("each rank's CPU threads: its share of the host, not every core", "[dist]") {
+  using kiln::dist::rank_cpu_threads;
+  const auto slurm = [](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> vars = {{"SLURM_PROCID", "1"},        {"SLURM_NTASKS", "2"},
+                                               {"SLURM_LOCALID", "1"},       {"SLURM_NTASKS_PER_NODE", "2"},
+                                               {"SLURM_JOB_NODELIST", "n1"}, {"SLURM_JOB_ID", "7"}};
+    vars.insert(extra.begin(), extra.end());
+    return read_dist_env(from(vars));
+  };
+  // srun -n 2 --cpus-per-task 1 on 2 cores, no binding (task/none): 1 thread each, not 2.
+  const auto env = slurm({{"SLURM_CPUS_PER_TASK", "1"}});
+  CHECK(env.cpus_per_task == 1);
+  CHECK(rank_cpu_threads(env, std::nullopt, 2, 2) == 1);
+  // OMP_NUM_THREADS wins (the user's, or torchrun's 1).
+  CHECK(rank_cpu_threads(env, 3, 2, 2) == 3);
+  // --cpus-per-task larger than the CPUs the rank is bound to: the binding.
+  CHECK(rank_cpu_threads(slurm({{"SLURM_CPUS_PER_TASK", "8"}}), std::nullopt, 4, 64) == 4);
+  // No --cpus-per-task: a binding is the rank's share; without one, the host's CPUs over its ranks.
+  CHECK(rank_cpu_threads(slurm({}), std::nullopt, 6, 64) == 6);
+  CHECK(rank_cpu_threads(slurm({}), std::nullopt, 64, 64) == 32);
+  CHECK(rank_cpu_threads(slurm({{"SLURM_NTASKS", "8"}, {"SLURM_NTASKS_PER_NODE", "8"}}), std::nullopt, 2, 2) == 1);
+  // torchrun without OMP_NUM_THREADS: the host's CPUs over LOCAL_WORLD_SIZE.
+  const auto torchrun = read_dist_env(from(
+      {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+  CHECK(rank_cpu_threads(torchrun, std::nullopt, 16, 16) == 4);
+  // A process alone keeps LibTorch's default.
+  CHECK(rank_cpu_threads(read_dist_env(from({})), std::nullopt, 16, 16) == 0);
+  CHECK_THROWS_WITH(slurm({{"SLURM_CPUS_PER_TASK", "0"}}), Catch::Contains("SLURM_CPUS_PER_TASK"));
+}

@@ -34,6 +34,12 @@ Modes:
                                      run LLaMA-Factory's real `run_exp` (what `llamafactory-cli
                                      train` runs) on CPU with the tiny model; report the files of
                                      OUTDIR, trainer_log.jsonl and the banner lines it logged.
+                                     --keep-output: OUTDIR is not emptied first, so LLaMA-Factory
+                                     resumes from its newest checkpoint-N by its own rule;
+                                     --dump-loaded FILE: the AdamW state and learning rates its
+                                     Trainer holds when training begins (after loading a
+                                     checkpoint), as safetensors ("<position>.exp_avg", ...) with
+                                     the rates in the metadata.
 
 Everything runs offline and on CPU (CUDA_VISIBLE_DEVICES is cleared, HF_*_OFFLINE set).
 """
@@ -550,6 +556,26 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _DumpLoaded(path: str):
+    import transformers
+    from safetensors.torch import save_file
+
+    class DumpLoaded(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            tensors, position = {}, 0
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    for key, value in optimizer.state[p].items():
+                        tensors[f"{position}.{key}"] = value.detach().clone().contiguous()
+                    position += 1
+            meta = {"lrs": json.dumps([g["lr"] for g in optimizer.param_groups]),
+                    "last_lr": json.dumps(list(lr_scheduler.get_last_lr())),
+                    "global_step": str(state.global_step)}
+            save_file(tensors, path, metadata=meta)
+
+    return DumpLoaded()
+
+
 def run_train(ns, user: dict) -> dict:
     import datasets
     import transformers
@@ -558,7 +584,7 @@ def run_train(ns, user: dict) -> dict:
 
     datasets.disable_progress_bars()
     out = os.path.abspath(ns.train_run)
-    if os.path.exists(out):
+    if os.path.exists(out) and not ns.keep_output:
         shutil.rmtree(out)
     tmp = tempfile.mkdtemp(prefix="lf-train-")
     os.environ["HF_DATASETS_CACHE"] = os.path.join(tmp, "hf-datasets")
@@ -588,9 +614,10 @@ def run_train(ns, user: dict) -> dict:
     tlog.addHandler(cap)
     transformers.utils.logging.set_verbosity_info()
     t0 = time.time()
+    callbacks = [_DumpLoaded(ns.dump_loaded)] if ns.dump_loaded else None
     try:
         with quiet_stdout():
-            run_exp(args)
+            run_exp(args, callbacks)
     finally:
         tlog.removeHandler(cap)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -644,6 +671,8 @@ def main() -> int:
     ap.add_argument("--banner-only", type=int, metavar="N")
     ap.add_argument("--cases", metavar="FILE", help="JSON {name: {KEY: VALUE}}: run each case")
     ap.add_argument("--train-run", metavar="OUTDIR")
+    ap.add_argument("--keep-output", action="store_true", help="--train-run: resume from OUTDIR's newest checkpoint")
+    ap.add_argument("--dump-loaded", metavar="FILE", help="--train-run: the optimizer state when training begins")
     ap.add_argument("--examples", type=int, default=-1, help="examples per split to print (-1: all)")
     ap.add_argument("--output", help="write the JSON here instead of stdout")
     ap.add_argument("--pretty", action="store_true")

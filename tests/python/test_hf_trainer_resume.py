@@ -223,3 +223,86 @@ def test_mismatches_are_refused_naming_file_and_field(runs, kiln_bin, tmp_path):
     refused("optimizer.pt: param_groups[0].betas", "another optimizer")
     (ckpt / "global_step4").mkdir()
     refused("DeepSpeed", "global_step4", "zero_to_fp32")
+
+
+# ---- LLaMA-Factory 0.9.5 itself -----------------------------------------------------------------
+
+LF_PYTHON = Path(os.environ.get("KILN_HOME", Path.home() / ".cache" / "kiln")) / "venv-lf" / "bin" / "python"
+LF_SCRIPT = Path(__file__).resolve().parent / "llamafactory_reference.py"
+LF_KEYS = {k: v for k, v in KEYS.items() if k not in ("stage", "do_train", "finetuning_type", "report_to", "dataset",
+                                                      "device")}
+LF_KEYS.update(val_size=0.0, do_eval=False, eval_strategy="no")
+
+
+def lf_run(fixture, out: Path, *extra: str):
+    kv = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in LF_KEYS.items()]
+    res = subprocess.run([str(LF_PYTHON), str(LF_SCRIPT), "--train-run", str(out), "--data", fixture["data"],
+                          "--model", fixture["model"], *extra, *kv], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return {h["step"]: (h["loss"], h["learning_rate"]) for h in history if "loss" in h}
+
+
+@pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="slow: set KILN_SLOW_TESTS=1")
+@pytest.mark.skipif(not LF_PYTHON.exists(), reason="no LLaMA-Factory reference venv: scripts/setup_lf_reference.sh")
+def test_llamafactory_and_kiln_continue_each_others_checkpoints(kiln_bin, run_kiln, tmp_path):
+    made = subprocess.run([str(LF_PYTHON), str(LF_SCRIPT), "--make-fixture", str(tmp_path / "fixture")],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    fixture = json.loads(made.stdout)
+    lf_keys = dict(LF_KEYS, stage="pt", do_train=True, finetuning_type="full", report_to="none",
+                   dataset="docs_a,docs_b")
+
+    lf_full = lf_run(fixture, tmp_path / "lf" / "run")
+    (tmp_path / "kiln").mkdir()
+    res = kiln_pretrain(kiln_bin, fixture, tmp_path / "kiln" / "run", **dict(lf_keys, device="cpu"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    kiln_full = kiln_steps(tmp_path / "kiln" / "run")
+    # LLaMA-Factory's own order and normalisation: the two programs' first steps agree.
+    for step in range(1, SAVE + 1):
+        assert kiln_full[step][1] == lf_full[step][1] and abs(kiln_full[step][0] - lf_full[step][0]) < 1e-5, step
+
+    # kiln -> LLaMA-Factory: its output_dir holds kiln's checkpoint-4, which it resumes on its own.
+    resumed = tmp_path / "lf_resumed" / "run"
+    shutil.copytree(tmp_path / "kiln" / "run" / f"checkpoint-{SAVE}", resumed / f"checkpoint-{SAVE}")
+    loaded_file = tmp_path / "lf_loaded.safetensors"
+    steps = lf_run(fixture, resumed, "--keep-output", "--dump-loaded", str(loaded_file))
+    from safetensors import safe_open
+    with safe_open(str(loaded_file), "pt") as f:
+        meta = f.metadata()
+        loaded = {k: f.get_tensor(k) for k in f.keys()}
+    assert int(meta["global_step"]) == SAVE
+    kiln_opt = torch.load(resumed / f"checkpoint-{SAVE}" / "optimizer.pt", weights_only=True)
+    kiln_state = load_file(str(resumed / f"checkpoint-{SAVE}" / "optimizer.safetensors"))
+    names = [n for n, _ in transformers.AutoModelForCausalLM.from_pretrained(fixture["model"]).named_parameters()]
+    order = [n for n in names if "norm" not in n] + [n for n in names if "norm" in n]
+    assert len(loaded) == 3 * len(order)
+    for i, name in enumerate(order):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(loaded[f"{i}.{key}"], kiln_state[f"{name}.{key}"]), (name, key)
+            assert torch.equal(loaded[f"{i}.{key}"], kiln_opt["state"][i][key]), (name, key)
+        assert loaded[f"{i}.step"].item() == SAVE
+    assert json.loads(meta["last_lr"]) == [lf_full[SAVE + 1][1]] * 2
+    for step in range(SAVE + 1, STEPS + 1):
+        assert steps[step][1] == lf_full[step][1], step
+        assert abs(steps[step][0] - lf_full[step][0]) < 1e-5, (step, steps[step], lf_full[step])
+
+    # LLaMA-Factory -> kiln: resume_from_checkpoint: true finds LLaMA-Factory's checkpoint-4.
+    resumed = tmp_path / "kiln_resumed" / "run"
+    ckpt = resumed / f"checkpoint-{SAVE}"
+    shutil.copytree(tmp_path / "lf" / "run" / f"checkpoint-{SAVE}", ckpt)
+    res = run_kiln("kiln-hf", "optimizer", "--model", ckpt, "--out", tmp_path / "kiln_loaded.safetensors")
+    assert res.returncode == 0, res.stderr
+    kiln_loaded = load_file(str(tmp_path / "kiln_loaded.safetensors"))
+    lf_opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    ids = [i for g in lf_opt["param_groups"] for i in g["params"]]
+    for i, name in zip(ids, order):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(kiln_loaded[f"{name}.{key}"], lf_opt["state"][i][key]), (name, key)
+    res = kiln_pretrain(kiln_bin, fixture, resumed, **dict(lf_keys, device="cpu", resume_from_checkpoint=True))
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = kiln_steps(resumed)
+    assert sorted(steps) == list(range(SAVE + 1, STEPS + 1))
+    for step in steps:
+        assert steps[step][1] == kiln_full[step][1], step
+        assert abs(steps[step][0] - kiln_full[step][0]) < 1e-5, (step, steps[step], kiln_full[step])

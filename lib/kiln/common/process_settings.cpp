@@ -6,10 +6,10 @@
 
 namespace kiln {
 
-std::string pin_cpu_math_threads() {
+std::string pin_cpu_math_threads(int threads) {
   const char* user = std::getenv("MKL_DYNAMIC");
   if (user != nullptr && *user != '\0') return {};
-  const int threads = at::get_num_threads();
+  if (threads <= 0) threads = at::get_num_threads();
   at::set_num_threads(threads);
   return "CPU math threads pinned at " + std::to_string(threads) + " (MKL dynamic threads off)";
 }

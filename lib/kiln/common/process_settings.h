@@ -14,9 +14,10 @@ namespace kiln {
 
 // Exact resume on the CPU needs the math libraries to split work the same way in every process:
 // pins ATen's intra-op thread count at its current value through the public at::set_num_threads
-// (which also turns MKL's dynamic thread adjustment off). Skipped when the user set MKL_DYNAMIC.
-// Returns what it did, for a host's log (empty when nothing).
-KILN_API std::string pin_cpu_math_threads();
+// (which also turns MKL's dynamic thread adjustment off), or at `threads` when > 0 (a rank of a
+// job: its share of the host's CPUs, dist::rank_cpu_threads). Skipped when the user set
+// MKL_DYNAMIC. Returns what it did, for a host's log (empty when nothing).
+KILN_API std::string pin_cpu_math_threads(int threads = 0);
 
 // full_determinism on CUDA: cuBLAS is deterministic only with a fixed workspace, which must be
 // in the environment before cuBLAS's first handle (CUBLAS_WORKSPACE_CONFIG=:4096:8, as HF's

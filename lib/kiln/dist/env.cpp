@@ -1,5 +1,9 @@
 #include "kiln/dist/env.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -25,6 +29,27 @@ int parse_int(const std::string& name, const std::string& value, int lo, int hi)
 }
 
 }  // namespace
+
+int rank_cpu_threads(const DistEnv& env, std::optional<int> omp_num_threads, int affinity_cpus, int machine_cpus) {
+  if (omp_num_threads && *omp_num_threads > 0) return *omp_num_threads;
+  if (!env.distributed()) return 0;
+  affinity_cpus = std::max(affinity_cpus, 1);
+  if (env.cpus_per_task > 0) return std::min(env.cpus_per_task, affinity_cpus);
+  if (affinity_cpus < machine_cpus) return affinity_cpus;
+  return std::max(affinity_cpus / std::max(env.local_world_size, 1), 1);
+}
+
+int affinity_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return online_cpu_count();
+  return std::max(CPU_COUNT(&set), 1);
+}
+
+int online_cpu_count() {
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
 
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at the first comma outside brackets.
@@ -111,6 +136,9 @@ DistEnv read_dist_env(const std::function<std::optional<std::string>(const std::
     }
     if (const auto restarts = get("SLURM_RESTART_COUNT")) {
       env.restart_count = parse_int("SLURM_RESTART_COUNT", *restarts, 0, kMaxRanks);
+    }
+    if (const auto cpus = get("SLURM_CPUS_PER_TASK")) {
+      env.cpus_per_task = parse_int("SLURM_CPUS_PER_TASK", *cpus, 1, kMaxRanks);
     }
   }
   if (env.local_rank >= env.local_world_size) {

@@ -26,12 +26,24 @@ struct DistEnv {
   int master_port = 29500;
   bool agent_store = false;  // torchrun's agent hosts the store on master_port
   int restart_count = 0;     // torchrun restarts: a fresh key prefix per attempt
+  int cpus_per_task = 0;     // SLURM_CPUS_PER_TASK (srun --cpus-per-task); 0 when not given
   bool distributed() const { return world_size > 1 || launcher != "none"; }
 };
 
 // Reads the variables through `getenv` (std::getenv by default). Throws std::runtime_error naming
 // the variable for a malformed or inconsistent value (e.g. RANK >= WORLD_SIZE).
 DistEnv read_dist_env(const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+
+// The intra-op threads one rank of a job runs, so that the ranks on a host share its CPUs instead
+// of each taking all of them: OMP_NUM_THREADS when set (the user's, or torchrun's 1); else
+// SLURM_CPUS_PER_TASK (within the affinity mask); else the affinity mask when the launcher bound
+// the rank to fewer CPUs than the machine has; else the machine's CPUs shared among the host's
+// ranks (local_world_size), at least 1. 0 for a process alone (no launcher): LibTorch's default.
+int rank_cpu_threads(const DistEnv& env, std::optional<int> omp_num_threads, int affinity_cpus, int machine_cpus);
+
+// CPUs in this process's affinity mask (sched_getaffinity) and the machine's online CPUs.
+int affinity_cpu_count();
+int online_cpu_count();
 
 // "node[01-04,07],gpu-a" -> "node01"; "a,b" -> "a"; "host" -> "host" (Slurm's hostlist syntax).
 std::string first_slurm_host(const std::string& nodelist);

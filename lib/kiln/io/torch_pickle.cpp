@@ -21,13 +21,13 @@ c10::IValue to_cpu(const c10::IValue& v) {
   if (v.isTensor()) return v.toTensor().detach().to(at::kCPU).contiguous().clone();
   if (v.isGenericDict()) {
     const auto in = v.toGenericDict();
-    c10::impl::GenericDict out(in.keyType(), in.valueType());
+    c10::Dict<c10::IValue, c10::IValue> out(in.keyType(), in.valueType());
     for (const auto& e : in) out.insert(e.key(), to_cpu(e.value()));
     return out;
   }
   if (v.isList()) {
     const auto in = v.toList();
-    c10::impl::GenericList out(c10::AnyType::get());  // typed lists pickle through torch.jit helpers
+    c10::List<c10::IValue> out(c10::AnyType::get());  // typed lists pickle through torch.jit helpers
     for (const c10::IValue& e : in) out.push_back(to_cpu(e));
     return out;
   }
@@ -77,13 +77,13 @@ c10::IValue load_torch_pickle(const std::string& path) {
 namespace torch_pickle {
 
 c10::IValue list(const std::vector<c10::IValue>& items) {
-  c10::impl::GenericList out(c10::AnyType::get());
+  c10::List<c10::IValue> out(c10::AnyType::get());
   for (const auto& v : items) out.push_back(v);
   return out;
 }
 
 c10::IValue dict(const std::vector<std::pair<std::string, c10::IValue>>& items) {
-  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  c10::Dict<c10::IValue, c10::IValue> out(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [k, v] : items) out.insert(k, v);
   return out;
 }

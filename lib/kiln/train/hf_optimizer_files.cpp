@@ -67,7 +67,7 @@ std::vector<double> numbers(const c10::IValue& v, const std::string& file, const
 c10::IValue hf_adamw_state_dict(const std::vector<HfParamState>& params, const HfAdamWHyper& hyper) {
   std::vector<const HfParamState*> decay, no_decay;
   for (const auto& p : params) (p.decay ? decay : no_decay).push_back(&p);
-  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::Dict<c10::IValue, c10::IValue> state(c10::IntType::get(), c10::AnyType::get());
   int64_t index = 0;
   for (const auto* g : {&decay, &no_decay}) {
     for (const HfParamState* p : *g) {
