@@ -235,7 +235,9 @@ LF_KEYS.update(val_size=0.0, do_eval=False, eval_strategy="no")
 
 
 def lf_run(fixture, out: Path, *extra: str):
-    kv = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in LF_KEYS.items()]
+    # warmup_ratio: None drops llamafactory_reference's default (transformers 5.6 lets a ratio
+    # override warmup_steps); json.dumps, as YAML reads a bare `no` as false.
+    kv = [f"{k}={json.dumps(v)}" for k, v in dict(LF_KEYS, warmup_ratio=None).items()]
     res = subprocess.run([str(LF_PYTHON), str(LF_SCRIPT), "--train-run", str(out), "--data", fixture["data"],
                           "--model", fixture["model"], *extra, *kv], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
