@@ -217,6 +217,30 @@ def losses(ckpt: Path):
     return [(h["step"], h["loss"], h["grad_norm"]) for h in history if "loss" in h]
 
 
+def check_hf_optimizer_file(ckpt: Path):
+    """transformers' optimizer.pt (rank 0 writes it, ZeRO's chunks gathered) holds exactly the state
+    kiln keeps in its own files (one per rank under ZeRO: "<param>[begin:end].exp_avg" slices)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+    slices = {}
+    for f in ckpt.glob("optimizer*.safetensors"):
+        for key, t in load_file(str(f)).items():
+            m = re.fullmatch(r"(.+?)(?:\[(\d+):(\d+)\])?\.(exp_avg|exp_avg_sq|step)", key)
+            if m:
+                slices.setdefault((m[1], m[4]), []).append((int(m[2] or 0), t))
+    hf = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    params = dict(transformers.AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
+    order = [n for n, p in params.items() if p.dim() > 1] + [n for n, p in params.items() if p.dim() <= 1]
+    assert [len(g["params"]) for g in hf["param_groups"]] == [sum(p.dim() > 1 for p in params.values()),
+                                                              sum(p.dim() <= 1 for p in params.values())]
+    for i, name in enumerate(order):
+        for key in ("exp_avg", "exp_avg_sq"):
+            parts = [t.flatten() for _, t in sorted(slices[(name, key)], key=lambda x: x[0])]
+            assert torch.equal(hf["state"][i][key], torch.cat(parts).view(params[name].shape)), (name, key)
+        assert all(t.item() == hf["state"][i]["step"].item() for _, t in slices[(name, "step")])
+
+
 @pytest.mark.parametrize("stage", [0, 2])
 def test_checkpoint_and_resume_with_two_ranks_is_exact(kiln_bin, tmp_path, stage):
     args = [*BASE, "--per_device_train_batch_size", 2, "--zero_stage", stage, "--save_steps", 3]
@@ -230,6 +254,7 @@ def test_checkpoint_and_resume_with_two_ranks_is_exact(kiln_bin, tmp_path, stage
         assert {"optimizer.rank-00000-of-00002.safetensors", "optimizer.rank-00001-of-00002.safetensors"} <= names
     else:
         assert "optimizer.safetensors" in names
+    check_hf_optimizer_file(ckpt)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     subprocess.run(["cp", "-r", str(ckpt), str(resumed)], check=True)
