@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -305,6 +306,74 @@ TEST_CASE("fuzzed files of a checkpoint refuse the resume naming the file, and o
 
 TEST_CASE("fuzzed files of a checkpoint, 200 mutations each", "[fuzz][train][slow]") {
   fuzz_resume(200, "fuzz_resume_long");
+}
+
+namespace {
+// The same torch.save archive with its pickle (data.pkl) replaced: the records are copied, so the
+// mutation reaches LibTorch's unpickler instead of the zip reader's checks.
+std::string with_pickle(const fs::path& file, const std::string& pickle) {
+  caffe2::serialize::PyTorchStreamReader reader(file.string());
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  for (const std::string& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version" || name == "byteorder" || name == ".data/serialization_id") {
+      continue;  // the writer writes its own
+    }
+    if (name == "data.pkl") {
+      writer.writeRecord(name, pickle.data(), pickle.size());
+    } else {
+      const auto [data, size] = reader.getRecord(name);
+      writer.writeRecord(name, data.get(), size);
+    }
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+}  // namespace
+
+// kiln's checkpoint less kiln's own files is one of transformers' Trainer: the resume reads
+// optimizer.pt and scheduler.pt through LibTorch's unpickler. Mutated archives (bytes anywhere, or
+// a valid archive around a mutated pickle) load or are refused in one line naming the file.
+TEST_CASE("fuzzed optimizer.pt and scheduler.pt of a transformers checkpoint refuse the resume naming the file",
+          "[fuzz][train]") {
+  kiln::train::PretrainConfig c;
+  c.model = "tiny";
+  c.cutoff_len = 32;
+  c.per_device_train_batch_size = 2;
+  c.max_steps = 4;
+  c.save_steps = 2;
+  c.logging_steps = 1;
+  c.device = "cpu";
+  c.output_dir = kiln::test::scratch_dir("fuzz_hf_resume").string();
+  kiln::train::Trainer(c).train();
+  const fs::path ckpt = fs::path(c.output_dir) / "checkpoint-2";
+  for (const char* kiln_file :
+       {"kiln_state.json", "loader_state.json", "optimizer.safetensors", "kiln_data.json", "rng_state.safetensors"}) {
+    REQUIRE(fs::remove(ckpt / kiln_file));
+  }
+  c.resume_from_checkpoint = ckpt.string();
+  CHECK(!refusal([&] { kiln::train::Trainer resumed(c); }));  // the valid checkpoint resumes
+  std::mt19937 rng(27007);
+  for (const std::string name : {"optimizer.pt", "scheduler.pt"}) {
+    Tally t{"transformers checkpoint " + name};
+    const std::string valid = slurp(ckpt / name);
+    std::string pickle;
+    {
+      caffe2::serialize::PyTorchStreamReader reader((ckpt / name).string());
+      const auto [data, size] = reader.getRecord("data.pkl");
+      pickle.assign(static_cast<const char*>(data.get()), size);
+    }
+    for (int trial = 0; trial < 15; ++trial) {  // each resume takes about a second on 2 busy cores
+      Mutation m = kiln::test::mutate_bytes(trial % 3 == 0 ? valid : pickle, rng);
+      if (trial % 3 != 0) m.text = with_pickle(ckpt / name, m.text);
+      spit(ckpt / name, m.text);
+      t.record(m, refusal([&] { kiln::train::Trainer resumed(c); }), name, /*require_key=*/false);
+      spit(ckpt / name, valid);
+    }
+  }
 }
 
 TEST_CASE("a fuzzed optimizer shard of a data-parallel checkpoint is refused naming the file", "[fuzz][io]") {

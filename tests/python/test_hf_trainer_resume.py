@@ -130,6 +130,8 @@ def test_the_two_programs_train_the_same_first_steps(runs):
     for step in range(1, SAVE + 1):
         assert kiln[step][1] == hf[step][1], step
         assert abs(kiln[step][0] - hf[step][0]) < 1e-5, (step, kiln[step], hf[step])
+    print(f"kiln vs Trainer, steps 1-{SAVE}: max |loss diff| "
+          f"{max(abs(kiln[s][0] - hf[s][0]) for s in range(1, SAVE + 1)):.2e}")
 
 
 def test_trainer_continues_a_kiln_checkpoint(runs, tmp_path):
@@ -161,6 +163,8 @@ def test_trainer_continues_a_kiln_checkpoint(runs, tmp_path):
     for step in range(SAVE + 1, STEPS + 1):
         assert steps[step][1] == hf[step][1], step
         assert abs(steps[step][0] - hf[step][0]) < 1e-5, (step, steps[step], hf[step])
+    print(f"kiln -> Trainer, steps {SAVE + 1}-{STEPS}: max |loss diff| "
+          f"{max(abs(steps[s][0] - hf[s][0]) for s in range(SAVE + 1, STEPS + 1)):.2e}")
 
 
 def test_kiln_continues_a_trainer_checkpoint(runs, run_kiln, kiln_bin, tmp_path):
@@ -191,6 +195,8 @@ def test_kiln_continues_a_trainer_checkpoint(runs, run_kiln, kiln_bin, tmp_path)
     for step in steps:
         assert steps[step][1] == kiln[step][1], step
         assert abs(steps[step][0] - kiln[step][0]) < 1e-5, (step, steps[step], kiln[step])
+    print(f"Trainer -> kiln, steps {SAVE + 1}-{STEPS}: max |loss diff| "
+          f"{max(abs(steps[s][0] - kiln[s][0]) for s in steps):.2e}")
     # trainer_state.json carries Trainer's log history on.
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in history if "loss" in h] == list(range(1, STEPS + 1))
