@@ -93,6 +93,7 @@ class Cluster:
             "TaskPlugin=task/none",
             "MpiDefault=none",
             "SchedulerType=sched/builtin",
+            "SchedulerParameters=sched_interval=1",  # a job whose begin time passed starts within a second
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "JobAcctGatherType=jobacct_gather/none",

@@ -94,11 +94,12 @@ exec srun --kill-on-bad-exit=1 {kiln_bin('kiln-pretrain')} {' '.join(ARGS)} --ou
     assert "SIGTERM received" in log, log[-3000:]
     saved = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert 10 <= saved < STEPS, saved
-    # Requeued: the script runs again and resumes from the checkpoint the stop saved.
-    cluster.run(["scontrol", "requeue", job])
-    wait_for("the requeued job to start", lambda: cluster.job_state(job) != "PENDING"
-             or "BeginTime" not in cluster.run(["scontrol", "show", "job", job]).stdout, 30, cluster)
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    # Requeued: the script runs again and resumes from the checkpoint the stop saved. slurmd refuses
+    # a credential made in the same second as the one it revoked when the job ended ("Job
+    # credential revoked"), so the requeued job is held until it can start 2 s later.
+    cluster.run(["scontrol", "requeuehold", job])
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"])
+    cluster.run(["scontrol", "release", job])
     wait_for("the requeued job to finish", lambda: cluster.job_state(job) == "COMPLETED"
              and (out / f"checkpoint-{STEPS}").is_dir(), 300, cluster)
     log = cluster.path("job.log").read_text()
