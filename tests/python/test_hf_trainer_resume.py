@@ -14,7 +14,7 @@ steps and saves at 4 and 8. Then:
   and its losses within 1e-5.
 - Trainer -> kiln: kiln resumes from Trainer's checkpoint-4. What kiln loads (`kiln-hf optimizer`,
   the same reader and AdamW.load_state_dict as the resume) is bit-equal to Trainer's optimizer
-  state; steps 5-8 have the uninterrupted kiln run's learning rates exactly and its losses within
+  state, also from a file whose storages say they were saved on "cuda:0"; steps 5-8 have the uninterrupted kiln run's learning rates exactly and its losses within
   1e-5.
 - The first 4 steps of the two programs agree within 1e-5 (the same data in the same order), so
   the continued runs compare with something that could have differed.
@@ -184,6 +184,20 @@ def test_kiln_continues_a_trainer_checkpoint(runs, run_kiln, kiln_bin, tmp_path)
     for i, name in zip(ids, order):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(loaded[f"{name}.{key}"], saved["state"][i][key]), (name, key)
+
+    # Saved from a GPU (the storages' location "cuda:0"): kiln reads it on the CPU all the same.
+    gpu = tmp_path / "gpu"
+    shutil.copytree(ckpt, gpu)
+    location_tag = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(saved, gpu / "optimizer.pt")
+    finally:
+        torch.serialization.location_tag = location_tag
+    assert b"cuda:0" in (gpu / "optimizer.pt").read_bytes()
+    res = run_kiln("kiln-hf", "optimizer", "--model", gpu, "--out", tmp_path / "gpu.safetensors")
+    assert res.returncode == 0, res.stderr
+    assert all(torch.equal(t, loaded[k]) for k, t in load_file(str(tmp_path / "gpu.safetensors")).items())
 
     out = tmp_path / "run"
     res = kiln_pretrain(kiln_bin, runs["fixture"], out, resume_from_checkpoint=str(ckpt))
