@@ -52,7 +52,11 @@ void print_help() {
       "\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint of the last completed step and exit 0\n"
       "(nothing is saved when no step was completed since the start).\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
-      "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed.\n"
+      "or srun; keys zero_stage (0, 1, 2), ddp_bucket_cap_mb, ddp_timeout, deepspeed. Each rank's CPU\n"
+      "threads are OMP_NUM_THREADS, else SLURM_CPUS_PER_TASK, else its CPUs (affinity, or its share).\n"
+      "resume_from_checkpoint (a checkpoint-N, or true: the newest in output_dir) takes kiln's checkpoints\n"
+      "and transformers' / LLaMA-Factory's (optimizer.pt, scheduler.pt); kiln's checkpoints hold those too,\n"
+      "so LLaMA-Factory continues them (docs/training.md, \"Moving a run between LLaMA-Factory and kiln\").\n"
       "KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds (faster small CPU steps; see docs/training.md).\n");
 }
 
