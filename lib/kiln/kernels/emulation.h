@@ -6,8 +6,9 @@
 // - Threads are cooperative fibers on one OS thread; blocks run one after another. A
 //   fiber runs until it reaches a barrier or a warp collective, so what a missing barrier lets
 //   happen depends on the order fibers run in: that order is seeded (Config::schedule: index
-//   order, reverse, a fresh random permutation per round, warps reversed with lanes rotated), and
-//   the tests run under several seeds.
+//   order, reverse, a fresh random permutation per round, or warp-ahead: always the first fiber
+//   that can run in a seeded warp priority, so one warp runs on to the next block barrier before
+//   any other moves), and the tests run under several seeds.
 // - __syncthreads / __syncwarp are generation-counted barriers (memory barriers: under
 //   ThreadSanitizer they are its release/acquire points). A block in which every live fiber waits
 //   is a deadlock (a divergent barrier) and fails the launch.
