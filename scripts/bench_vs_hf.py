@@ -11,12 +11,13 @@ For each configuration (a model config.json, cutoff_len T, batch B, fp32 or bf16
    `kiln-hf forward --fused-loss`, the trainer's loss path, under `--autocast bf16` where kiln
    trains in bf16; transformers under `torch.autocast` likewise), within fp32/bf16 tolerance;
 3. times the training step of both, alternating kiln and transformers for `--rounds` rounds (the
-   order flips every round): kiln through `kiln-profile` (the trainer's own step:
-   accumulate_gradients, clip_grad_norm, fused AdamW, zero_grad), transformers in a fresh Python
-   process doing what HF Trainer does per step: LlamaForCausalLM(config.json) with
-   attn_implementation="sdpa", forward under bf16 autocast where kiln uses bf16, loss.backward(),
-   clip_grad_norm_(1.0), torch.optim.AdamW(fused=True, Trainer's decay groups, kiln-profile's lr
-   1e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0), zero_grad(set_to_none=True);
+   order flips every round): kiln through `kiln-profile` (kiln-pretrain's own step,
+   train::TrainingStack::step), transformers in a fresh Python process doing what HF Trainer does
+   per step: LlamaForCausalLM(config.json) with attn_implementation="sdpa", forward under bf16
+   autocast where kiln uses bf16, loss.backward(), clip_grad_norm_(1.0),
+   torch.optim.AdamW(fused=True, Trainer's decay groups, lr 5e-5 (kiln-profile's default; it
+   decays linearly there and is constant here, which does not change the time), betas (0.9,
+   0.999), eps 1e-8, weight decay 0), zero_grad(set_to_none=True);
 4. reports per configuration the median ratio kiln / transformers of tokens/s, step time and
    peak memory, with their spread (min-max over rounds), as Markdown on stdout and JSON.
 
@@ -162,7 +163,7 @@ def hf_worker(spec: dict) -> dict:
     if not cuda and reset_rss_peak():
         rss = read_rss()
         rss_baseline = rss[0] if rss else None
-    optimizer = torch.optim.AdamW(hf_decay_groups(model, 0.0), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    optimizer = torch.optim.AdamW(hf_decay_groups(model, 0.0), lr=5e-5, betas=(0.9, 0.999), eps=1e-8, fused=True)
     params = [p for p in model.parameters()]
     g = torch.Generator().manual_seed(spec["seed"])
     ids = torch.randint(0, config.vocab_size, (spec["batch"], spec["cutoff_len"]), generator=g).to(device)

@@ -773,7 +773,8 @@ std::string to_json(const SweepReport& report) {
                     {"comm_wait_share", opt(r.comm_wait_share)},
                     {"buckets_launched", r.buckets_launched ? json(*r.buckets_launched) : json(nullptr)},
                     {"buckets_overlapped", r.buckets_overlapped ? json(*r.buckets_overlapped) : json(nullptr)},
-                    {"mfu_exceeds_peak", r.mfu_exceeds_peak}});
+                    {"mfu_exceeds_peak", r.mfu_exceeds_peak},
+                    {"losses", r.losses}});
     json& row = rows.back();
     const std::pair<std::string, const Utilisation*> columns[] = {
         {"memory_bandwidth", &r.memory_bandwidth}, {"tensor_core", &r.tensor_core}, {"fp_engine", &r.fp_engine}};
@@ -943,6 +944,13 @@ std::string to_json(const SweepReport& report) {
       {"backend", report.backend},
       {"zero_stage", report.config.zero_stage},
       {"ddp_overlap", report.config.ddp_overlap},
+      {"optimisation",
+       {{"learning_rate", report.config.training.learning_rate},
+        {"lr_scheduler_type", report.config.training.lr_scheduler_type},
+        {"warmup_ratio", report.config.training.warmup_ratio},
+        {"warmup_steps", report.config.training.warmup_steps},
+        {"weight_decay", report.config.training.weight_decay},
+        {"max_grad_norm", report.config.training.max_grad_norm}}},
       {"rows", rows}};
   return doc.dump(2) + "\n";
 }

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -39,13 +40,12 @@
 #include "kiln/dist/env.h"
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/optim/adamw.h"
-#include "kiln/optim/grad.h"
+#include "kiln/optim/schedule.h"
 #include "kiln/profile/counters.h"
 #include "kiln/profile/cpu_allocator.h"
-#include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/step.h"
+#include "kiln/train/training_step.h"
 
 namespace kiln::profile {
 
@@ -111,6 +111,12 @@ void SweepConfig::validate() const {
     if (f != "md" && f != "csv" && f != "json" && f != "html")
       fail("format", fmt::format("'{}' is not md, csv, json or html", f));
   }
+  // The optimisation keys, by kiln-pretrain's rules and words (the rest of `training` is unused).
+  train::PretrainConfig t = training;
+  t.source = source;
+  t.model = model.empty() ? "tiny" : model;
+  t.model_name_or_path.clear();
+  t.validate();
 }
 
 void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation) {
@@ -176,6 +182,18 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.read("counter_phases", c.counter_phases);
   if (c.counters_per_kernel || c.counter_phases) c.counters = true;
   reader.read("component_times", c.component_times);
+  train::PretrainConfig& t = c.training;
+  reader.read("learning_rate", t.learning_rate);
+  reader.read("lr_scheduler_type", t.lr_scheduler_type);
+  reader.read("warmup_ratio", t.warmup_ratio);
+  reader.read("warmup_steps", t.warmup_steps);
+  reader.read("min_lr_ratio", t.min_lr_ratio);
+  reader.read("decay_ratio", t.decay_ratio);
+  reader.read("weight_decay", t.weight_decay);
+  reader.read("adam_beta1", t.adam_beta1);
+  reader.read("adam_beta2", t.adam_beta2);
+  reader.read("adam_epsilon", t.adam_epsilon);
+  reader.read("max_grad_norm", t.max_grad_norm);
   int64_t seed = static_cast<int64_t>(c.seed);
   reader.read("seed", seed);
   c.seed = static_cast<uint64_t>(seed);
@@ -190,6 +208,21 @@ SweepConfig load_sweep_config(const std::string& path) {
   reader.finish();
   c.validate();
   return c;
+}
+
+int64_t SweepConfig::steps_per_point() const {
+  return warmup + steps + (counters ? counted_steps() : 0) + (component_times ? steps : 0) +
+         (trace_dir.empty() ? 0 : steps);
+}
+
+std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& p, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);  // the model's init draws from `seed`
+  std::vector<train::MicroBatch> out;
+  for (int64_t i = 0; i < p.grad_accum; ++i) {
+    const at::Tensor ids = at::randint(0, model.vocab_size, {p.batch_size, p.cutoff_len}, gen, at::kLong);
+    out.push_back({ids, ids.clone(), at::Tensor()});
+  }
+  return out;
 }
 
 double ProfileRow::ratio() const {
@@ -321,39 +354,43 @@ void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step)
   fs::rename(tmp, path);
 }
 
+// The trainer's settings for one point: the sweep's optimisation keys, dtype, recomputation and
+// data parallelism with the point's shapes (what train::stack_options and train::schedule_of read).
+train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& p) {
+  train::PretrainConfig t = config.training;
+  t.bf16 = config.dtype == "bf16";
+  t.fp16 = config.dtype == "fp16";
+  t.gradient_checkpointing = config.gradient_checkpointing;
+  t.gradient_checkpointing_policy = config.gradient_checkpointing_policy;
+  t.gradient_checkpointing_every = config.gradient_checkpointing_every;
+  t.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
+  t.zero_stage = config.zero_stage;
+  t.kernels = config.kernels;
+  t.seed = static_cast<int64_t>(config.seed);
+  t.cutoff_len = p.cutoff_len;
+  t.per_device_train_batch_size = p.batch_size;
+  t.gradient_accumulation_steps = p.grad_accum;
+  t.max_steps = config.steps_per_point();
+  return t;
+}
+
 void measure_point(const PointContext& ctx, ProfileRow& row) {
   const SweepPoint& p = row.point;
-  at::manual_seed(ctx.config.seed);
-  model::LlamaForCausalLM model(ctx.model_config, at::TensorOptions().device(ctx.device).dtype(at::kFloat));
-  if (ctx.config.recomputation() == "selective") {
-    train::set_selective_recomputation(model, true);
-  } else {
-    const train::Recomputation r = ctx.config.recomputation_choice();
-    train::set_activation_checkpointing(model, r.every > 0, std::max(r.every, 1));
-  }
-  model->fused_lm_loss = true;  // as the trainer: the loss through ops::linear_cross_entropy, no full logits kept
-  model->train();
+  const train::PretrainConfig training = point_training_config(ctx.config, p);
+  // The model is ready before the rest of the stack: the RSS baseline below is taken with it alone.
+  model::LlamaForCausalLM model = train::fresh_model(ctx.model_config, ctx.device, ctx.config.seed);
   // RSS baseline: the model is ready, nothing of the step exists yet (device.h read_rss).
   std::optional<int64_t> rss_baseline;
   if (device::reset_rss_peak()) {
     if (const auto rss = device::read_rss()) rss_baseline = rss->current_bytes;
   }
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-  std::unique_ptr<dist::DataParallel> dp;
-  if (ctx.comm) {
-    dp = std::make_unique<dist::DataParallel>(
-        ctx.comm, named,
-        dist::DataParallelOptions{.bucket_cap_bytes = ctx.config.ddp_bucket_cap_mb << 20,
-                                  .zero_stage = static_cast<int>(ctx.config.zero_stage),
-                                  .overlap = ctx.config.ddp_overlap});
-    dp->broadcast_parameters();
-  }
-  optim::AdamW optimizer =
-      dp ? optim::AdamW(dp->optimizer_params(), optim::AdamWConfig{}) : optim::AdamW(named, optim::AdamWConfig{});
-  std::unique_ptr<optim::GradScaler> scaler;
-  if (ctx.autocast == at::kHalf) scaler = std::make_unique<optim::GradScaler>(ctx.device);
-  const std::vector<at::Tensor> params = model->parameters();
+  train::StackOptions options = train::stack_options(training, ctx.comm, static_cast<int>(ctx.config.zero_stage));
+  options.parallel.overlap = ctx.config.ddp_overlap;
+  train::TrainingStack stack(model, ctx.device, std::move(options));
+  const dist::DataParallel* dp = stack.data_parallel();
+  model->train();
+  const optim::ScheduleConfig schedule = train::schedule_of(training, training.max_steps);
+  int64_t step_index = 0;  // of the point's steps, for the schedule
 
   std::unique_ptr<data::DataLoader> loader;
   std::vector<train::MicroBatch> synthetic;
@@ -368,18 +405,15 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
     loader = std::make_unique<data::DataLoader>(ctx.dataset, lo);
   } else {
-    for (int64_t i = 0; i < p.grad_accum; ++i) {
-      const at::Tensor ids = at::randint(0, ctx.model_config.vocab_size, {p.batch_size, p.cutoff_len}, at::kLong);
-      synthetic.push_back({ids, ids.clone(), at::Tensor()});
-    }
+    synthetic = synthetic_batches(ctx.model_config, p, ctx.config.seed);
   }
 
-  // The trainer's step (train/trainer.cpp), without its logging book-keeping. Under counters with
-  // phases, `mark` tells the session where forward, backward and the optimizer begin.
+  std::vector<std::pair<at::Tensor, int64_t>> losses;  // each step's loss sum (on the device) and targets
+  // The trainer's step (train::TrainingStack::step). Under counters with phases, `mark` tells the
+  // session where forward, backward and the optimizer begin.
   double comm_seconds = 0;
   std::function<void(const char*)> mark;
   auto step = [&] {
-    const nvtx::Range step_range("kiln::step");
     if (mark) mark("forward");  // the batch's assembly and copy to the device count as forward
     std::vector<train::MicroBatch> micro;
     int64_t targets = 0;
@@ -393,55 +427,11 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
       targets += train::count_targets(micro.back().labels);
     }
     if (ctx.comm) targets = static_cast<int64_t>(ctx.comm->host_sum({static_cast<double>(targets)})[0]);
-    train::AccumulateOptions acc;
-    acc.autocast_dtype = ctx.autocast;
-    acc.total_targets = std::max<int64_t>(targets, 1);  // cutoff_len 1 has no target: a zero loss
-    acc.device = ctx.device;
-    if (scaler) acc.loss_scale = scaler->scale();
-    bool last_backward = false;
-    if (dp || mark) {
-      acc.before_backward = [&](bool last) {
-        if (mark) mark("backward");
-        last_backward = last;
-        if (dp) dp->begin_backward(last);
-      };
-      acc.after_backward = [&] {
-        if (dp) dp->end_backward();  // draining the gradient reduction is backward's
-        if (mark && !last_backward) mark("forward");
-      };
-    }
-    const train::AccumulateResult r = train::accumulate_gradients(model, micro, acc);
-    if (mark) mark("optimizer");  // unscale, clipping, AdamW, zero_grad
-    const nvtx::Range optimizer_range("kiln::optimizer");
-    if (scaler) {
-      ComponentScope scope("kiln::loss-scale unscale");
-      if (dp && ctx.config.zero_stage == 2) {
-        scaler->unscale_grads(dp->local_grads());
-        dp->all_reduce(scaler->found_inf());
-      } else {
-        scaler->unscale(params);
-      }
-    }
-    at::Tensor norm;
-    {
-      ComponentScope scope("kiln::gradient clipping");
-      norm = dp ? dp->clip_grad_norm(1.0) : optim::clip_grad_norm(params, 1.0);
-    }
-    at::Tensor skip =
-        r.loss_sum.isfinite().logical_and(norm.to(ctx.device).isfinite()).logical_not().to(at::kFloat).reshape({1});
-    if (scaler) skip = at::maximum(skip, scaler->found_inf());
-    {
-      ComponentScope scope("kiln::AdamW");
-      optimizer.step(1e-4, std::nullopt, skip);
-    }
-    if (dp) dp->after_step();
-    if (scaler) scaler->update();
-    if (dp) {
-      comm_seconds += dp->stats().exposed_seconds;
-      dp->zero_grad();
-    } else {
-      optimizer.zero_grad();
-    }
+    const double lr = training.learning_rate * optim::lr_multiplier(schedule, step_index++);
+    // cutoff_len 1 has no target: a zero loss
+    const train::StepResult r = stack.step(micro, std::max<int64_t>(targets, 1), lr, {.mark = mark});
+    comm_seconds += r.comm_seconds;
+    losses.emplace_back(r.loss_sum, std::max<int64_t>(targets, 1));
   };
 
   // Each phase's time on the log as it ends (stderr, flushed): a point that stalls shows where.
@@ -538,6 +528,8 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
             : "");
   }
   if (!ctx.config.trace_dir.empty()) write_trace(ctx, p, step);
+  // Read once the point is done; divided as the trainer's log divides (in double).
+  for (const auto& [sum, targets] : losses) row.losses.push_back(sum.item<double>() / static_cast<double>(targets));
 }
 
 // "1 step after each point's timed ones", "as many steps again after ...".

@@ -3,9 +3,9 @@
 // the analytic FLOP and memory models, so that a table says how fast and how big a run is and
 // how far the prediction is off.
 //
-// A step here is the trainer's step, not a copy of it: train::accumulate_gradients (autocast for
-// bf16/fp16 over fp32 master weights), optim::clip_grad_norm, optim::AdamW::step, zero_grad, on a
-// model built as train::Trainer builds it. Data is synthetic (random token ids of the point's
+// A step here is the trainer's step, the same code: train::TrainingStack::step (train/
+// training_step.h) on a stack built from the same settings as kiln-pretrain's, with the config's
+// optimisation keys and its schedule over the point's steps. Data is synthetic (random token ids of the point's
 // shape) unless a shard directory is given. An out-of-memory point (a real one, or one past an
 // artificial cap) becomes a row marked OOM and the sweep goes on.
 //
@@ -32,7 +32,12 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/profile/component_times.h"
 #include "kiln/profile/counters.h"
+#include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
+
+namespace kiln::train {
+struct MicroBatch;
+}
 
 namespace kiln::profile {
 
@@ -85,6 +90,13 @@ struct SweepConfig {
   // under LibTorch's profiler after its timed ones, attributed to the traffic model's rows: on a
   // CPU the ops' CPU times, on a GPU the times of the kernels, copies and memsets they launched.
   bool component_times = false;
+  // The step's optimisation settings, kiln-pretrain's keys with its defaults (learning_rate,
+  // lr_scheduler_type, warmup_ratio, warmup_steps, min_lr_ratio, decay_ratio, weight_decay,
+  // adam_beta1, adam_beta2, adam_epsilon, max_grad_norm; the rest of `training` is unused): each
+  // point runs the trainer's step (train/training_step.h) with this schedule over its own steps.
+  train::PretrainConfig training;
+  // The optimizer steps one point runs: warmup, timed, counted, profiled and traced.
+  int64_t steps_per_point() const;
 
   void validate() const;  // throws config::ConfigError naming source and key
   // What the points run (train::resolve_recomputation of the three settings; validate() first),
@@ -104,6 +116,11 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 struct SweepPoint {
   int64_t batch_size = 1, grad_accum = 1, cutoff_len = 128;
 };
+
+// A point's micro-batches without a dataset_dir: grad_accum batches of uniform random ids (labels
+// the ids), drawn from a generator seeded with seed + 1; every step of the point takes the same.
+std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& point,
+                                                 uint64_t seed);
 
 // The traffic model's options for one point of `config` (cost/traffic.h): the kernels the step
 // runs (train/kernel_choices.h, RoPE and attention from the spec and the device: kiln's flash
@@ -193,7 +210,10 @@ struct ProfileRow {
   std::optional<CounterReading> counters;         // with --counters, when a session could start
   std::optional<ComponentTimes> component_times;  // with --component-times
   bool mfu_exceeds_peak = false;                  // a bug: reported in SweepReport::warnings
-  double ratio() const;                           // measured / predicted peak
+  // The loss (per target token) of every step the point ran, warmup first: read from the device
+  // once the point is done, so the timing holds no host synchronisation for it.
+  std::vector<double> losses;
+  double ratio() const;  // measured / predicted peak
   // "12.9 it/s" or "1.21 s/it", as HF's progress bar prints it.
   std::string speed() const;
 };

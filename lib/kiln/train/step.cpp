@@ -57,7 +57,6 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
       const auto out = model->forward(mb.input_ids.to(options.device, /*non_blocking=*/true),
                                       mb.labels.to(options.device, /*non_blocking=*/true), {}, segments, loss_sum_grad);
       loss_sum = out.loss_sum.to(at::kFloat);
-      result.num_targets += count_targets(mb.labels.cpu());
     }
     at::Tensor objective = loss_sum * inv_targets;
     if (options.loss_scale) objective = objective * options.loss_scale->squeeze();

@@ -41,8 +41,7 @@ struct AccumulateOptions {
 };
 
 struct AccumulateResult {
-  at::Tensor loss_sum;  // 0-d fp32 on the device: sum of token losses over the micro-batches
-  int64_t num_targets = 0;
+  at::Tensor loss_sum;       // 0-d fp32 on the device: sum of token losses over the micro-batches
   bool interrupted = false;  // should_stop answered true: .grad holds a partial sum, to be discarded
 };
 

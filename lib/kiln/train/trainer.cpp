@@ -78,15 +78,6 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
-optim::ScheduleConfig schedule_of(const PretrainConfig& c, const StepPlan& plan) {
-  return optim::ScheduleConfig{
-      .type = c.lr_scheduler_type,
-      .total_steps = plan.total_steps,
-      .warmup_steps = optim::resolve_warmup_steps(c.warmup_steps, c.warmup_ratio, plan.total_steps),
-      .min_lr_ratio = c.min_lr_ratio,
-      .decay_ratio = c.decay_ratio};
-}
-
 std::string latest_checkpoint(const std::string& output_dir) {
   const auto all = list_checkpoints(output_dir);
   return all.empty() ? std::string() : all.back().string();
@@ -107,7 +98,11 @@ int Trainer::world_size() const {
 }
 
 int64_t Trainer::optimizer_state_bytes() const {
-  return optimizer_->state_bytes();
+  return stack_->optimizer().state_bytes();
+}
+
+const dist::DataParallel* Trainer::data_parallel() const {
+  return stack_ ? stack_->data_parallel() : nullptr;
 }
 
 std::atomic<int>& Trainer::pending_signal() {
@@ -198,7 +193,7 @@ Trainer::Run::Run(Trainer& trainer) : t(trainer), st(*trainer.state_) {
   fopts = at::TensorOptions().device(t.device_).dtype(at::kFloat);
   reset_window();
   st.first_bad_step = at::full({}, -1.0, fopts);
-  sched = schedule_of(c, t.plan_);
+  sched = schedule_of(c, t.plan_.total_steps);
   bar.emplace(t.plan_.total_steps, st.global_step, t.is_main() && t.progress_bar_ ? stderr : nullptr);
   t.model_->train();
   // This call's share, for the summary entry (HF's speed metrics and train_loss).
@@ -258,64 +253,28 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
 }
 
 bool Trainer::Run::train_step(StepBatches& batches) {
-  const nvtx::Range step_range("kiln::step");
   const PretrainConfig& c = t.config_;
-  AccumulateOptions acc_opts;
-  acc_opts.autocast_dtype = t.autocast_dtype_;
-  acc_opts.total_targets = batches.targets;
-  acc_opts.device = t.device_;
-  acc_opts.should_stop = [this] { return t.stop_requested(); };
-  if (t.scaler_) acc_opts.loss_scale = t.scaler_->scale();
-  if (t.dp_) {
-    acc_opts.before_backward = [this](bool last) { t.dp_->begin_backward(last); };
-    acc_opts.after_backward = [this] { t.dp_->end_backward(); };
-  }
-  AccumulateResult acc = accumulate_gradients(t.model_, batches.micro, acc_opts);
-  const auto zero_grad = [&] { t.dp_ ? t.dp_->zero_grad() : t.optimizer_->zero_grad(); };
-  if (acc.interrupted) {
-    zero_grad();
-    return false;
-  }
-  std::optional<nvtx::Range> optimizer_range(std::in_place, "kiln::optimizer");
+  const double lr = c.learning_rate * optim::lr_multiplier(sched, st.global_step);
+  const StepResult r =
+      t.stack_->step(batches.micro, batches.targets, lr, {.should_stop = [this] { return t.stop_requested(); }});
+  if (r.interrupted) return false;
+  last_lr = lr;
   st.window_tokens += batches.tokens;
   st.total_flos += st.flops.train() * static_cast<double>(batches.tokens);
-  if (t.dp_) {
-    at::Tensor sum = acc.loss_sum.reshape({1}).clone();  // the step's loss over every rank
-    t.dp_->all_reduce(sum);
-    acc.loss_sum = sum.squeeze();
-  }
-  if (t.scaler_) {
-    if (t.dp_ && t.zero_stage_ == 2) {
-      t.scaler_->unscale_grads(t.dp_->local_grads());
-      t.dp_->all_reduce(t.scaler_->found_inf());  // an overflow in any shard skips the step everywhere
-    } else {
-      t.scaler_->unscale(params);
-    }
-  }
-  const at::Tensor norm =
-      t.dp_ ? t.dp_->clip_grad_norm(c.max_grad_norm) : optim::clip_grad_norm(params, c.max_grad_norm);
-  const at::Tensor bad = acc.loss_sum.isfinite().logical_and(norm.to(t.device_).isfinite()).logical_not();
-  at::Tensor skip = bad.to(at::kFloat).reshape({1});
-  if (t.scaler_) skip = at::maximum(skip, t.scaler_->found_inf());
-  last_lr = c.learning_rate * optim::lr_multiplier(sched, st.global_step);
-  t.optimizer_->step(last_lr, std::nullopt, skip);
-  if (t.dp_) t.dp_->after_step();
-  if (t.scaler_) t.scaler_->update();
-  if (t.dp_) st.window_comm_seconds += t.dp_->stats().exposed_seconds;
-  zero_grad();
-  optimizer_range.reset();
+  st.window_comm_seconds += r.comm_seconds;
+  const at::Tensor& bad = r.bad;
   ++st.global_step;
   // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
   // The logged loss of kiln's shard folders is the window's loss per target; of LLaMA-Factory's
   // datasets, HF's: the mean of the steps' losses (each normalised by its own num_items_in_batch).
   const bool per_step = st.ignored_label_id >= 0;
   const double weight = per_step ? 1.0 : static_cast<double>(batches.targets);
-  const at::Tensor step_loss = per_step ? acc.loss_sum / static_cast<double>(batches.targets) : acc.loss_sum;
+  const at::Tensor step_loss = per_step ? r.loss_sum / static_cast<double>(batches.targets) : r.loss_sum;
   st.window_loss_sum.add_(at::where(bad, at::zeros_like(step_loss), step_loss));
   st.window_good_targets.add_(bad.logical_not().to(at::kFloat) * weight);
   st.first_bad_step.copy_(at::where(bad.logical_and(st.first_bad_step < 0),
                                     at::full({}, static_cast<double>(st.global_step), fopts), st.first_bad_step));
-  last_norm = norm;
+  last_norm = r.norm;
   ++st.window_steps;
   bar->update(st.global_step);
   if (t.callbacks_.on_step) t.callbacks_.on_step(st.global_step);

@@ -22,16 +22,12 @@
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/step.h"
 #include "kiln/train/step_math.h"
+#include "kiln/train/training_step.h"
 
 namespace kiln::data {
 class DataLoader;
 class PackedDataset;
 }  // namespace kiln::data
-
-namespace kiln::optim {
-class AdamW;
-class GradScaler;
-}  // namespace kiln::optim
 
 namespace kiln::dist {
 class Comm;
@@ -123,7 +119,7 @@ class Trainer {
   int rank() const;
   int world_size() const;
   dist::Comm* comm() const { return comm_.get(); }
-  const dist::DataParallel* data_parallel() const { return dp_.get(); }
+  const dist::DataParallel* data_parallel() const;
   // Bytes of AdamW state this rank holds (1/world of all with zero_stage 1 and 2).
   int64_t optimizer_state_bytes() const;
 
@@ -153,8 +149,6 @@ class Trainer {
   model::LlamaForCausalLM model_{nullptr};
   std::shared_ptr<const data::PackedDataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> loader_;
-  std::unique_ptr<optim::AdamW> optimizer_;
-  std::unique_ptr<optim::GradScaler> scaler_;
   StepPlan plan_;
   std::unique_ptr<State> state_;
   std::function<bool()> stop_check_;
@@ -172,10 +166,11 @@ class Trainer {
   void apply_auto_fit();
   void setup_optimizer();
   EvalOptions eval_options();
-  // dp_ after comm_: its hooks and collectives go first, then the last reference to the groups,
-  // whose destructor aborts them during an exception's unwinding and shuts them down otherwise.
+  // The step's parts (training_step.h) after comm_: data parallelism's hooks and collectives go
+  // first, then the last reference to the groups, whose destructor aborts them during an
+  // exception's unwinding and shuts them down otherwise. Null when planning only.
   std::shared_ptr<dist::Comm> comm_;
-  std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<TrainingStack> stack_;
   int zero_stage_ = 0;
   bool is_main() const { return rank() == 0; }
   // On several ranks a collective: true on every rank when any rank has a stop request, so all

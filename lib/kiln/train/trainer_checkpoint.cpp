@@ -156,22 +156,23 @@ std::string Trainer::save_checkpoint(int64_t step) {
     fs::create_directories(tmp);
   }
   if (comm_) comm_->barrier();
-  const bool sharded = dp_ && zero_stage_ > 0;
+  const bool sharded = stack_->data_parallel() && zero_stage_ > 0;
   if (is_main() || sharded) {
     io::NamedTensors opt;
-    for (const auto& [name, t] : optimizer_->state_dict()) opt.emplace_back(name, t);
-    if (scaler_) {
-      opt.emplace_back("grad_scaler.scale", scaler_->scale());
-      opt.emplace_back("grad_scaler.growth_tracker", scaler_->growth_tracker());
+    for (const auto& [name, t] : stack_->optimizer().state_dict()) opt.emplace_back(name, t);
+    if (stack_->scaler()) {
+      opt.emplace_back("grad_scaler.scale", stack_->scaler()->scale());
+      opt.emplace_back("grad_scaler.growth_tracker", stack_->scaler()->growth_tracker());
     }
     const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
     io::save_safetensors((tmp / file).string(), opt);
   }
   // transformers' optimizer.pt, scheduler.pt (and scaler.pt), so that its Trainer (and LLaMA-Factory)
   // continues this run from the checkpoint (docs/training.md, "Moving a run between LLaMA-Factory and kiln").
-  const std::vector<HfParamState> hf_state = gather_hf_state(model_, *optimizer_, dp_.get(), is_main());
+  const std::vector<HfParamState> hf_state =
+      gather_hf_state(model_, stack_->optimizer(), stack_->data_parallel(), is_main());
   if (is_main()) {
-    const optim::ScheduleConfig sched = schedule_of(config_, plan_);
+    const optim::ScheduleConfig sched = schedule_of(config_, plan_.total_steps);
     const double next_lr = config_.learning_rate * optim::lr_multiplier(sched, std::min(step, plan_.total_steps));
     const HfAdamWHyper hyper{.lr = next_lr,
                              .initial_lr = config_.learning_rate,
@@ -182,10 +183,10 @@ std::string Trainer::save_checkpoint(int64_t step) {
     io::save_torch_pickle((tmp / "optimizer.pt").string(), hf_adamw_state_dict(hf_state, hyper));
     io::save_torch_pickle((tmp / "scheduler.pt").string(),
                           hf_lambda_lr_state_dict(config_.learning_rate, step, next_lr));
-    if (scaler_) {
-      io::save_torch_pickle(
-          (tmp / "scaler.pt").string(),
-          hf_grad_scaler_state_dict(scaler_->scale().item<double>(), scaler_->growth_tracker().item<int64_t>()));
+    if (stack_->scaler()) {
+      io::save_torch_pickle((tmp / "scaler.pt").string(),
+                            hf_grad_scaler_state_dict(stack_->scaler()->scale().item<double>(),
+                                                      stack_->scaler()->growth_tracker().item<int64_t>()));
     }
   }
   const at::Tensor cpu_rng = cpu_rng_state();
@@ -204,7 +205,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
     }
     // HF's trainer_state.json (TrainerState.load_from_json reads it); kiln's own facts beside it.
     io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state_text(hf_trainer_state(step)));
-    const json kiln_state = {{"world_size", world_size()}, {"zero_stage", dp_ ? zero_stage_ : 0}};
+    const json kiln_state = {{"world_size", world_size()}, {"zero_stage", stack_->data_parallel() ? zero_stage_ : 0}};
     io::write_file_atomic((tmp / kKilnStateFile).string(), kiln_state.dump(2) + "\n");
   }
   if (comm_) comm_->barrier();  // every rank's part is on disk
@@ -293,7 +294,7 @@ void Trainer::resume(const std::string& dir) {
   if (!ts.is_object()) throw std::runtime_error(fmt::format("{}: expected a JSON object", state_file.string()));
   const int64_t saved_world = field("world_size", 1, 1, int64_t{1} << 20);
   const int64_t saved_stage = field("zero_stage", 0, 0, 2);
-  const int64_t stage = dp_ ? zero_stage_ : 0;
+  const int64_t stage = stack_->data_parallel() ? zero_stage_ : 0;
   if (saved_world != world_size() || (saved_stage != stage && (saved_stage > 0 || stage > 0))) {
     throw std::runtime_error(
         fmt::format("resume_from_checkpoint: {} was written by {} process{} with zero_stage {} ({}); this run has {} "
@@ -313,11 +314,11 @@ void Trainer::resume(const std::string& dir) {
   std::map<std::string, at::Tensor> state;
   for (const auto& name : opt.names()) state[name] = opt.tensor(name);
   try {
-    optimizer_->load_state_dict(state);
+    stack_->optimizer().load_state_dict(state);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(fmt::format("{}: {}", opt.path(), e.what()));
   }
-  if (scaler_ && opt.contains("grad_scaler.scale")) {
+  if (stack_->scaler() && opt.contains("grad_scaler.scale")) {
     const at::Tensor scale = opt.tensor("grad_scaler.scale"), tracker = opt.tensor("grad_scaler.growth_tracker");
     const auto one_number = [](const at::Tensor& t) { return t.numel() == 1 && !at::isComplexType(t.scalar_type()); };
     if (!one_number(scale) || !std::isfinite(scale.item<double>()) || scale.item<double>() <= 0 ||
@@ -327,8 +328,8 @@ void Trainer::resume(const std::string& dir) {
                       "grad_scaler.growth_tracker one number >= 0",
                       opt.path()));
     }
-    scaler_->mutable_scale().copy_(scale.reshape(scaler_->scale().sizes()));
-    scaler_->growth_tracker().copy_(tracker.reshape(scaler_->growth_tracker().sizes()));
+    stack_->scaler()->mutable_scale().copy_(scale.reshape(stack_->scaler()->scale().sizes()));
+    stack_->scaler()->growth_tracker().copy_(tracker.reshape(stack_->scaler()->growth_tracker().sizes()));
   }
   if (const fs::path rng_file = d / rng_state_file(rank(), world_size()); fs::exists(rng_file)) {
     io::SafetensorsFile rng(rng_file.string());
@@ -375,7 +376,7 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   const std::string state_file = (d / "trainer_state.json").string();
   // The schedule: its length from trainer_state.json, its type and warmup from the learning rate
   // that scheduler.pt holds for the saved step (LambdaLR keeps no more of it).
-  const optim::ScheduleConfig sched = schedule_of(config_, plan_);
+  const optim::ScheduleConfig sched = schedule_of(config_, plan_.total_steps);
   if (saved_max_steps >= 0 && saved_max_steps != plan_.total_steps) {
     throw std::runtime_error(fmt::format(
         "{}: max_steps {} differs from this run's {} steps ({}): the learning-rate schedule would not continue; set "
@@ -412,12 +413,12 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   io::SafetensorsCheckpoint weights(dir);
   model::load_weights(*model_, weights, dir);
 
-  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, *optimizer_,
-                         dp_ && zero_stage_ > 0 ? dp_.get() : nullptr);
-  if (const fs::path f = d / "scaler.pt"; scaler_ && fs::exists(f)) {
+  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, stack_->optimizer(),
+                         stack_->data_parallel() && zero_stage_ > 0 ? stack_->data_parallel() : nullptr);
+  if (const fs::path f = d / "scaler.pt"; stack_->scaler() && fs::exists(f)) {
     const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
-    scaler_->mutable_scale().fill_(sc.scale);
-    scaler_->growth_tracker().fill_(sc.growth_tracker);
+    stack_->scaler()->mutable_scale().fill_(sc.scale);
+    stack_->scaler()->growth_tracker().fill_(sc.growth_tracker);
   }
   if (fs::exists(d / "rng_state.pth") && is_main()) {
     logger()->info(

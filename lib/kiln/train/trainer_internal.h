@@ -69,9 +69,6 @@ struct Trainer::State {
   const ModelFolderFiles& folder_files(const PretrainConfig& config, const model::LlamaConfig& model_config);
 };
 
-// The run's learning-rate schedule (HF's, over the planned steps).
-optim::ScheduleConfig schedule_of(const PretrainConfig& config, const StepPlan& plan);
-
 // save_pretrained's options for a model saved with `files` beside it (the aligned special tokens).
 model::SaveOptions save_options_for(const ModelFolderFiles& files);
 

@@ -35,7 +35,7 @@ std::string Trainer::banner() const {
                           .selective = config_.selective_recomputation(),
                           .cuda = device_.is_cuda(),
                           .kernels = kernel_choices(config_.kernels, autocast_dtype_ ? 2 : 4, device_.is_cuda()),
-                          .data_parallel = dp_ != nullptr || (plan_only_ && env_launcher_ != "none"),
+                          .data_parallel = data_parallel() != nullptr || (plan_only_ && env_launcher_ != "none"),
                           .world_size = world_size(),
                           .zero_stage = zero_stage_,
                           .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
@@ -229,7 +229,7 @@ void Trainer::Run::log_window(int64_t step) {
     entry["mfu"] = st.flops.train() * per_device / (st.peak->tflops * 1e12);
   }
   // Host waits measure exposed communication on the CPU (Gloo); NCCL's waits only order streams.
-  if (t.dp_ && t.device_.is_cpu()) entry["comm_wait_share"] = st.window_comm_seconds / seconds;
+  if (t.data_parallel() && t.device_.is_cpu()) entry["comm_wait_share"] = st.window_comm_seconds / seconds;
   if (first_bad >= 0) entry["skipped_nonfinite_since_step"] = static_cast<int64_t>(first_bad);
   record(entry);
   if (std::isfinite(loss)) {

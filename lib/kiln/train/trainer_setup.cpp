@@ -111,9 +111,7 @@ void Trainer::init() {
   } else if (!config_.model_name_or_path.empty()) {
     model_ = model::load_pretrained(config_.model_name_or_path, {.dtype = at::kFloat, .device = device_});
   } else {
-    model_ = model::LlamaForCausalLM(model::load_llama_config(config_.model),
-                                     at::TensorOptions().device(device_).dtype(at::kFloat));
-    model_->init_weights(static_cast<uint64_t>(config_.seed));
+    model_ = fresh_model(model::load_llama_config(config_.model), device_, static_cast<uint64_t>(config_.seed));
   }
   model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
   if (config_.cutoff_len > model_->config().max_position_embeddings && is_main()) {
@@ -338,30 +336,7 @@ void Trainer::setup_shard_data() {
 }
 
 void Trainer::setup_optimizer() {
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-  const optim::AdamWConfig adamw{.beta1 = config_.adam_beta1,
-                                 .beta2 = config_.adam_beta2,
-                                 .eps = config_.adam_epsilon,
-                                 .weight_decay = config_.weight_decay};
-  if (comm_) {
-    // Every rank starts from rank 0's weights (a model from a checkpoint is the same everywhere
-    // anyway; a fresh init could differ with a platform's random numbers).
-    dp_ = std::make_unique<dist::DataParallel>(
-        comm_, named,
-        dist::DataParallelOptions{.bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20, .zero_stage = zero_stage_});
-    dp_->broadcast_parameters();
-    optimizer_ = std::make_unique<optim::AdamW>(dp_->optimizer_params(), adamw);
-  } else {
-    optimizer_ = std::make_unique<optim::AdamW>(named, adamw);
-  }
-  if (config_.fp16) scaler_ = std::make_unique<optim::GradScaler>(device_);
-
-  if (config_.selective_recomputation()) {
-    set_selective_recomputation(model_, true);
-  } else {
-    set_activation_checkpointing(model_, config_.gradient_checkpointing, std::max(config_.checkpoint_every(), 1));
-  }
+  stack_ = std::make_unique<TrainingStack>(model_, device_, stack_options(config_, comm_, zero_stage_));
   state_->flops = cost::flops_per_token(model_->config(), config_.cutoff_len);
 
   if (!config_.resume_from_checkpoint.empty()) {

@@ -1,0 +1,107 @@
+// One optimizer step, one way: the parts a step works on (model, data parallelism, AdamW, the fp16
+// loss scaler, clipping) built from the run's settings, and the step itself: forward and backward
+// over the micro-batches (step.h), the loss summed over ranks, unscale, clipping, the non-finite
+// check, AdamW with the learning rate given, zero_grad. kiln-pretrain's loop (Trainer) and every
+// kiln-profile point run this code, so the profile measures the step that training runs.
+//
+// The step never reads a device value on the host: the loss, the norm and the skip decision stay
+// on the device (the caller reads them when it logs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "kiln/dist/data_parallel.h"
+#include "kiln/model/llama.h"
+#include "kiln/optim/adamw.h"
+#include "kiln/optim/grad.h"
+#include "kiln/optim/schedule.h"
+#include "kiln/train/recomputation.h"
+#include "kiln/train/step.h"
+
+namespace kiln::dist {
+class Comm;
+}
+
+namespace kiln::train {
+
+struct PretrainConfig;
+
+struct StackOptions {
+  std::optional<at::ScalarType> autocast_dtype;  // bf16/fp16 compute; parameters stay fp32
+  bool loss_scaling = false;                     // fp16: GradScaler's dynamic loss scale
+  optim::AdamWConfig adamw;
+  double max_grad_norm = 1.0;          // optim::clip_grad_norm's limit
+  std::shared_ptr<dist::Comm> comm;    // data parallel over its ranks, or null
+  dist::DataParallelOptions parallel;  // with comm
+  Recomputation recomputation{"none", 0};
+};
+
+// A run's stack settings from its config (the same keys kiln-pretrain reads).
+StackOptions stack_options(const PretrainConfig& config, std::shared_ptr<dist::Comm> comm, int zero_stage);
+
+// Marks between a step's phases, for counters that count them apart (kiln-profile
+// --counter-phases): "backward" before each micro-batch's backward, "forward" after each backward
+// but the last, "optimizer" after the last. The step's first forward starts where the caller
+// draws its batches, so the caller marks it.
+struct StepHooks {
+  std::function<bool()> should_stop = nullptr;  // asked before each micro-batch: true abandons the step
+  std::function<void(const char* phase)> mark = nullptr;
+};
+
+struct StepResult {
+  at::Tensor loss_sum;       // 0-d fp32 on the device: the token losses summed over micro-batches and ranks
+  at::Tensor norm;           // 0-d: the gradient norm before clipping
+  at::Tensor bad;            // 0-d bool on the device: a non-finite loss or norm (the update was skipped)
+  double comm_seconds = 0;   // the host waited on gradient collectives (data parallel)
+  bool interrupted = false;  // should_stop: the partial gradients were dropped, nothing updated
+};
+
+class TrainingStack {
+ public:
+  // Sets the model's loss head (fused, no full logits) and its recomputation; with a
+  // communicator, every rank starts from rank 0's weights.
+  TrainingStack(model::LlamaForCausalLM model, at::Device device, StackOptions options);
+  ~TrainingStack();
+  TrainingStack(const TrainingStack&) = delete;
+  TrainingStack& operator=(const TrainingStack&) = delete;
+
+  // One optimizer step over `micro` (host batches), normalised by `total_targets` (the step's
+  // target tokens over every rank, > 0), at learning rate `lr`.
+  StepResult step(const std::vector<MicroBatch>& micro, int64_t total_targets, double lr, const StepHooks& hooks = {});
+
+  model::LlamaForCausalLM& model() { return model_; }
+  at::Device device() const { return device_; }
+  const StackOptions& options() const { return options_; }
+  optim::AdamW& optimizer() { return *optimizer_; }
+  const optim::AdamW& optimizer() const { return *optimizer_; }
+  optim::GradScaler* scaler() { return scaler_.get(); }
+  dist::DataParallel* data_parallel() { return dp_.get(); }
+  const dist::DataParallel* data_parallel() const { return dp_.get(); }
+  void zero_grad();
+
+ private:
+  model::LlamaForCausalLM model_;
+  at::Device device_;
+  StackOptions options_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::GradScaler> scaler_;
+};
+
+// A new model with fp32 parameters on `device`, initialised as HF initialises Llama (seeded).
+model::LlamaForCausalLM fresh_model(const model::LlamaConfig& config, at::Device device, uint64_t seed);
+
+// The config's learning-rate schedule (HF's) over `total_steps` optimizer steps.
+optim::ScheduleConfig schedule_of(const PretrainConfig& config, int64_t total_steps);
+
+// Sets a model's recomputation (train/activation_checkpoint.h) as `r` says.
+void apply_recomputation(model::LlamaForCausalLM& model, const Recomputation& r);
+
+}  // namespace kiln::train
