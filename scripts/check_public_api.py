@@ -38,10 +38,17 @@ RULES = [
     ("LibTorch's impl/detail/internal/native namespaces",
      re.compile(r"\b(at|c10|torch|caffe2)(\s*::\s*\w+)*\s*::\s*(impl|detail|internal|native)\s*::"),
      lambda p: p != WRAPPER),
+    # The autograd graph's own machinery: the engine, the running node, a node's sequence number. The
+    # public C++ API is torch::autograd::Function, grad/backward and a tensor's grad_fn.
+    ("the autograd engine's internals (the running node, sequence numbers, Engine)",
+     re.compile(r"\b(get_current_node|sequence_nr\s*\(|Engine::get_default_engine|gradient_edge)"),
+     lambda p: p != WRAPPER),
     ("a process-wide setting outside common/process_settings.cpp",
      re.compile(r"\b(setenv|putenv|unsetenv|mallopt)\s*\("), lambda p: p not in PROCESS_SETTINGS),
 ]
 FORBIDDEN_INCLUDE = re.compile(r"/(impl|native|detail)/")
+# Headers of the autograd engine's internals (graph nodes and edges, the engine), allowed in the wrapper only.
+INTERNAL_AUTOGRAD_HEADERS = re.compile(r"^torch/csrc/autograd/(function|engine|edge|graph_task|function_hook|variable)\.h$")
 
 
 def strip_comments(line, in_block):
@@ -72,6 +79,8 @@ def check_file(path, rel, include_dirs, problems):
             header = m.group(1)
             if FORBIDDEN_INCLUDE.search("/" + header) and rel != WRAPPER:
                 problems.append(f"{rel}:{n}: includes {header}, from LibTorch's impl/native/detail folders")
+            if INTERNAL_AUTOGRAD_HEADERS.match(header) and rel != WRAPPER:
+                problems.append(f"{rel}:{n}: includes {header}, the autograd engine's internals")
             if include_dirs and not any((d / header).is_file() for d in include_dirs):
                 problems.append(f"{rel}:{n}: includes {header}, which LibTorch does not install")
         code, in_block = strip_comments(raw, in_block)
@@ -99,6 +108,8 @@ def self_test(include_dirs):
         "lib/kiln/ops/env.cpp": "void h() { setenv(\"OMP_NUM_THREADS\", \"1\", 1); }\n",
         "lib/kiln/ops/missing.cpp": "#include <ATen/native/mkldnn/Matmul.h>\n",
         "apps/export.cpp": "TORCH_API void mkldnn_matmul();\n",
+        "lib/kiln/profile/node.cpp": "#include <torch/csrc/autograd/function.h>\n"
+                                     "auto s = torch::autograd::get_current_node()->sequence_nr();\n",
         "lib/kiln/ops/fine.cpp": "// at::native::mkldnn_matmul was here (a comment)\n#include <ATen/ATen.h>\n"
                                  "namespace kiln::detail { int x; }\nint y = kiln::detail::x;\n",
     }
@@ -109,7 +120,7 @@ def self_test(include_dirs):
             (root / rel).write_text(text)
         found = scan(root, include_dirs)
     expect = ["weak.cpp:1", "weak.cpp:2", "impl.cpp:1", "impl.cpp:2", "detail.cpp:1", "dl.cpp:1", "env.cpp:1",
-              "missing.cpp:1", "export.cpp:1"]
+              "missing.cpp:1", "export.cpp:1", "node.cpp:1", "node.cpp:2"]
     missed = [e for e in expect if not any(f"/{e}:" in "/" + p.split(" ")[0] for p in found)]
     false = [p for p in found if "fine.cpp" in p]
     if missed or false:

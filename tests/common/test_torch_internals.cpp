@@ -10,6 +10,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -18,6 +20,20 @@
 #include "support.h"
 
 namespace ti = kiln::torch_internals;
+
+namespace {
+// Records what running_autograd_node() says inside its own backward.
+struct Recorded {
+  static inline std::optional<ti::RunningNode> seen;
+};
+struct Twice : public torch::autograd::Function<Twice> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x * 2; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    Recorded::seen = ti::running_autograd_node();
+    return {g[0] * 2};
+  }
+};
+}  // namespace
 
 TEST_CASE("a post-accumulate-grad hook fires once per backward, after the incoming gradients are summed",
           "[common][torch_internals]") {
@@ -150,4 +166,22 @@ TEST_CASE("AutocastOff disables autocast on this thread and restores it (the pub
     const kiln::ops::AutocastOff off;  // with autocast already off, nothing to restore
   }
   CHECK(at::autocast::is_autocast_enabled(at::kCPU) == before);
+}
+
+TEST_CASE("running_autograd_node: inside a node's backward, that node's sequence number and forward thread",
+          "[common][torch_internals]") {
+  CHECK_FALSE(ti::running_autograd_node().has_value());  // no backward runs here
+  const at::Tensor x = at::randn({4}).requires_grad_(true);
+  const at::Tensor before = x.sin();  // another node first, so the sequence number is not trivially 0
+  const at::Tensor y = Twice::apply(before);
+  const std::shared_ptr<torch::autograd::Node> node = y.grad_fn();
+  REQUIRE(node != nullptr);
+  Recorded::seen.reset();
+  y.sum().backward();
+  REQUIRE(Recorded::seen.has_value());
+  CHECK(Recorded::seen->sequence_nr == static_cast<int64_t>(node->sequence_nr()));
+  CHECK(Recorded::seen->sequence_nr > static_cast<int64_t>(before.grad_fn()->sequence_nr()));
+  CHECK(Recorded::seen->forward_thread == node->thread_id());
+  CHECK(at::allclose(x.grad(), 2 * x.cos()));
+  CHECK_FALSE(ti::running_autograd_node().has_value());
 }

@@ -8,6 +8,7 @@
 #include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/autograd/variable.h>
@@ -124,6 +125,12 @@ std::vector<OpEvent> OpEventRecorder::stop() {
     out.push_back(std::move(ev));
   }
   return out;
+}
+
+std::optional<RunningNode> running_autograd_node() {
+  const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  if (!node) return std::nullopt;
+  return RunningNode{.sequence_nr = static_cast<int64_t>(node->sequence_nr()), .forward_thread = node->thread_id()};
 }
 
 }  // namespace kiln::torch_internals

@@ -1,6 +1,6 @@
-// The only place kiln uses LibTorch's impl/detail namespaces: three things its public C++ API cannot
-// do. Everything else in kiln calls LibTorch through `at::`/`torch::`/`c10::` functions of installed
-// headers (docs/architecture.md, "LibTorch's public API"; scripts/check_public_api.py fails the
+// The only place kiln uses LibTorch's impl/detail namespaces and the autograd engine's internals:
+// the things its public C++ API cannot do. Everything else in kiln calls LibTorch through `at::`/`torch::`/`c10::`
+// functions of installed headers (docs/architecture.md, "LibTorch's public API"; scripts/check_public_api.py fails the
 // suite if an impl/detail use, a hand-written declaration of a LibTorch symbol or a header LibTorch
 // does not install appears anywhere else in lib/ or apps/).
 //
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,5 +107,18 @@ class OpEventRecorder {
  private:
   bool active_ = false;
 };
+
+// ---- The autograd node running on this thread (profile/kernel_components.cpp) ----
+// While backward runs a node's apply on this thread: that node's sequence number (the forward op's
+// position in its thread's sequence, what the profiler's events carry as sequence_nr) and the
+// thread its forward op ran on; nullopt outside a node. Wraps torch::autograd::get_current_node and
+// Node::sequence_nr/thread_id (torch/csrc/autograd/function.h): the public API names the node of
+// a tensor (grad_fn) but not the one running, which is what attributes a kernel launched inside
+// backward to the forward op it differentiates.
+struct RunningNode {
+  int64_t sequence_nr = -1;
+  uint64_t forward_thread = 0;
+};
+std::optional<RunningNode> running_autograd_node();
 
 }  // namespace kiln::torch_internals

@@ -6,8 +6,7 @@
 #include <map>
 #include <string_view>
 
-#include <torch/csrc/autograd/function.h>
-
+#include "kiln/common/torch_internals.h"
 #include "kiln/profile/component_times.h"
 
 namespace kiln::profile {
@@ -35,10 +34,10 @@ LaunchSite current_launch_site() {
     if (std::strcmp(p->name(), kBackwardScope) == 0) site.in_backward = true;
   }
   if (s != nullptr && std::strcmp(s->name(), kBackwardScope) != 0) site.scope = s->name();
-  if (const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node()) {
+  if (const auto node = torch_internals::running_autograd_node()) {
     site.in_backward = true;
-    site.node_seq = static_cast<int64_t>(node->sequence_nr());
-    site.node_thread = node->thread_id();
+    site.node_seq = node->sequence_nr;
+    site.node_thread = node->forward_thread;
   }
   return site;
 }
