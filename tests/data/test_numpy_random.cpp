@@ -103,7 +103,7 @@ TEST_CASE("numpy_permutation equals default_rng(seed).permutation(n)", "[numpy_r
 }
 
 TEST_CASE("numpy_permutation: LLaMA-Factory notes' vectors and edge cases", "[numpy_random]") {
-  // tests/python/LLAMAFACTORY_NOTES.md, section 2 (read off numpy by hand there).
+  // docs/llamafactory.md, section 2 (read off numpy by hand there).
   const std::vector<int64_t> p7 = numpy_permutation(7, 380);
   CHECK(std::vector<int64_t>(p7.begin(), p7.begin() + 10) ==
         std::vector<int64_t>{155, 297, 232, 34, 61, 225, 0, 257, 203, 361});

@@ -1,5 +1,5 @@
 // Parameter counts. References: the "Number of trainable parameters = 1,235,814,400" that HF
-// Trainer printed for Llama-3.2-1B (shared/seed/pretrain-history.txt), and hand counts of the
+// Trainer printed for Llama-3.2-1B (configs/reference/llamafactory_runs.yaml), and hand counts of the
 // other presets written out below; each is checked against both the closed-form count and the
 // module actually built (on the meta device, so no memory is allocated).
 #include <set>

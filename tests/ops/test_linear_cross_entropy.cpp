@@ -1,7 +1,8 @@
 // ops::linear_cross_entropy (chunked, gradients computed in the forward pass) against autograd
 // through the plain ATen composition at::linear + at::cross_entropy_loss (fp32, tight), against
 // finite differences in fp64, and the fused model loss against the model's full-logits loss.
-// [cuda]: the kiln kernel path against the fp32 reference with design.md's low-precision rule.
+// [cuda]: the kiln kernel path against the fp32 reference with the low-precision rule (docs/architecture.md, design
+// rule 4).
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm_ops.h>

@@ -1,8 +1,8 @@
 // ops::rmsnorm against the formula y = w * x / sqrt(mean(x^2) + eps) evaluated in fp64; its
 // hand-written backward (and add_rmsnorm's) against autograd through the ATen composition (fp32)
 // and against finite differences (fp64); the CUDA kernels against the fp64/fp32 references with
-// the low-precision rule of design.md: a kernel result in bf16/fp16 may be off by at most twice
-// what the ATen computation in that dtype is.
+// the low-precision rule (docs/architecture.md, design rule 4): a kernel result in bf16/fp16 may be off by at most
+// twice what the ATen computation in that dtype is.
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 #include <catch2/catch.hpp>

@@ -1,6 +1,6 @@
 // ops::apply_rope / apply_rope_ (in place, hand-written backward) against autograd through the
 // ATen composition (fp32) and finite differences (fp64), with default and llama3-scaled tables;
-// the CUDA kernel against the fp32 reference with design.md's low-precision rule.
+// the CUDA kernel against the fp32 reference with the low-precision rule (docs/architecture.md, design rule 4).
 #include <torch/cuda.h>
 #include <catch2/catch.hpp>
 

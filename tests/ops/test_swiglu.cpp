@@ -1,6 +1,6 @@
 // ops::swiglu (hand-written backward) against autograd through at::silu(gate) * up (fp32) and
 // against finite differences (fp64); the CUDA kernels against the fp32 reference with
-// design.md's low-precision rule.
+// the low-precision rule (docs/architecture.md, design rule 4).
 #include <torch/cuda.h>
 #include <catch2/catch.hpp>
 

@@ -486,7 +486,7 @@ def test_llama_factory_ddp_timeout_of_180000000_s_is_accepted(kiln_bin, tmp_path
 
 
 def hf_445_banner(len_dataloader, batch, accumulation, world, epochs, max_steps):
-    """Trainer._inner_training_loop of transformers 4.45 (the users' logs in shared/seed), transcribed:
+    """Trainer._inner_training_loop of transformers 4.45 (the version of the banners in configs/reference/llamafactory_runs.yaml), transcribed:
     (Num Epochs, total train batch size, total optimization steps, updates per epoch)."""
     import math
 

@@ -37,7 +37,7 @@ from llamafactory_reference import make_fixture  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 # What `llamafactory_reference.py --train-run` (llamafactory 0.9.5, transformers 5.6.0) leaves with
-# do_eval and save_steps (tests/python/LLAMAFACTORY_NOTES.md, section 7).
+# do_eval and save_steps (docs/llamafactory.md, section 7).
 LF_OUTPUT_FILES = {"README.md", "all_results.json", "chat_template.jinja", "config.json", "eval_results.json",
                    "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                    "train_results.json", "trainer_log.jsonl", "trainer_state.json", "training_args.bin"}
@@ -57,7 +57,7 @@ EVAL_RESULT_KEYS = {"epoch", "eval_loss", "eval_perplexity", "eval_runtime", "ev
 TRAIN_RESULT_KEYS = {"epoch", "total_flos", "train_loss", "train_runtime", "train_samples_per_second",
                      "train_steps_per_second"}
 
-# The --train-run of LLAMAFACTORY_NOTES.md ("How to reproduce") as a YAML: 14 steps, evaluated
+# The --train-run of docs/llamafactory.md ("How to reproduce") as a YAML: 14 steps, evaluated
 # every 2, saved every 2, do_eval after training.
 RUN_KEYS = {
     "stage": "pt", "do_train": True, "finetuning_type": "full", "report_to": "none", "dataset": "docs_a,docs_b",

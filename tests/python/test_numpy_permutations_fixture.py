@@ -26,7 +26,7 @@ def test_fixture_matches_installed_numpy():
 
 
 def test_fixture_covers_llamafactory_notes_vectors():
-    # The test vectors of tests/python/LLAMAFACTORY_NOTES.md, section 2, are among the cases.
+    # The test vectors of docs/llamafactory.md, section 2, are among the cases.
     stored = json.loads((FIXTURES / "numpy_permutations.json").read_text())
     perms = {(int(s["seed"]), c["n"]): c for s in stored["seeds"] for c in s["permutations"]}
     assert perms[(7, 380)]["perm"][:10] == [155, 297, 232, 34, 61, 225, 0, 257, 203, 361]

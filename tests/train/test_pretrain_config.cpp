@@ -29,7 +29,7 @@ std::string write_yaml(const std::string& name, const std::string& text) {
   std::ofstream(path) << text;
   return path.string();
 }
-// The keys of the user's LLaMA-Factory runs (shared/seed/pretrain-history.txt).
+// The keys of the user's LLaMA-Factory runs (configs/reference/llamafactory_runs.yaml).
 const char* kLlamaFactory = R"(
 model: llama-100m
 per_device_train_batch_size: 1

@@ -159,7 +159,7 @@ TEST_CASE("trainer_state.json has TrainerState's fields; save_metrics merges all
 
 TEST_CASE("trainer_log.jsonl lines are LLaMA-Factory's, as Python's json.dumps writes them", "[train]") {
   using kiln::train::trainer_log_line;
-  // The first line of a real LLaMA-Factory 0.9.5 run (tests/python/LLAMAFACTORY_NOTES.md, section 7).
+  // The first line of a real LLaMA-Factory 0.9.5 run (docs/llamafactory.md, section 7).
   const nlohmann::json window = {{"loss", 5.765571117401123},    {"grad_norm", 0.41}, {"learning_rate", 0.0},
                                  {"epoch", 0.15789473684210525}, {"step", 1},         {"tokens_per_second", 10.0}};
   CHECK(

@@ -1,5 +1,5 @@
 // HF Trainer's step arithmetic and banner. References: the two real HF Trainer logs in
-// shared/seed/pretrain-history.txt (Llama-3.2-1B, 16,527,707 and 826,279 examples; transformers
+// configs/reference/llamafactory_runs.yaml (Llama-3.2-1B, 16,527,707 and 826,279 examples; transformers
 // <= 4.51, floor), and transformers 5.6.0's set_initial_training_values run by
 // tests/python/llamafactory_reference.py --banner-only (ceil: the last, shorter window is a step).
 #include <catch2/catch.hpp>
@@ -36,7 +36,7 @@ TEST_CASE("step arithmetic reproduces the user's HF Trainer logs", "[train]") {
 }
 
 TEST_CASE("step arithmetic: LLaMA-Factory 0.9.5's fixture figures", "[train]") {
-  // LLAMAFACTORY_NOTES.md section 8: 390 blocks, batch 2, accumulation 4, 3 epochs -> 195
+  // docs/llamafactory.md section 8: 390 blocks, batch 2, accumulation 4, 3 epochs -> 195
   // batches, 49 update steps per epoch (the last window 3 batches), 147 steps.
   const auto p = plan_steps(390, 2, 1, 4, 3.0, -1);
   CHECK(p.batches_per_epoch == 195);

@@ -7,7 +7,8 @@
 //   attention 2 * 2 * L * heads * d * (T + 1) / 2               (QK^T and PV, causal: a query at
 //                                                               position t sees t + 1 keys)
 // Training = forward x 3 (backward is twice the forward), x 4 with full activation recomputation.
-// The "6 N" rule of thumb (N = parameters) is kept beside it for comparison with the user's notes.
+// The "6 N" rule of thumb (N = parameters) is kept beside it for comparison with users' own
+// estimates (configs/reference/llamafactory_runs.yaml).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ struct FlopsPerToken {
 
 FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t seq_len);
 
-// 6 * N per token, N = all trainable parameters (the estimate in the user's notes).
+// 6 * N per token, N = all trainable parameters (the usual hand estimate).
 double six_n_per_token(const model::LlamaConfig& config);
 
 }  // namespace kiln::cost

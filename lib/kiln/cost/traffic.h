@@ -132,8 +132,8 @@ Roofline roofline(const HardwareSpec& hardware, const std::string& dtype);
 // The step's modelled time: every row at its roofline time, summed.
 double modelled_step_seconds(const TrafficReport& report, const Roofline& roof, bool eager = false);
 
-// The three counters of the user's table, modelled for a step that took `seconds_per_step`
-// (measured): fractions of the peaks, from kiln's rows (or the eager step's, to read a
+// The three counter columns of a user's resource table (memory bandwidth, tensor core, fp engine), modelled for a step
+// that took `seconds_per_step` (measured): fractions of the peaks, from kiln's rows (or the eager step's, to read a
 // transformers run's counters against).
 struct ModelledUtilisation {
   double memory_bandwidth = 0;  // bytes per step / seconds / bandwidth

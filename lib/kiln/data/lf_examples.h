@@ -1,7 +1,7 @@
 // LLaMA-Factory 0.9.5's pretraining examples (stage pt), built from a shard split that holds the
 // merged datasets' documents in order (named_datasets.h writes it: per dataset the first
 // max_samples rows, the datasets in `dataset:` order, each document `text` + EOS without BOS).
-// tests/python/LLAMAFACTORY_NOTES.md gives the file:line of every rule followed here, and
+// docs/llamafactory.md gives the file:line of every rule followed here, and
 // tests/python/test_lf_parity.py checks the result token for token against LLaMA-Factory itself.
 //
 //  1. The split is of *documents*, before any packing (llamafactory/data/data_utils.py

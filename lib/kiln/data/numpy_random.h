@@ -1,7 +1,7 @@
 // numpy's random permutation, bit for bit, without Python. LLaMA-Factory 0.9.5 splits a dataset's
 // documents into train and eval with HF datasets' Dataset.train_test_split(test_size, seed), which
 // takes np.random.default_rng(seed).permutation(n) and uses test = permutation[:n_test], train =
-// permutation[n_test:] (tests/python/LLAMAFACTORY_NOTES.md, section 2). To give the same documents,
+// permutation[n_test:] (docs/llamafactory.md, section 2). To give the same documents,
 // in the same order, kiln has to draw the same permutation: numpy's Generator over PCG64, seeded
 // through SeedSequence. Each piece below names the numpy 2.x source it follows; the golden values
 // are tests/python/fixtures/numpy_permutations.json (written by numpy itself).

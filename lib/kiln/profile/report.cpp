@@ -33,7 +33,7 @@ std::string pct(const std::optional<double>& f) {
 bool ok(const ProfileRow& r) {
   return r.status == "ok";
 }
-// A column of the user's table: counted beside modelled, or the model's value marked as such.
+// A counter column of the resource table: counted beside modelled, or the model's value marked as such.
 std::string utilisation_cell(const Utilisation& u) {
   if (u.counted && u.modelled) return fmt::format("{:.1f}% (model {:.1f}%)", *u.counted * 100, *u.modelled * 100);
   if (u.counted) return pct(u.counted);

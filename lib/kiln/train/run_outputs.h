@@ -3,7 +3,7 @@
 // all_results.json (Trainer.save_metrics), the TensorBoard tags of a log entry (HF's
 // TensorBoardCallback), LLaMA-Factory 0.9.5's trainer_log.jsonl and README.md model card, and the
 // tokenizer and generation files it saves beside every model. docs/training.md ("Outputs") lists
-// what is written when; tests/python/LLAMAFACTORY_NOTES.md (section 7) gives the sources followed.
+// what is written when; docs/llamafactory.md (section 7) gives the sources followed.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // HF Trainer's step arithmetic and its "***** Running training *****" banner, so that the
-// numbers a user knows from LLaMA-Factory logs (shared/seed/pretrain-history.txt) come out the
+// numbers a user knows from LLaMA-Factory logs (configs/reference/llamafactory_runs.yaml) come out the
 // same here for the same settings.
 #pragma once
 
