@@ -406,6 +406,20 @@ TEST_CASE("linear cross-entropy rejects bad labels and shapes", "[ops][linear_ce
              }),
              Catch::Matchers::Contains("outside [0, 5)"));
   CHECK_THAT(kiln::test::error_of([&] {
+               kiln::ops::linear_cross_entropy(hidden, weight, at::tensor({0, -2, 1}, at::kLong));
+             }),
+             Catch::Matchers::Contains("label -2 is outside [0, 5)"));
+  {
+    // CheckedLabelsScope leaves out only the device check (a host read); CPU labels are still checked.
+    const kiln::ops::CheckedLabelsScope checked;
+    CHECK(kiln::ops::CheckedLabelsScope::active());
+    CHECK_THAT(kiln::test::error_of([&] {
+                 kiln::ops::linear_cross_entropy(hidden, weight, at::tensor({0, 5, 1}, at::kLong));
+               }),
+               Catch::Matchers::Contains("label 5 is outside [0, 5)"));
+  }
+  CHECK_FALSE(kiln::ops::CheckedLabelsScope::active());
+  CHECK_THAT(kiln::test::error_of([&] {
                kiln::ops::linear_cross_entropy(hidden, at::randn({5, 3}), at::tensor({0, 1, 1}, at::kLong));
              }),
              Catch::Matchers::Contains("must be [V, H]"));

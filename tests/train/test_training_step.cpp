@@ -2,16 +2,24 @@
 // trainer itself. A profile point and a Trainer run the same settings over the same batches for
 // 5 steps; their losses must agree bit for bit, so any difference between the two steps (learning
 // rate, schedule, clipping, weight decay, initialisation, loss normalisation) fails here.
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <vector>
+
+#include <ATen/record_function.h>
+#include <torch/cuda.h>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kiln/common/device.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/profile/sweep.h"
 #include "kiln/train/step.h"
 #include "kiln/train/trainer.h"
+#include "kiln/train/training_step.h"
 #include "support.h"
 
 namespace {
@@ -80,4 +88,89 @@ TEST_CASE("a kiln-profile point runs kiln-pretrain's step: 5 steps, the same los
     CHECK(profiled[i] == trained[i]);
   }
   CHECK(trained.back() < trained.front());  // the steps learn: the equality is not of constants
+}
+
+namespace {
+
+// Counts the host reads of a tensor's value that the code under test makes itself, on every thread,
+// while it lives: a top-level aten::item, aten::is_nonzero or aten::_local_scalar_dense (the one
+// op that copies a value to the host; on a GPU each is a synchronisation). Reads inside another
+// ATen op (ATen's CPU kernels read their scalar arguments) are that op's own and not counted.
+class HostReadCounter {
+ public:
+  HostReadCounter() {
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(
+                                        [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                          const std::string_view name = fn.name();
+                                          if (depth() == 0 && (name == "aten::item" || name == "aten::is_nonzero" ||
+                                                               name == "aten::_local_scalar_dense"))
+                                            ++count();
+                                          ++depth();
+                                          return nullptr;
+                                        },
+                                        [](const at::RecordFunction&, at::ObserverContext*) { --depth(); })
+                                        .scopes({at::RecordScope::FUNCTION}));
+  }
+  ~HostReadCounter() { at::removeCallback(handle_); }
+  static std::atomic<int64_t>& count() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+
+ private:
+  static int& depth() {
+    static thread_local int d = 0;
+    return d;
+  }
+  at::CallbackHandle handle_;
+};
+
+}  // namespace
+
+TEST_CASE("one training step reads no device value on the host", "[train]") {
+  const std::string dtype = GENERATE("fp32", "bf16", "fp16");
+  CAPTURE(dtype);
+  kiln::train::PretrainConfig c = optimisation();
+  c.model = "tiny";
+  c.bf16 = dtype == "bf16";
+  c.fp16 = dtype == "fp16";
+  const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 32};
+  const kiln::model::LlamaConfig mc = kiln::model::load_llama_config("tiny");
+  kiln::train::TrainingStack stack(kiln::train::fresh_model(mc, at::kCPU, 7), at::kCPU,
+                                   kiln::train::stack_options(c, nullptr, 0));
+  const std::vector<kiln::train::MicroBatch> batches = kiln::profile::synthetic_batches(mc, point, 7);
+  int64_t targets = 0;
+  for (const auto& b : batches) targets += kiln::train::count_targets(b.labels);  // the host batch, before the step
+  stack.step(batches, targets, 1e-3);  // a first step: one-time set-up may read
+  HostReadCounter::count() = 0;
+  {
+    const HostReadCounter counter;
+    const kiln::train::StepResult r = stack.step(batches, targets, 1e-3);
+    CHECK(r.loss_sum.defined());
+  }
+  CHECK(HostReadCounter::count() == 0);
+}
+
+TEST_CASE("a training step on a GPU never makes the host wait (CUDA's sync debug mode: error)", "[train][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const std::string dtype = GENERATE("bf16", "fp16");
+  CAPTURE(dtype);
+  kiln::train::PretrainConfig c = optimisation();
+  c.bf16 = dtype == "bf16";
+  c.fp16 = dtype == "fp16";
+  const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 64};
+  const kiln::model::LlamaConfig mc = kiln::model::load_llama_config("tiny");
+  const at::Device cuda(at::kCUDA, 0);
+  kiln::train::TrainingStack stack(kiln::train::fresh_model(mc, cuda, 7), cuda,
+                                   kiln::train::stack_options(c, nullptr, 0));
+  const std::vector<kiln::train::MicroBatch> batches = kiln::profile::synthetic_batches(mc, point, 7);
+  int64_t targets = 0;
+  for (const auto& b : batches) targets += kiln::train::count_targets(b.labels);
+  stack.step(batches, targets, 1e-3);  // the first step's one-time set-up (cuBLAS handles, workspaces)
+  kiln::device::synchronize(cuda);
+  {
+    const kiln::device::SyncCheckScope no_waits;  // a synchronising CUDA call throws in here
+    CHECK_NOTHROW(stack.step(batches, targets, 1e-3));
+  }
+  kiln::device::synchronize(cuda);
 }

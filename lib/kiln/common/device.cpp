@@ -59,6 +59,8 @@ void cuda_synchronize(int index);
 int64_t cuda_peak_reserved_bytes(int index);
 void cuda_empty_cache();
 void cuda_set_memory_cap(int index, int64_t bytes);
+int cuda_sync_debug_mode();
+void cuda_set_sync_debug_mode(int mode);
 #endif
 
 namespace {
@@ -165,6 +167,19 @@ std::string name(const at::Device& device) {
 #endif
   if (device.is_cpu()) return "CPU (" + std::to_string(at::get_num_threads()) + " threads)";
   return device.str();
+}
+
+SyncCheckScope::SyncCheckScope() {
+#ifdef KILN_WITH_CUDA
+  previous_ = cuda_sync_debug_mode();
+  cuda_set_sync_debug_mode(2);  // c10::cuda::SyncDebugMode::L_ERROR
+#endif
+}
+
+SyncCheckScope::~SyncCheckScope() {
+#ifdef KILN_WITH_CUDA
+  cuda_set_sync_debug_mode(previous_);
+#endif
 }
 
 }  // namespace kiln::device

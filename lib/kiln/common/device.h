@@ -56,4 +56,19 @@ void release_cached_memory(const at::Device& device);
 // Caps the CUDA caching allocator at `bytes` of the device (a fraction of its memory); 0 lifts it.
 void set_device_memory_cap(const at::Device& device, int64_t bytes);
 
+// While it lives, a CUDA call that makes the host wait for the device throws (PyTorch's
+// synchronisation debug mode "error", torch.cuda.set_sync_debug_mode): a test that a region, such
+// as a training step, never synchronises. Process-wide, as PyTorch's mode is; the previous mode
+// comes back at the end. Does nothing in a build without CUDA.
+class SyncCheckScope {
+ public:
+  SyncCheckScope();
+  ~SyncCheckScope();
+  SyncCheckScope(const SyncCheckScope&) = delete;
+  SyncCheckScope& operator=(const SyncCheckScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 }  // namespace kiln::device

@@ -12,6 +12,7 @@
 #include <string>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
@@ -97,6 +98,14 @@ void cuda_set_memory_cap(int index, int64_t bytes) {
                               ? 1.0
                               : std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_bytes));
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(index));
+}
+
+int cuda_sync_debug_mode() {
+  return static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
+}
+
+void cuda_set_sync_debug_mode(int mode) {
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(mode));
 }
 
 }  // namespace kiln::device

@@ -328,6 +328,22 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
   return finish(loss_sum, z_sum, labels, o);
 }
 
+namespace {
+thread_local int checked_labels_depth = 0;
+}  // namespace
+
+CheckedLabelsScope::CheckedLabelsScope() {
+  ++checked_labels_depth;
+}
+
+CheckedLabelsScope::~CheckedLabelsScope() {
+  --checked_labels_depth;
+}
+
+bool CheckedLabelsScope::active() {
+  return checked_labels_depth > 0;
+}
+
 LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                               const at::Tensor& labels, const LinearCrossEntropyOptions& o) {
   if (backend(Op::kLinearCrossEntropy) == Backend::kAten)
@@ -337,8 +353,18 @@ LinearCrossEntropyResult linear_cross_entropy(const at::Tensor& hidden, const at
   const int64_t vocab = weight.size(0), dim = weight.size(1);
   const at::Tensor y = labels.reshape({-1}).to(at::kLong).contiguous();
   // An out-of-range target would read outside a row in the kernel; the reference rejects it too.
-  TORCH_CHECK(at::logical_or(y.eq(o.ignore_index), y.ge(0).logical_and(y.lt(vocab))).all().item<bool>(),
-              "linear_cross_entropy: a label is outside [0, ", vocab, ") and not ignore_index ", o.ignore_index);
+  // On the CPU a loop over the labels; on a device one host read, left out where the caller
+  // checked the labels already (CheckedLabelsScope).
+  if (y.is_cpu()) {
+    const int64_t* p = y.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      TORCH_CHECK(p[i] == o.ignore_index || (p[i] >= 0 && p[i] < vocab), "linear_cross_entropy: label ", p[i],
+                  " is outside [0, ", vocab, ") and not ignore_index ", o.ignore_index);
+    }
+  } else if (!CheckedLabelsScope::active()) {
+    TORCH_CHECK(at::logical_or(y.eq(o.ignore_index), y.ge(0).logical_and(y.lt(vocab))).all().item<bool>(),
+                "linear_cross_entropy: a label is outside [0, ", vocab, ") and not ignore_index ", o.ignore_index);
+  }
   // The compute dtype at::linear would use: the autocast dtype when autocast covers this device.
   at::ScalarType compute = hidden.scalar_type();
   const at::DeviceType dev = hidden.device().type();

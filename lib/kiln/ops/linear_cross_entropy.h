@@ -26,6 +26,20 @@ namespace kiln::ops {
 
 enum class LossReduction { kSum, kMean };
 
+// The labels of linear_cross_entropy calls on this thread, while it lives, were checked where
+// their batch entered (train::check_host_batch, data::TokenShards::check_ids_below), so the op
+// leaves out its own check of device labels: on a GPU that check reads a device value on the host,
+// a synchronisation per call. Labels on the CPU are always checked (a host loop, no
+// synchronisation). train::TrainingStack::step opens one; nesting is allowed.
+class CheckedLabelsScope {
+ public:
+  CheckedLabelsScope();
+  ~CheckedLabelsScope();
+  CheckedLabelsScope(const CheckedLabelsScope&) = delete;
+  CheckedLabelsScope& operator=(const CheckedLabelsScope&) = delete;
+  static bool active();  // on this thread
+};
+
 struct LinearCrossEntropyOptions {
   int64_t ignore_index = -100;
   double z_loss = 0.0;       // adds z_loss * logsumexp(logits)^2 per target token (PaLM's z-loss)

@@ -676,7 +676,11 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
   if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, config.memory_cap_bytes);
 
   std::shared_ptr<data::TokenShards> shards;
-  if (!config.dataset_dir.empty()) shards = data::TokenShards::open(config.dataset_dir);
+  if (!config.dataset_dir.empty()) {
+    // Checked once here: the step's loss head trusts its labels (ops::CheckedLabelsScope).
+    shards = data::TokenShards::open(config.dataset_dir);
+    shards->check_ids_below(report.model.vocab_size, fmt::format("the model's vocab_size ({})", config.model));
+  }
 
   for (int64_t cutoff : config.cutoff_lens) {
     std::shared_ptr<const data::PackedDataset> dataset;

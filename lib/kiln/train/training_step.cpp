@@ -9,6 +9,7 @@
 #include "kiln/common/component_scope.h"
 #include "kiln/common/nvtx.h"
 #include "kiln/dist/comm.h"
+#include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/pretrain_config.h"
 
@@ -103,7 +104,10 @@ StepResult TrainingStack::step(const std::vector<MicroBatch>& micro, int64_t tot
       if (hooks.mark && !last_backward) hooks.mark("forward");
     };
   }
-  AccumulateResult r = accumulate_gradients(model_, micro, acc);
+  AccumulateResult r = [&] {
+    const ops::CheckedLabelsScope checked;  // host batches are checked where they enter (check_host_batch)
+    return accumulate_gradients(model_, micro, acc);
+  }();
   if (r.interrupted) {
     zero_grad();
     out.interrupted = true;

@@ -71,8 +71,10 @@ class TrainingStack {
   TrainingStack(const TrainingStack&) = delete;
   TrainingStack& operator=(const TrainingStack&) = delete;
 
-  // One optimizer step over `micro` (host batches), normalised by `total_targets` (the step's
-  // target tokens over every rank, > 0), at learning rate `lr`.
+  // One optimizer step over `micro` (host batches whose labels are target ids or -100, checked
+  // where they entered: check_host_batch, TokenShards::check_ids_below; the loss head does not
+  // check them again on a device), normalised by `total_targets` (the step's target tokens over
+  // every rank, > 0), at learning rate `lr`.
   StepResult step(const std::vector<MicroBatch>& micro, int64_t total_targets, double lr, const StepHooks& hooks = {});
 
   model::LlamaForCausalLM& model() { return model_; }
