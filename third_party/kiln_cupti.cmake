@@ -1,4 +1,4 @@
-# CUPTI, for the GPU's hardware counters (lib/kiln/profile/counters_cupti.cpp): the range profiler
+# CUPTI, for the GPU's hardware counters (lib/kiln/profile/counters_cupti*.cpp): the range profiler
 # and profiler host APIs (cupti_range_profiler.h, cupti_profiler_host.h, CUDA 12.6 and newer).
 # Only in a build with kiln's CUDA sources (KILN_WITH_CUDA). Looked for, headers and library as
 # one pair, in this order:
@@ -7,9 +7,9 @@
 #      process has one CUPTI, found at run time through the wheel's RPATH entries
 #      (kiln_torch_rpath.cmake);
 #   2. the toolkit of the nvcc in use (include/ and lib64/, or extras/CUPTI/).
-# The headers are copied into the build folder (kiln_cupti_include/) and given to
-# counters_cupti.cpp alone, first, so that a toolkit's own older CUPTI headers never mix with the
-# chosen library's.
+# The headers are copied into the build folder (kiln_cupti_include/) and given to the
+# counters_cupti*.cpp sources alone, first, so that a toolkit's own older CUPTI headers never mix
+# with the chosen library's.
 # Results: KILN_WITH_CUPTI (ON/OFF), KILN_CUPTI_INFO (what was found, or why not),
 # KILN_CUPTI_INCLUDE_DIR, and the INTERFACE target kiln::cupti (the library).
 add_library(kiln_cupti INTERFACE)

@@ -1,13 +1,13 @@
-// HfTokenizer: see hf_tokenizer.h for scope. The BPE word loop mirrors tokenizers' Word::merge_all
-// (always apply the lowest-rank merge, leftmost on ties), which is what makes ids equal.
+// HfTokenizer's reader: tokenizer.json (and tokenizer_config.json beside it) into the tables of
+// HfTokenizer::Impl (hf_tokenizer_internal.h), refusing what kiln cannot reproduce exactly, with
+// the field named; and the accessors. Encoding, the BPE model and decoding are in
+// hf_tokenizer_encode.cpp, hf_tokenizer_bpe.cpp and hf_tokenizer_decode.cpp (see hf_tokenizer.h
+// for the scope), so that loading, the largest part, reads on its own.
 #include "kiln/data/hf_tokenizer.h"
 
 #include <algorithm>
-#include <atomic>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -17,10 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/data/hash.h"
+#include "kiln/data/hf_tokenizer_internal.h"
 #include "kiln/data/unicode_regex.h"
 #include "kiln/data/utf8.h"
 
 namespace kiln::data {
+
+using namespace hf;  // the step types of hf_tokenizer_internal.h
 
 namespace {
 
@@ -49,579 +52,72 @@ std::vector<std::string> byte_to_unicode_table() {
   return out;
 }
 
-std::atomic<uint64_t> g_next_instance{1};
-
-enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
-
-// Metaspace's prepend_scheme: when the replacement character goes in front of a piece.
-enum class PrependScheme { kAlways, kFirst, kNever };
-
-// Every non-overlapping occurrence of `pattern` (leftmost first) replaced by `content`; an empty
-// pattern matches nothing (tokenizers' String pattern).
-std::string replace_all(std::string_view text, std::string_view pattern, std::string_view content) {
-  std::string out;
-  if (pattern.empty()) return std::string(text);
-  out.reserve(text.size());
-  size_t pos = 0;
-  for (size_t hit; (hit = text.find(pattern, pos)) != std::string_view::npos; pos = hit + pattern.size()) {
-    out.append(text, pos, hit - pos);
-    out.append(content);
-  }
-  out.append(text, pos);
-  return out;
-}
-
-// A normalizer step: Prepend(content) when `prepend`, else Replace(String pattern -> content).
-struct NormStep {
-  bool prepend = false;
-  std::string pattern, content;
-};
-
-// A decoder step of the SentencePiece family.
-struct DecStep {
-  enum Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
-  std::string pattern, content;  // Replace; Strip's content / Metaspace's replacement in `content`
-  uint32_t ch = 0;               // Strip's / Metaspace's character
-  int64_t start = 0, stop = 0;   // Strip
-  PrependScheme scheme = PrependScheme::kAlways;
-};
-
-struct Regex {
-  pcre2_code* code = nullptr;
-  Regex() = default;
-  Regex(const Regex&) = delete;
-  ~Regex() {
-    if (code) pcre2_code_free(code);
-  }
-};
-
-struct PreStep {
-  std::shared_ptr<Regex> regex;  // null: no split (ByteLevel with use_regex false)
-  // The same pattern with Unicode 16.0 classes as explicit ranges (unicode_regex.h), used for a
-  // text holding a code point where libpcre2's tables differ; null when the pattern has none.
-  std::shared_ptr<Regex> exact;
-  Behavior behavior = Behavior::kIsolated;
-  bool add_prefix_space = false;
-  // Metaspace: ' ' -> replacement, the replacement prepended by `scheme`, then (when `regex` is
-  // set) split before each replacement (MergedWithNext).
-  bool metaspace = false;
-  std::string replacement;
-  PrependScheme scheme = PrependScheme::kAlways;
-};
-
-struct AddedToken {
-  std::string content;
-  int32_t id;
-  bool special;
-};
-
-// Per-thread PCRE2 state and word cache; rebuilt when the thread moves to another tokenizer.
-struct ThreadScratch {
-  uint64_t owner = 0;
-  pcre2_match_data* match = nullptr;
-  pcre2_match_context* context = nullptr;
-  pcre2_jit_stack* stack = nullptr;
-  std::unordered_map<std::string, std::vector<int32_t>> cache;
-  std::string utf8, normalized;
-  std::deque<std::string> arena;
-  ~ThreadScratch() { release(); }
-  void release() {
-    if (match) pcre2_match_data_free(match);
-    if (context) pcre2_match_context_free(context);
-    if (stack) pcre2_jit_stack_free(stack);
-    match = nullptr;
-    context = nullptr;
-    stack = nullptr;
-    cache.clear();
-  }
-};
-constexpr size_t kCacheEntries = 1 << 16, kCacheMaxWord = 64;
-constexpr std::string_view kSpaceMark = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's space
-
 }  // namespace
 
-struct HfTokenizer::Impl {
-  std::string path;
-  uint64_t instance = g_next_instance++;
-  uint64_t fingerprint = 0;
-  std::vector<std::string> id_bytes;  // raw bytes of every id
-  std::vector<char> id_special;
-  std::unordered_map<std::string, int32_t> bytes_to_id;    // BPE vocabulary, keyed by raw bytes
-  std::unordered_map<std::string, int32_t> content_to_id;  // tokenizer.json strings (vocab + added)
-  int32_t byte_id[256];
-  int32_t unk_id = -1;
-  // false: no ByteLevel pre-tokenizer, so BPE starts from characters as tokenizers' BPE does
-  // (SentencePiece-BPE: Llama-2, Mistral, TinyLlama), with byte fallback and unk for the rest.
-  bool byte_level = true;
-  std::vector<NormStep> normalizers;
-  bool byte_fallback = false, fuse_unk = false;
-  std::string unk_missing;        // characters mode: an unk_token the vocabulary lacks
-  int32_t fallback_id[256];       // "<0xNN>" tokens, -1 where absent
-  std::vector<int32_t> char_bmp;  // single-character tokens by code point (< 0x10000), -1 absent
-  std::unordered_map<uint32_t, int32_t> char_astral;
-  // Characters mode: no token holds "▁" right after another character, "▁" is a token, and no
-  // ignore_merges. Then no merge can join a symbol ending in another character to one starting
-  // with "▁" (the joined token would hold "X▁"), and unk/byte-fallback symbols are per character
-  // with any pending unk flushed at the known "▁", so BPE of a word equals BPE of its parts cut
-  // before each "▁" run, ids for ids. Llama-2's vocabulary is of this kind (its "▁▁" tokens are
-  // runs); a tokenizer trained across words ("o▁w") is not, and keeps whole words.
-  bool split_at_space_mark = false;
-  bool has_decoder = false;  // characters mode; without one HF joins the tokens with " "
-  std::vector<DecStep> decoders;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
-  bool ignore_merges = false;
-  std::vector<PreStep> steps;
-  std::vector<AddedToken> added;                     // sorted by content length, longest first
-  std::vector<std::vector<int32_t>> added_by_first;  // first byte -> indices into added
-  std::vector<int32_t> template_prefix, template_suffix;
-  int32_t bos = -1, eos = -1;
-  std::vector<CodePointRange> unicode_differ;  // union over the steps' patterns
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw std::runtime_error(fmt::format("tokenizer '{}': {}: {}", path, field, what));
+std::shared_ptr<Regex> HfTokenizer::Impl::compile(const std::string& pattern, bool literal,
+                                                  const std::string& field) const {
+  auto regex = std::make_shared<Regex>();
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  // PCRE2_LITERAL refuses PCRE2_UCP (and needs no Unicode classes).
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  regex->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
+  if (!regex->code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    fail(field, fmt::format("PCRE2 cannot compile pattern at offset {}: {}", offset, reinterpret_cast<char*>(message)));
   }
+  pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  return regex;
+}
 
-  std::shared_ptr<Regex> compile(const std::string& pattern, bool literal, const std::string& field) const {
-    auto regex = std::make_shared<Regex>();
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    // PCRE2_LITERAL refuses PCRE2_UCP (and needs no Unicode classes).
-    const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    regex->code =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset, nullptr);
-    if (!regex->code) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof(message));
-      fail(field,
-           fmt::format("PCRE2 cannot compile pattern at offset {}: {}", offset, reinterpret_cast<char*>(message)));
-    }
-    pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
-    return regex;
+// Compiles a pre-tokenizer regex and, when its classes need it, the Unicode-exact variant.
+PreStep HfTokenizer::Impl::regex_step(const std::string& pattern, bool literal, const std::string& field) {
+  PreStep step;
+  step.regex = compile(pattern, literal, field);
+  if (literal) return step;
+  UnicodeExactPattern u;
+  try {
+    u = unicode_exact_pattern(pattern);
+  } catch (const std::exception& e) {
+    fail(field, e.what());
   }
-
-  // Compiles a pre-tokenizer regex and, when its classes need it, the Unicode-exact variant.
-  PreStep regex_step(const std::string& pattern, bool literal, const std::string& field) {
-    PreStep step;
-    step.regex = compile(pattern, literal, field);
-    if (literal) return step;
-    UnicodeExactPattern u;
-    try {
-      u = unicode_exact_pattern(pattern);
-    } catch (const std::exception& e) {
-      fail(field, e.what());
-    }
-    if (!u.exact.empty() && !u.differ.empty()) {
-      step.exact = compile(u.exact, false, field + " (Unicode " + unicode_tables_version() + " classes)");
-      std::vector<CodePointRange> merged = unicode_differ;
-      merged.insert(merged.end(), u.differ.begin(), u.differ.end());
-      std::sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      unicode_differ.clear();
-      for (const auto& r : merged) {
-        if (!unicode_differ.empty() && r.first <= unicode_differ.back().last + 1) {
-          unicode_differ.back().last = std::max(unicode_differ.back().last, r.last);
-        } else {
-          unicode_differ.push_back(r);
-        }
-      }
-    }
-    return step;
-  }
-
-  // Metaspace's prepend_scheme (default "always"); a legacy add_prefix_space=false must come with
-  // "never", as tokenizers requires.
-  PrependScheme prepend_scheme(const json& p, const std::string& field) const {
-    PrependScheme scheme = PrependScheme::kAlways;
-    if (p.contains("prepend_scheme") && !p["prepend_scheme"].is_null()) {
-      const auto v = p["prepend_scheme"].get<std::string>();
-      if (v == "first")
-        scheme = PrependScheme::kFirst;
-      else if (v == "never")
-        scheme = PrependScheme::kNever;
-      else if (v != "always")
-        fail(field + ".prepend_scheme", fmt::format("'{}' is not one of always, first, never", v));
-    }
-    if (p.contains("add_prefix_space") && !p["add_prefix_space"].is_null() && !p["add_prefix_space"].get<bool>() &&
-        scheme != PrependScheme::kNever)
-      fail(field + ".add_prefix_space", "false does not match prepend_scheme (tokenizers refuses this too)");
-    return scheme;
-  }
-
-  // Characters mode: tokenizers' decoder chain over the tokens' strings, then concatenated.
-  std::string decode_chain(std::vector<std::string> tokens) const {
-    if (!has_decoder) {  // tokenizers without a decoder: the tokens joined by spaces
-      std::string out;
-      for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-      return out;
-    }
-    std::vector<std::string> next;
-    for (const DecStep& d : decoders) {
-      next.clear();
-      switch (d.kind) {
-        case DecStep::kReplace:
-          for (const auto& t : tokens) next.push_back(replace_all(t, d.pattern, d.content));
-          break;
-        case DecStep::kFuse: {
-          std::string all;
-          for (const auto& t : tokens) all += t;
-          next.push_back(std::move(all));
-          break;
-        }
-        case DecStep::kByteFallback: {
-          // Runs of "<0xNN>" tokens become their bytes when those are valid UTF-8, else one U+FFFD
-          // per token (the whole run), as tokenizers' ByteFallback. NN is read like Rust's
-          // u8::from_str_radix: two hex digits, or a '+' and one.
-          std::string run;
-          size_t run_tokens = 0;
-          const auto flush = [&] {
-            if (run_tokens == 0) return;
-            if (valid_utf8_prefix(run) == run.size()) {
-              next.push_back(run);
-            } else {
-              for (size_t k = 0; k < run_tokens; ++k) next.emplace_back("\xEF\xBF\xBD");
-            }
-            run.clear();
-            run_tokens = 0;
-          };
-          const auto hex = [](char c) -> int {
-            if (c >= '0' && c <= '9') return c - '0';
-            if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-            if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-            return -1;
-          };
-          for (auto& t : tokens) {
-            int value = -1;
-            if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
-              const int hi = hex(t[3]), lo = hex(t[4]);
-              if (hi >= 0 && lo >= 0)
-                value = hi * 16 + lo;
-              else if (t[3] == '+' && lo >= 0)
-                value = lo;
-            }
-            if (value >= 0) {
-              run.push_back(static_cast<char>(value));
-              ++run_tokens;
-            } else {
-              flush();
-              next.push_back(std::move(t));
-            }
-          }
-          flush();
-          break;
-        }
-        case DecStep::kStrip:
-          // Up to `start` leading and `stop` trailing characters equal to the content removed.
-          for (const auto& t : tokens) {
-            std::vector<size_t> at;  // byte offset of each character, then the end
-            for (size_t i = 0; i < t.size(); i += utf8_sequence_length(static_cast<uint8_t>(t[i]))) at.push_back(i);
-            const size_t n = at.size();
-            at.push_back(t.size());
-            const auto is_ch = [&](size_t k) {
-              return utf8_code_point(t, at[k], std::min(at[k + 1], t.size()) - at[k]) == d.ch;
-            };
-            size_t first = 0, last = n;
-            while (first < n && static_cast<int64_t>(first) < d.start && is_ch(first)) ++first;
-            while (last > first && static_cast<int64_t>(n - last) < d.stop && is_ch(last - 1)) --last;
-            next.push_back(t.substr(at[first], at[last] - at[first]));
-          }
-          break;
-        case DecStep::kMetaspace:
-          // The replacement becomes ' ', except in the first token, where it is dropped unless
-          // the scheme is "never".
-          for (size_t i = 0; i < tokens.size(); ++i) {
-            const bool drop = i == 0 && d.scheme != PrependScheme::kNever;
-            next.push_back(replace_all(tokens[i], d.content, drop ? "" : " "));
-          }
-          break;
-      }
-      tokens.swap(next);
-    }
-    std::string out;
-    for (const auto& t : tokens) out += t;
-    return out;
-  }
-
-  ThreadScratch& scratch() const {
-    thread_local ThreadScratch s;
-    if (s.owner != instance) {
-      s.release();
-      s.owner = instance;
-      s.match = pcre2_match_data_create(1, nullptr);
-      s.context = pcre2_match_context_create(nullptr);
-      s.stack = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
-      pcre2_jit_stack_assign(s.context, nullptr, s.stack);
-    }
-    return s;
-  }
-
-  // Splits `piece` by the step's regex into `out` (empty pieces dropped, as tokenizers does).
-  // at_start: the piece begins at offset 0 of the original text (Metaspace's "first" scheme).
-  void split(const PreStep& step, bool exact, std::string_view piece, bool at_start, ThreadScratch& s,
-             std::vector<std::string_view>& out) const {
-    if (step.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
-      s.arena.emplace_back(" ");
-      s.arena.back().append(piece);
-      piece = s.arena.back();
-    }
-    if (step.metaspace && !piece.empty()) {  // tokenizers' NormalizedString::prepend skips empty text
-      std::string& t = s.arena.emplace_back();
-      t.reserve(piece.size() + 8);
-      for (const char c : piece) {
-        if (c == ' ')
-          t += step.replacement;
-        else
-          t.push_back(c);
-      }
-      const bool want = step.scheme == PrependScheme::kAlways || (step.scheme == PrependScheme::kFirst && at_start);
-      if (want && t.compare(0, step.replacement.size(), step.replacement) != 0) t.insert(0, step.replacement);
-      piece = t;
-    }
-    if (!step.regex) {
-      if (!piece.empty()) out.push_back(piece);
-      return;
-    }
-    const Regex& regex = exact && step.exact ? *step.exact : *step.regex;
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
-    size_t start = 0, last = 0;
-    std::string_view pending;  // MergedWithNext: the match waiting for the gap after it
-    bool has_pending = false, last_was_gap = false;
-    const auto emit = [&](std::string_view p, bool is_match) {
-      switch (step.behavior) {
-        case Behavior::kIsolated:
-          if (!p.empty()) out.push_back(p);
-          break;
-        case Behavior::kRemoved:
-          if (!is_match && !p.empty()) out.push_back(p);
-          break;
-        case Behavior::kMergedWithPrevious:
-          if (is_match && !out.empty() && out.back().data() + out.back().size() == p.data() && last_was_gap) {
-            out.back() = std::string_view(out.back().data(), out.back().size() + p.size());
-          } else if (!p.empty()) {
-            out.push_back(p);
-          }
-          break;
-        case Behavior::kMergedWithNext:
-          if (is_match) {
-            if (has_pending) out.push_back(pending);
-            pending = p;
-            has_pending = true;
-          } else if (has_pending) {
-            out.push_back(std::string_view(pending.data(), pending.size() + p.size()));
-            has_pending = false;
-          } else if (!p.empty()) {
-            out.push_back(p);
-          }
-          break;
-      }
-      last_was_gap = !is_match;
-    };
-    while (start <= piece.size()) {
-      const int rc = pcre2_match(regex.code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK, s.match, s.context);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) {
-        PCRE2_UCHAR message[256];
-        pcre2_get_error_message(rc, message, sizeof(message));
-        throw std::runtime_error(
-            fmt::format("tokenizer '{}': regex match failed: {}", path, reinterpret_cast<char*>(message)));
-      }
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.match);
-      const size_t b = ov[0], e = ov[1];
-      if (e == b) {  // empty match: no split here; step over one character
-        if (b >= piece.size()) break;
-        start = b + 1;
-        while (start < piece.size() && (static_cast<uint8_t>(piece[start]) & 0xC0) == 0x80) ++start;
-        continue;
-      }
-      if (b > last) emit(piece.substr(last, b - last), false);
-      emit(piece.substr(b, e - b), true);
-      last = start = e;
-    }
-    if (last < piece.size()) emit(piece.substr(last), false);
-    if (has_pending) out.push_back(pending);
-  }
-
-  void bpe(std::string_view word, std::vector<int32_t>& out) const {
-    if (ignore_merges) {
-      const auto it = bytes_to_id.find(std::string(word));
-      if (it != bytes_to_id.end()) {
-        out.push_back(it->second);
-        return;
-      }
-    }
-    struct Sym {
-      int32_t id, prev, next;
-    };
-    std::vector<Sym> syms;
-    syms.reserve(word.size());
-    const auto push = [&](int32_t id) {
-      syms.push_back({id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1});
-    };
-    if (byte_level) {
-      for (const char c : word) {
-        const int32_t id = byte_id[static_cast<uint8_t>(c)];
-        if (id >= 0) push(id);  // else: not in the vocabulary and no unk token: tokenizers drops it too
-      }
-    } else {
-      initial_symbols(word, push);
-    }
-    if (syms.empty()) return;
-    syms.back().next = -1;
-    struct Cand {
-      int32_t rank, pos, merged;
-      bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand> heap;
-    const auto pair_of = [&](int32_t pos) -> const std::pair<int32_t, int32_t>* {
-      const int32_t nx = syms[pos].next;
-      if (nx < 0) return nullptr;
-      const uint64_t key =
-          (static_cast<uint64_t>(static_cast<uint32_t>(syms[pos].id)) << 32) | static_cast<uint32_t>(syms[nx].id);
-      const auto it = merges.find(key);
-      return it == merges.end() ? nullptr : &it->second;
-    };
-    for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) {
-      if (const auto* m = pair_of(i)) heap.push({m->first, i, m->second});
-    }
-    while (!heap.empty()) {
-      const Cand top = heap.top();
-      heap.pop();
-      Sym& left = syms[top.pos];
-      if (left.id < 0 || left.next < 0) continue;
-      const auto* m = pair_of(top.pos);
-      if (!m || m->second != top.merged) continue;  // stale: a neighbour was merged meanwhile
-      Sym& right = syms[left.next];
-      left.id = top.merged;
-      left.next = right.next;
-      if (right.next >= 0) syms[right.next].prev = top.pos;
-      right.id = -1;
-      if (left.prev >= 0) {
-        if (const auto* p = pair_of(left.prev)) heap.push({p->first, left.prev, p->second});
-      }
-      if (const auto* n = pair_of(top.pos)) heap.push({n->first, top.pos, n->second});
-    }
-    for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
-  }
-
-  // Characters mode: the symbols tokenizers' BPE starts a word with. A character in the
-  // vocabulary is its token; else, with byte fallback, its UTF-8 bytes as <0xNN> tokens when all
-  // exist; else the unk token (consecutive ones fused into one with fuse_unk), else nothing. As
-  // in tokenizers, a pending unk is emitted only at the next known character or the word's end.
-  template <class Push>
-  void initial_symbols(std::string_view word, const Push& push) const {
-    int32_t pending = -1;
-    for (size_t i = 0; i < word.size();) {
-      const size_t n = std::min(utf8_sequence_length(static_cast<uint8_t>(word[i])), word.size() - i);
-      const uint32_t cp = utf8_code_point(word, i, n);
-      int32_t id = -1;
-      if (cp < char_bmp.size()) {
-        id = char_bmp[cp];
-      } else if (!char_astral.empty()) {
-        const auto it = char_astral.find(cp);
-        if (it != char_astral.end()) id = it->second;
-      }
-      if (id >= 0) {
-        if (pending >= 0) push(pending);
-        pending = -1;
-        push(id);
+  if (!u.exact.empty() && !u.differ.empty()) {
+    step.exact = compile(u.exact, false, field + " (Unicode " + unicode_tables_version() + " classes)");
+    std::vector<CodePointRange> merged = unicode_differ;
+    merged.insert(merged.end(), u.differ.begin(), u.differ.end());
+    std::sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    unicode_differ.clear();
+    for (const auto& r : merged) {
+      if (!unicode_differ.empty() && r.first <= unicode_differ.back().last + 1) {
+        unicode_differ.back().last = std::max(unicode_differ.back().last, r.last);
       } else {
-        bool all = byte_fallback;
-        for (size_t k = 0; all && k < n; ++k) all = fallback_id[static_cast<uint8_t>(word[i + k])] >= 0;
-        if (all) {
-          for (size_t k = 0; k < n; ++k) push(fallback_id[static_cast<uint8_t>(word[i + k])]);
-        } else if (unk_id >= 0) {
-          if (pending >= 0 && !fuse_unk) push(pending);
-          pending = unk_id;
-        } else if (!unk_missing.empty()) {
-          throw std::runtime_error(fmt::format(
-              "tokenizer '{}': model.unk_token '{}' is needed for '{}' but is not in the vocabulary (HF tokenizers "
-              "fails here too)",
-              path, unk_missing, word.substr(i, n)));
-        }
+        unicode_differ.push_back(r);
       }
-      i += n;
     }
-    if (pending >= 0) push(pending);
   }
+  return step;
+}
 
-  // The normalizer chain on one segment (added tokens are split out before it, as in
-  // tokenizers). lead0: whether the result's first character comes from the original offset 0
-  // (true on entry iff the segment starts the text); a Replace that deletes the leading
-  // characters moves it, as tokenizers' alignments do. (Not told apart: a Replace deleting only
-  // what a Prepend added, which would keep offset 0 in tokenizers; no known tokenizer does that.)
-  void normalize(std::string_view text, std::string& out, bool& lead0) const {
-    out.assign(text);
-    for (const NormStep& n : normalizers) {
-      if (n.prepend) {
-        if (!out.empty()) out.insert(0, n.content);
-      } else if (!n.pattern.empty()) {
-        if (n.content.empty() && out.compare(0, n.pattern.size(), n.pattern) == 0) lead0 = false;
-        out = replace_all(out, n.pattern, n.content);
-      }
-    }
+// Metaspace's prepend_scheme (default "always"); a legacy add_prefix_space=false must come with
+// "never", as tokenizers requires.
+PrependScheme HfTokenizer::Impl::prepend_scheme(const json& p, const std::string& field) const {
+  PrependScheme scheme = PrependScheme::kAlways;
+  if (p.contains("prepend_scheme") && !p["prepend_scheme"].is_null()) {
+    const auto v = p["prepend_scheme"].get<std::string>();
+    if (v == "first")
+      scheme = PrependScheme::kFirst;
+    else if (v == "never")
+      scheme = PrependScheme::kNever;
+    else if (v != "always")
+      fail(field + ".prepend_scheme", fmt::format("'{}' is not one of always, first, never", v));
   }
-
-  void encode_segment(std::string_view text, bool at_start, ThreadScratch& s, std::vector<int32_t>& out) const {
-    if (!normalizers.empty()) {
-      normalize(text, s.normalized, at_start);
-      text = s.normalized;
-    }
-    if (text.empty()) return;
-    std::vector<std::string_view> pieces{text}, next;
-    const bool exact = contains_code_point_in(text, unicode_differ);
-    for (const PreStep& step : steps) {
-      next.clear();
-      for (const auto p : pieces) split(step, exact, p, at_start && p.data() == text.data(), s, next);
-      pieces.swap(next);
-    }
-    for (const auto p : pieces) {
-      if (!split_at_space_mark) {
-        encode_word(p, s, out);
-        continue;
-      }
-      // Exact shortcut (see split_at_space_mark): cut before each run of "▁" that follows
-      // another character, so that long words (whole documents in Llama-2's layout) become
-      // short cacheable ones.
-      size_t begin = 0;
-      for (size_t i = p.find(kSpaceMark, 1); i != std::string_view::npos; i = p.find(kSpaceMark, i + 1)) {
-        if (i >= kSpaceMark.size() && p.compare(i - kSpaceMark.size(), kSpaceMark.size(), kSpaceMark) == 0) continue;
-        encode_word(p.substr(begin, i - begin), s, out);
-        begin = i;
-      }
-      encode_word(p.substr(begin), s, out);
-    }
-    s.arena.clear();
-  }
-
-  void encode_word(std::string_view p, ThreadScratch& s, std::vector<int32_t>& out) const {
-    if (p.size() > kCacheMaxWord) {
-      bpe(p, out);
-      return;
-    }
-    std::string key(p);
-    const auto it = s.cache.find(key);
-    if (it != s.cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-    const size_t before = out.size();
-    bpe(p, out);
-    if (s.cache.size() >= kCacheEntries) s.cache.clear();
-    s.cache.emplace(std::move(key), std::vector<int32_t>(out.begin() + before, out.end()));
-  }
-
-  // Leftmost-longest match of an added token at or after `from`; returns its index or -1.
-  int32_t find_added(std::string_view text, size_t from, size_t& at) const {
-    for (size_t i = from; i < text.size(); ++i) {
-      for (const int32_t k : added_by_first[static_cast<uint8_t>(text[i])]) {
-        const std::string& c = added[k].content;
-        if (text.compare(i, c.size(), c) == 0) {
-          at = i;
-          return k;
-        }
-      }
-    }
-    return -1;
-  }
-};
+  if (p.contains("add_prefix_space") && !p["add_prefix_space"].is_null() && !p["add_prefix_space"].get<bool>() &&
+      scheme != PrependScheme::kNever)
+    fail(field + ".add_prefix_space", "false does not match prepend_scheme (tokenizers refuses this too)");
+  return scheme;
+}
 
 HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -1043,39 +539,6 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
 }
 
 HfTokenizer::~HfTokenizer() = default;
-
-void HfTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out, bool add_special_tokens) const {
-  const Impl& m = *impl_;
-  ThreadScratch& s = m.scratch();
-  const std::string_view valid = replace_invalid_utf8(text, s.utf8);
-  if (add_special_tokens) out.insert(out.end(), m.template_prefix.begin(), m.template_prefix.end());
-  size_t pos = 0;
-  while (pos < valid.size()) {
-    size_t at = valid.size();
-    const int32_t k = m.added.empty() ? -1 : m.find_added(valid, pos, at);
-    if (at > pos) m.encode_segment(valid.substr(pos, at - pos), pos == 0, s, out);
-    if (k < 0) break;
-    out.push_back(m.added[k].id);
-    pos = at + m.added[k].content.size();
-  }
-  if (add_special_tokens) out.insert(out.end(), m.template_suffix.begin(), m.template_suffix.end());
-}
-
-std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
-  const Impl& m = *impl_;
-  std::string out;
-  std::vector<std::string> tokens;
-  for (const int32_t id : ids) {
-    if (id < 0 || id >= static_cast<int32_t>(m.id_bytes.size()))
-      throw std::out_of_range(fmt::format("tokenizer '{}': decode: id {} outside the vocabulary", m.path, id));
-    if (skip_special_tokens && m.id_special[id]) continue;
-    if (m.byte_level)
-      out += m.id_bytes[id];
-    else
-      tokens.push_back(m.id_bytes[id]);
-  }
-  return m.byte_level ? out : m.decode_chain(std::move(tokens));
-}
 
 int64_t HfTokenizer::vocab_size() const {
   return static_cast<int64_t>(impl_->id_bytes.size());

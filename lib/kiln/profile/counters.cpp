@@ -1,5 +1,5 @@
 // Hardware counters: the session factory, the CPU's perf_event session, and the sysfs event reader
-// (counters.h). The CUDA session is counters_cupti.cpp, compiled only where CUPTI was found.
+// (counters.h). The CUDA session is counters_cupti*.cpp, compiled only where CUPTI was found.
 #include "kiln/profile/counters.h"
 
 #include <algorithm>

@@ -1,6 +1,7 @@
-// The CUDA counter session (CUPTI's range profiler), defined in counters_cupti.cpp, which is
-// compiled only where CMake found CUPTI (KILN_WITH_CUPTI, third_party/kiln_cupti.cmake);
-// counters.cpp calls it from CounterSession::open.
+// The CUDA counter session (CUPTI's range profiler), defined in counters_cupti*.cpp (the session in
+// counters_cupti.cpp, the metric plan in counters_cupti_metrics.cpp, cupti_range_phases in
+// counters_cupti_collect.cpp), which are compiled only where CMake found CUPTI (KILN_WITH_CUPTI,
+// third_party/kiln_cupti.cmake); counters.cpp calls it from CounterSession::open.
 #pragma once
 
 #include <cstddef>
