@@ -323,7 +323,7 @@ class Bench:
     def kiln_step(self, c: dict, model_dir: Path, trace_dir: Path | None = None) -> dict:
         out = self.work / "kiln-profile"
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [self.bin("kiln-profile"), "--model", model_dir, "--cutoff-len", c["cutoff_len"], "--batch-size",
+        cmd = [self.bin("kiln-profile"), "sweep", "--model", model_dir, "--cutoff-len", c["cutoff_len"], "--batch-size",
                c["batch"], "--grad-accum", 1, "--dtype", c["dtype"], "--steps", self.args.steps, "--warmup",
                self.args.warmup, "--device", self.args.device, "--format", "json", "--output", out,
                "--peak-tflops", 1]
