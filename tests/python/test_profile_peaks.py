@@ -156,7 +156,7 @@ LLAMA = ["--model", "llama-100m", "--device", "cpu", "--dtype", "fp32", "--cutof
 
 @pytest.fixture(scope="module")
 def llama_sweep(run_kiln, tmp_path_factory):
-    """kiln-profile --model llama-100m at one small point (about 10-20 s on 2 cores)."""
+    """kiln-profile sweep --model llama-100m at one small point (about 10-20 s on 2 cores)."""
     out = tmp_path_factory.mktemp("profile_llama")
     start = time.monotonic()
     r = run_kiln("kiln-profile", "sweep", *LLAMA, "--steps", "1", "--warmup", "0", "--output", out, timeout=300)
@@ -268,7 +268,7 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
 
 @pytest.fixture(scope="module")
 def component_sweep(run_kiln, tmp_path_factory):
-    """kiln-profile --component-times on tiny (bf16, 64 x 2, 2 steps), every format."""
+    """kiln-profile sweep --component-times on tiny (bf16, 64 x 2, 2 steps), every format."""
     out = tmp_path_factory.mktemp("profile_components")
     r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
                  "--batch-size", "2", "--steps", "2", "--warmup", "1", "--component-times", "--format",
