@@ -6,8 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
 #include <cxxopts.hpp>
+
+#include "kiln/common/device.h"
 
 namespace kiln::cli {
 
@@ -57,14 +58,14 @@ inline void require(const cxxopts::ParseResult& args, std::initializer_list<cons
   }
 }
 
-// "cpu", "cuda", or "" = cuda when a GPU is present; anything else is an error naming --device.
+// --device's value through the one resolver (common/device.h): auto, cpu or cuda, "" = auto;
+// an error names --device.
 inline at::Device device(const std::string& name) {
-  if (name == "cuda" || (name.empty() && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) throw std::invalid_argument("--device cuda: no CUDA device is present");
-    return at::Device(at::kCUDA, 0);
+  try {
+    return kiln::device::resolve(name.empty() ? "auto" : name);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--device: ") + e.what());
   }
-  if (name == "cpu" || name.empty()) return at::Device(at::kCPU);
-  throw std::invalid_argument("--device must be cpu or cuda, got '" + name + "'");
 }
 
 // An optional string option's value, "" when it is absent. (A default_value("") would make

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     ("bf16", "compute in bf16 (autocast)")
     ("add-bos", "put the shards' BOS token before every block (every block token is then scored)")
     ("no-add-bos", "score the blocks as the shards hold them")
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
+    ("device", "auto, cpu or cuda (default auto: cuda when present)", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   try {

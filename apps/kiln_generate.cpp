@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     ("top-p", "nucleus sampling threshold (1 = off)", cxxopts::value<double>()->default_value("0.95"))
     ("ids", "print the prompt's and the new tokens' ids as one JSON line instead of text")
     ("seed", "sampling seed", cxxopts::value<uint64_t>()->default_value("0"))
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
+    ("device", "auto, cpu or cuda (default auto: cuda when present)", cxxopts::value<std::string>())
     ("h,help", "print this help");
   // clang-format on
   try {

@@ -1,161 +1,134 @@
-// kiln-profile: the user's resource tables (speed, memory, MFU per cutoff_len, batch size and
-// gradient accumulation), measured by running the trainer's step and set beside the analytic
-// FLOP and memory models, in one command. Markdown on stdout; CSV, JSON and HTML in --output.
+// kiln-profile: resource tables (speed, memory, MFU per cutoff_len, batch size and gradient
+// accumulation), measured by running the trainer's step and set beside the analytic FLOP and
+// memory models (sweep); the memory planner (plan); the modelled traffic and FLOPs of one step
+// (explain). Each subcommand reads its keys through its own table (profile/command_keys.h).
+// Markdown on stdout; CSV, JSON and HTML in output_dir.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
-#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "kiln/common/device.h"
 #include "kiln/common/malloc_tuning.h"
-#include "kiln/cost/cpu_peak.h"
-#include "kiln/cost/hardware.h"
+#include "kiln/config/key_table.h"
 #include "kiln/cost/plan.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/dist/env.h"
 #include "kiln/model/llama_config.h"
-#include "kiln/ops/dispatch.h"
+#include "kiln/profile/command_keys.h"
 #include "kiln/profile/plan_report.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
-#include "kiln/train/kernel_choices.h"
+#include "kiln/train/recomputation.h"
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
+using kiln::profile::Command;
+
+const char* const kSpellingHelp =
+    "Keys are snake_case, kiln-pretrain's and LLaMA-Factory's names where they exist; on the command line\n"
+    "--KEY VALUE or --KEY=VALUE, a key in kebab case too (--cutoff-len), a boolean key alone for true\n"
+    "(--counters). Aliases: --batch-size = per_device_train_batch_size, --grad-accum =\n"
+    "gradient_accumulation_steps, --output = output_dir, --trace = trace_dir, --no-overlap = ddp_overlap false.\n"
+    "A key given twice: the last wins. An unknown key, or another subcommand's, is an error.\n";
+
+void print_help() {
+  fmt::print(
+      "Usage: kiln-profile COMMAND [--KEY VALUE ...]\n\n"
+      "Commands:\n"
+      "  sweep    measure training speed and memory over a grid of cutoff_len x batch size x gradient\n"
+      "           accumulation, each point a short run of kiln-pretrain's step, beside the analytic FLOP\n"
+      "           and memory models (docs/performance.md)\n"
+      "  plan     the settings that fit a device's memory per cutoff_len, ranked by predicted speed, from\n"
+      "           the analytic models (nothing is allocated)\n"
+      "  explain  the modelled FLOPs and memory traffic of one step per component, kiln's and an eager HF\n"
+      "           step's, against a device's roofline (nothing runs)\n\n"
+      "kiln-profile COMMAND --help lists the command's keys.\n{}",
+      kSpellingHelp);
 }
 
-// kiln-profile --plan: the memory planner, from the analytic models only (nothing is allocated).
-int plan(const cxxopts::ParseResult& args) {
-  kiln::cost::PlanConfig c;
-  if (!args.count("model")) throw std::invalid_argument("--plan: give --model");
-  c.model = args["model"].as<std::string>();
-  if (args.count("cutoff-len"))
-    c.cutoff_lens = kiln::profile::parse_int_list(args["cutoff-len"].as<std::string>(), "--cutoff-len");
-  if (args.count("dtype")) c.dtype = args["dtype"].as<std::string>();
-  if (args.count("kernels")) c.kernels = args["kernels"].as<std::string>();
-  const std::string device = args.count("device") ? args["device"].as<std::string>() : "auto";
-  c.cuda = device != "cpu";
-  if (args.count("device-memory")) {
-    const std::string m = args["device-memory"].as<std::string>();
-    if (const auto spec = kiln::cost::hardware_spec(m)) {
-      c.device_memory_bytes = spec->memory_bytes;
-      c.device_name = spec->name;
-    } else {
-      c.device_memory_bytes = kiln::cost::parse_bytes(m, "--device-memory");
-    }
-  } else if (c.cuda && torch::cuda::is_available()) {
-    c.device_memory_bytes = kiln::device::device_memory_bytes(at::Device(at::kCUDA, 0));
-  } else {
-    throw std::invalid_argument("--plan: give --device-memory (e.g. 80GB or H100-80GB): no GPU here to ask");
+void print_command_help(Command command) {
+  switch (command) {
+    case Command::kSweep:
+      fmt::print(
+          "Usage: kiln-profile sweep [--config FILE] [--KEY VALUE ...]\n\n"
+          "Measures speed, memory and MFU at every point of cutoff_len x per_device_train_batch_size x\n"
+          "gradient_accumulation_steps (each a list), each point a short run of kiln-pretrain's step with the\n"
+          "config's schedule, beside the FLOP, memory and traffic models. Launched by torchrun or srun, the\n"
+          "step is data-parallel (rank 0 reports). KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds.\n\n");
+      break;
+    case Command::kPlan:
+      fmt::print(
+          "Usage: kiln-profile plan --model M --device_memory SIZE|NAME (--target_tokens N | --target_sequences N)"
+          " [--KEY VALUE ...]\n\n"
+          "The settings (micro-batch, accumulation, recomputation) that fit the device's memory at each\n"
+          "cutoff_len, ranked by predicted speed, from the analytic models only (docs/performance.md).\n\n");
+      break;
+    case Command::kExplain:
+      fmt::print(
+          "Usage: kiln-profile explain --model M --cutoff_len N --per_device_train_batch_size N [--KEY VALUE ...]\n\n"
+          "The modelled FLOPs and memory traffic of one step per component (kiln's and an unfused eager HF\n"
+          "step's) against the roofline of a device of the table (device_memory), this GPU, or this CPU\n"
+          "(device cpu): nothing runs (cost/traffic.h).\n\n");
+      break;
   }
-  if (args.count("target-tokens")) c.target_tokens = args["target-tokens"].as<int64_t>();
-  if (args.count("target-sequences")) c.target_sequences = args["target-sequences"].as<int64_t>();
-  if (args.count("world-size")) c.world_size = args["world-size"].as<int>();
-  if (args.count("zero-stage")) c.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
-  if (args.count("ddp-bucket-cap-mb")) c.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
-  if (args.count("mfu")) c.mfu = args["mfu"].as<double>();
-  if (args.count("peak-tflops")) c.peak_tflops = args["peak-tflops"].as<double>();
-  c.kernel_choices = kiln::train::kernel_choices(c.kernels, c.dtype == "fp32" ? 4 : 2, c.cuda);
-  const auto report = kiln::cost::make_plan(c);
+  std::vector<kiln::config::KeyDoc> keys = kiln::profile::command_keys(command);
+  if (command == Command::kSweep) {
+    keys.insert(keys.begin(), {"config", "FILE",
+                               "a configs/profile/*.yaml with these keys (the command line overrides it; given "
+                               "twice, the last wins)"});
+  }
+  fmt::print("{}\n{}", kiln::config::keys_help(keys), kSpellingHelp);
+}
+
+// kiln-profile plan: the memory planner, from the analytic models only (nothing is allocated).
+int plan(const kiln::profile::Overrides& overrides) {
+  const auto settings = kiln::profile::read_plan_settings(overrides);
+  const auto report = kiln::cost::make_plan(kiln::profile::plan_config(settings));
   fmt::print("{}", kiln::profile::plan_markdown(report));
   std::fflush(stdout);
-  const std::vector<std::string> formats = args.count("format") ? split(args["format"].as<std::string>())
-                                                                : std::vector<std::string>{"md", "csv", "json", "html"};
-  const std::string out = args.count("output") ? args["output"].as<std::string>() : "profile";
-  for (const auto& path : kiln::profile::write_plan_reports(report, out, formats)) {
+  for (const auto& path : kiln::profile::write_plan_reports(report, settings.output_dir, settings.formats)) {
     fmt::print(stderr, "kiln-profile: wrote {}\n", path);
   }
   return 0;
 }
 
-// One value of a list option (--cutoff-len 1024), `fallback` when it is absent.
-int64_t one_value(const cxxopts::ParseResult& args, const std::string& name, std::optional<int64_t> fallback) {
-  if (!args.count(name)) {
-    if (!fallback) throw std::invalid_argument("--explain: give --" + name);
-    return *fallback;
-  }
-  const auto values = kiln::profile::parse_int_list(args[name].as<std::string>(), "--" + name);
-  if (values.size() != 1) throw std::invalid_argument("--explain: --" + name + " takes one value");
-  return values[0];
-}
-
-// kiln-profile --explain: the traffic and FLOP model of one step, per component (cost/traffic.h),
+// kiln-profile explain: the traffic and FLOP model of one step, per component (cost/traffic.h),
 // from the model's config alone: no weights, no tensors, nothing run.
-int explain(const cxxopts::ParseResult& args) {
+int explain(const kiln::profile::Overrides& overrides) {
   namespace cost = kiln::cost;
   // Six significant digits (the Python test sums rows against them), whole numbers from a million.
   auto num = [](double x) { return std::abs(x) >= 1e6 ? fmt::format("{:.0f}", x) : fmt::format("{:.6g}", x); };
-  if (!args.count("model")) throw std::invalid_argument("--explain: give --model");
-  const std::string model_name = args["model"].as<std::string>();
+  const auto settings = kiln::profile::read_explain_settings(overrides);
+  const std::string& model_name = settings.model;
   const kiln::model::LlamaConfig model = kiln::model::load_llama_config(model_name);
   cost::TrafficOptions o;
-  o.seq_len = one_value(args, "cutoff-len", std::nullopt);
-  o.batch = one_value(args, "batch-size", std::nullopt);
-  o.grad_accum = one_value(args, "grad-accum", 1);
-  if (args.count("dtype")) o.dtype = args["dtype"].as<std::string>();
-  const std::string kernels = args.count("kernels") ? args["kernels"].as<std::string>() : kiln::ops::kDefaultKernels;
-  if (args.count("world-size")) o.world_size = args["world-size"].as<int>();
-  if (args.count("zero-stage")) o.zero_stage = static_cast<int>(args["zero-stage"].as<int64_t>());
-  // kiln-pretrain's and the sweep's rule (train/recomputation.h): --explain models what they run.
+  o.seq_len = settings.cutoff_len;
+  o.batch = settings.per_device_train_batch_size;
+  o.grad_accum = settings.gradient_accumulation_steps;
+  o.dtype = settings.dtype;
+  o.world_size = static_cast<int>(settings.world_size);
+  o.zero_stage = static_cast<int>(settings.zero_stage);
+  // kiln-pretrain's and the sweep's rule (train/recomputation.h): explain models what they run.
   kiln::profile::set_traffic_recomputation(
-      o, kiln::train::resolve_recomputation(
-             args.count("gradient-checkpointing") || args.count("gradient-checkpointing-policy"),
-             args.count("gradient-checkpointing-policy") ? args["gradient-checkpointing-policy"].as<std::string>() : "",
-             args.count("gradient-checkpointing-every") ? args["gradient-checkpointing-every"].as<int64_t>() : 0));
-
-  // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or with --device cpu
-  // this CPU (its theoretical peaks, cost/cpu_peak.h, and a measured copy bandwidth).
-  std::optional<cost::HardwareSpec> hw;
-  const bool cpu = args.count("device") && args["device"].as<std::string>() == "cpu";
-  std::string bandwidth_source;
-  if (cpu) {
-    std::string why;
-    const auto peak = cost::this_cpu_peak(&why);
-    if (!peak) throw std::invalid_argument("--explain --device cpu: no theoretical CPU peak: " + why);
-    const double bandwidth = kiln::device::measure_cpu_copy_bandwidth();
-    hw = cost::cpu_hardware_spec(*peak, bandwidth, kiln::device::device_memory_bytes(at::Device(at::kCPU)));
-    bandwidth_source = fmt::format("measured: STREAM-like copy of 64 MiB fp32, {:.1f} GB/s", bandwidth / 1e9);
-  } else if (args.count("device-memory")) {
-    hw = cost::hardware_spec(args["device-memory"].as<std::string>());
-  } else if (torch::cuda::is_available()) {
-    const at::Device gpu(at::kCUDA, 0);
-    hw = cost::hardware_for_device_name(kiln::device::name(gpu), kiln::device::device_memory_bytes(gpu));
-  }
-  if (!hw) {
-    std::string names;
-    for (const auto& spec : cost::hardware_specs()) names += (names.empty() ? "" : ", ") + spec.name;
-    throw std::invalid_argument("--explain: give --device-memory with a device name (" + names + ") or --device cpu");
-  }
-  if (bandwidth_source.empty()) bandwidth_source = hw->source;
-
-  // The kernels the step runs, from ops' own rules, as kiln-profile's sweep takes them
-  // (profile/sweep.h: train/kernel_choices.h for the fused ops; RoPE and attention from the spec
-  // and the device).
-  kiln::profile::set_traffic_kernels(o, kernels, !cpu, &*hw, model.resolved_head_dim());
+      o, kiln::train::resolve_recomputation(settings.gradient_checkpointing, settings.gradient_checkpointing_policy,
+                                            settings.gradient_checkpointing_every));
+  // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or this CPU.
+  const kiln::profile::ExplainDevice hw = kiln::profile::explain_device(settings);
+  // The kernels the step runs, from ops' own rules, as the sweep takes them (profile/sweep.h:
+  // train/kernel_choices.h for the fused ops; RoPE and attention from the spec and the device).
+  kiln::profile::set_traffic_kernels(o, settings.kernels, hw.cuda, &hw.hardware, model.resolved_head_dim());
   const cost::TrafficReport r = cost::traffic_model(model, o);
-  cost::Roofline roof = cost::roofline(*hw, o.dtype);
-  if (args.count("peak-tflops")) roof.gemm_flops_per_s = args["peak-tflops"].as<double>() * 1e12;
-  if (args.count("json")) {
-    std::string text = kiln::profile::explain_json(model_name, r, roof, bandwidth_source);
-    if (args.count("step-seconds")) {  // the same modelled counters the Markdown prints
-      const double s = args["step-seconds"].as<double>();
+  cost::Roofline roof = cost::roofline(hw.hardware, o.dtype);
+  if (settings.peak_tflops > 0) roof.gemm_flops_per_s = settings.peak_tflops * 1e12;
+  if (settings.json) {
+    std::string text = kiln::profile::explain_json(model_name, r, roof, hw.bandwidth_source);
+    if (settings.step_seconds > 0) {  // the same modelled counters the Markdown prints
+      const double s = settings.step_seconds;
       auto j = nlohmann::json::parse(text);
       auto counters = [](const cost::ModelledUtilisation& u) {
         return nlohmann::json{
@@ -178,7 +151,7 @@ int explain(const cxxopts::ParseResult& args) {
       model_name, r.num_parameters, o.dtype, o.dtype == "fp32" ? "" : " autocast over fp32 parameters", o.batch,
       o.seq_len, o.grad_accum, static_cast<int64_t>(r.tokens_per_step),
       o.world_size > 1 ? fmt::format(" per rank, {} ranks, ZeRO stage {}", o.world_size, o.zero_stage) : "", policy,
-      kernels, hw->name);
+      settings.kernels, hw.hardware.name);
   const bool autocast = o.dtype != "fp32";
   fmt::print("Ops: RMSNorm {}, SwiGLU {}, RoPE {}, attention {}, loss head {}.\n",
              o.kernels.fused_rmsnorm ? "kiln kernel" : "ATen composition",
@@ -247,9 +220,9 @@ int explain(const cxxopts::ParseResult& args) {
       "At the modelled time kiln's step moves {:.0f} GB/s ({:.0f}% of {:.0f} GB/s).\n",
       tk * 1e3, tokens / tk, 100.0 * memory_bound / tk, te * 1e3, k.bytes / tk / 1e9,
       100.0 * k.bytes / tk / roof.bandwidth, roof.bandwidth / 1e9);
-  if (args.count("step-seconds")) {
-    // The user's three counters for a measured step time, as the model says they should read.
-    const double s = args["step-seconds"].as<double>();
+  if (settings.step_seconds > 0) {
+    // The three counters for a measured step time, as the model says they should read.
+    const double s = settings.step_seconds;
     const auto uk = cost::modelled_utilisation(r, roof, s), ue = cost::modelled_utilisation(r, roof, s, true);
     fmt::print("\nAt a measured {:.4g} s per step ({:.0f} tokens/s), modelled counters:\n\n", s, tokens / s);
     fmt::print("| variant | memory bandwidth | tensor core | fp engine |\n| --- | ---: | ---: | ---: |\n");
@@ -262,64 +235,27 @@ int explain(const cxxopts::ParseResult& args) {
   return 0;
 }
 
-// Each mode reads only its own options: one given to another mode would be silently ignored, so
-// it is an error naming the option and the mode (--plan and --explain run nothing; the sweep
-// has no device name, target or assumed MFU).
-void check_mode_options(const cxxopts::ParseResult& args) {
-  if (args.count("plan") && args.count("explain")) throw std::invalid_argument("give --plan or --explain, not both");
-  if (args.count("device")) {  // --plan and --explain read it too, and took any other word for a GPU
-    const std::string device = args["device"].as<std::string>();
-    if (device != "auto" && device != "cpu" && device != "cuda") {
-      throw std::invalid_argument(fmt::format("--device: '{}' is not auto, cpu or cuda", device));
-    }
+// kiln-profile sweep: the measured grid.
+int sweep(const std::string& config_path, const kiln::profile::Overrides& overrides) {
+  const bool model_given =
+      std::any_of(overrides.begin(), overrides.end(), [](const auto& kv) { return kv.first == "model"; });
+  if (config_path.empty() && !model_given) throw std::invalid_argument("sweep: give --config FILE or --model");
+  const kiln::profile::SweepConfig config = kiln::profile::load_sweep_config(config_path, overrides);
+  const bool main_rank = kiln::dist::read_dist_env().rank == 0;  // a data-parallel sweep: rank 0 reports
+  const auto report = kiln::profile::run_sweep(config, [&](const kiln::profile::ProfileRow& r) {
+    if (!main_rank) return;
+    fmt::print(stderr, "kiln-profile: cutoff_len {} batch {} GA {}: {}\n", r.point.cutoff_len, r.point.batch_size,
+               r.point.grad_accum, r.status == "ok" ? r.speed() : r.status);
+  });
+  if (!main_rank) return 0;
+  fmt::print("{}", kiln::profile::to_markdown(report));
+  std::fflush(stdout);
+  // A fraction of a peak above 100% is a bug: said on stderr too, where a log keeps it.
+  for (const auto& w : report.warnings) fmt::print(stderr, "kiln-profile: WARNING: {}\n", w);
+  for (const auto& path : kiln::profile::write_reports(report, config.output_dir, config.formats)) {
+    fmt::print(stderr, "kiln-profile: wrote {}\n", path);
   }
-  const std::set<std::string> plan_options = {"plan",
-                                              "model",
-                                              "cutoff-len",
-                                              "dtype",
-                                              "kernels",
-                                              "device",
-                                              "device-memory",
-                                              "target-tokens",
-                                              "target-sequences",
-                                              "world-size",
-                                              "mfu",
-                                              "peak-tflops",
-                                              "zero-stage",
-                                              "ddp-bucket-cap-mb",
-                                              "format",
-                                              "output"};
-  const std::set<std::string> explain_options = {"explain",
-                                                 "model",
-                                                 "cutoff-len",
-                                                 "batch-size",
-                                                 "grad-accum",
-                                                 "dtype",
-                                                 "kernels",
-                                                 "device",
-                                                 "device-memory",
-                                                 "world-size",
-                                                 "zero-stage",
-                                                 "peak-tflops",
-                                                 "step-seconds",
-                                                 "json",
-                                                 "gradient-checkpointing",
-                                                 "gradient-checkpointing-every",
-                                                 "gradient-checkpointing-policy"};
-  const std::set<std::string> not_sweep_options = {
-      "device-memory", "target-tokens", "target-sequences", "world-size", "mfu", "step-seconds", "json"};
-  const char* mode = args.count("plan") ? "--plan" : args.count("explain") ? "--explain" : nullptr;
-  for (const auto& kv : args.arguments()) {
-    const std::string& key = kv.key();
-    const bool applies = mode == nullptr                 ? not_sweep_options.count(key) == 0
-                         : std::string(mode) == "--plan" ? plan_options.count(key) > 0
-                                                         : explain_options.count(key) > 0;
-    if (!applies) {
-      throw std::invalid_argument(
-          fmt::format("--{} does not apply to {} (kiln-profile --help says which mode reads it)", key,
-                      mode ? mode : "a measured sweep"));
-    }
-  }
+  return 0;
 }
 
 }  // namespace
@@ -327,118 +263,65 @@ void check_mode_options(const cxxopts::ParseResult& args) {
 int main(int argc, char** argv) {
   // Opt-in, before the first tensor: keep a step's buffers in the heap (common/malloc_tuning.h).
   if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
-  cxxopts::Options options("kiln-profile",
-                           "Measures training speed and memory over a grid of cutoff_len x batch size x gradient "
-                           "accumulation, beside the analytic FLOP and memory models (docs/performance.md).");
-  // clang-format off
-  options.add_options()
-    ("config", "a configs/profile/*.yaml grid (command-line options override it)", cxxopts::value<std::string>())
-    ("model", "model preset (tiny, llama-100m, llama-3.2-1b), model YAML, or an HF folder or its config.json", cxxopts::value<std::string>())
-    ("cutoff-len", "comma-separated cutoff_len values", cxxopts::value<std::string>())
-    ("batch-size", "comma-separated per-device batch sizes", cxxopts::value<std::string>())
-    ("grad-accum", "comma-separated gradient_accumulation_steps", cxxopts::value<std::string>())
-    ("dtype", "bf16 | fp16 | fp32 compute (parameters stay fp32)", cxxopts::value<std::string>())
-    ("kernels", "ops backends as kiln-pretrain's key: kiln,attention=aten (default: kiln's kernels, SDPA's attention), kiln (every op, kiln's flash attention too), aten, or per op, e.g. kiln,linear_ce=aten", cxxopts::value<std::string>())
-    ("steps", "timed steps per point", cxxopts::value<int64_t>())
-    ("warmup", "untimed steps before them", cxxopts::value<int64_t>())
-    ("device", "auto | cpu | cuda (--explain: cpu takes this CPU's theoretical peak and measured bandwidth)", cxxopts::value<std::string>())
-    ("dataset-dir", "token shards (default: synthetic random ids)", cxxopts::value<std::string>())
-    ("gradient-checkpointing", "recompute each layer in backward")
-    ("gradient-checkpointing-every", "with --gradient-checkpointing: recompute layers 0, n, 2n, ... only (n >= 2: every_n, kiln-pretrain's gradient_checkpointing_every)", cxxopts::value<int64_t>())
-    ("gradient-checkpointing-policy", "full, every_n (n: --gradient-checkpointing-every, default 2) or selective (keep matmul outputs, recompute RMSNorm/SwiGLU); left out: every_n when --gradient-checkpointing-every >= 2, else full; implies --gradient-checkpointing", cxxopts::value<std::string>())
-    ("peak-tflops", "peak TFLOP/s for MFU (and --explain's roofline) instead of the device table", cxxopts::value<double>())
-    ("memory-cap-bytes", "fail allocations past this many bytes as out-of-memory", cxxopts::value<int64_t>())
-    ("format", "comma-separated: md,csv,json,html", cxxopts::value<std::string>())
-    ("output", "directory for profile.{md,csv,json,html} (with csv also profile_components.csv)", cxxopts::value<std::string>())
-    ("trace", "after each point's timed steps, profile as many more (LibTorch's Kineto profiler, not timed) and write DIR/trace_T<cutoff>_B<batch>_A<accum>.json (Chrome trace: Perfetto; bench_vs_hf.py --op-profile sums it per op)", cxxopts::value<std::string>())
-    ("task", "the table's task column", cxxopts::value<std::string>())
-    ("zero-stage", "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step", cxxopts::value<int64_t>())
-    ("ddp-bucket-cap-mb", "under torchrun/srun: gradient bucket size (MB)", cxxopts::value<int64_t>())
-    ("plan", "plan instead of measuring: the settings that fit --device-memory per cutoff_len, ranked (docs/performance.md)")
-    ("device-memory", "--plan: the device's memory (80GB, 16GiB, ...) or a device name; --explain: a device name. Names: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB (SXM), V100-PCIe-16GB, V100-PCIe-32GB, A100-PCIe-40GB, A100-PCIe-80GB, H100-PCIe-80GB (default: this GPU's)", cxxopts::value<std::string>())
-    ("target-tokens", "--plan: global batch per optimizer step, in tokens", cxxopts::value<int64_t>())
-    ("target-sequences", "--plan: global batch per optimizer step, in sequences", cxxopts::value<int64_t>())
-    ("world-size", "--plan, --explain: data-parallel ranks", cxxopts::value<int>())
-    ("mfu", "--plan: assumed MFU for the predicted tokens/s (default 0.4)", cxxopts::value<double>())
-    ("explain", "print the modelled FLOPs and memory traffic of one step per component (kiln and an eager HF step), "
-                "for one --model, --cutoff-len, --batch-size, --grad-accum on a --device-memory device name or --device cpu; "
-                "nothing runs (cost/traffic.h)")
-    ("step-seconds", "--explain: a measured step time; prints the modelled memory bandwidth, tensor core and fp engine use at it", cxxopts::value<double>())
-    ("json", "--explain: print the per-component rows and totals as JSON instead of Markdown")
-    ("counters", "read hardware counters (perf_event on the CPU, CUPTI on a GPU: one range over the counted steps) over --counter-steps more steps after each point's timed ones; the counted memory bandwidth, tensor core and fp engine columns sit beside the modelled ones (docs/performance.md)")
-    ("counter-phases", "with --counters: count forward, backward and the optimizer apart as well (the per-phase table beside the traffic model's rows; on a GPU a device synchronisation at each phase boundary of the counted steps); implies --counters")
-    ("counter-steps", "with --counters: steps counted per point (default: as many as --steps)", cxxopts::value<int64_t>())
-    ("counters-per-kernel", "--counters on a GPU with one CUPTI range per kernel (each kernel's columns in profile.json); CUPTI serialises the kernels, so the counted steps run much slower; implies --counters")
-    ("component-times", "measure each component's time (the per-component table's measured column) over as many steps again under LibTorch's profiler after each point's timed ones: its ops' CPU time on a CPU, the GPU time of the kernels they launch on a GPU (docs/performance.md, \"Measured time per component\")")
-    ("no-overlap", "under torchrun/srun: reduce every bucket after backward instead of during it (measures what the overlap hides)")
-    ("h,help", "this text");
-  // clang-format on
+  const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    const auto args = kiln::cli::parse(options, argc, argv);
-    if (args.count("help")) {
-      fmt::print("{}\n", options.help());
+    if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+      print_help();
       return 0;
     }
-    check_mode_options(args);
-    if (args.count("plan")) return plan(args);
-    if (args.count("explain")) return explain(args);
-    kiln::profile::SweepConfig config;
-    if (args.count("config")) config = kiln::profile::load_sweep_config(args["config"].as<std::string>());
-    const bool overridden =
-        args.count("model") || args.count("cutoff-len") || args.count("batch-size") || args.count("grad-accum");
-    if (!args.count("config") && !args.count("model")) throw std::invalid_argument("give --model or --config");
-    if (overridden) config.source = args.count("config") ? config.source + " + command line" : "command line";
-    if (args.count("model")) config.model = args["model"].as<std::string>();
-    if (args.count("cutoff-len"))
-      config.cutoff_lens = kiln::profile::parse_int_list(args["cutoff-len"].as<std::string>(), "--cutoff-len");
-    if (args.count("batch-size"))
-      config.batch_sizes = kiln::profile::parse_int_list(args["batch-size"].as<std::string>(), "--batch-size");
-    if (args.count("grad-accum"))
-      config.grad_accums = kiln::profile::parse_int_list(args["grad-accum"].as<std::string>(), "--grad-accum");
-    if (args.count("dtype")) config.dtype = args["dtype"].as<std::string>();
-    if (args.count("kernels")) config.kernels = args["kernels"].as<std::string>();
-    if (args.count("steps")) config.steps = args["steps"].as<int64_t>();
-    if (args.count("warmup")) config.warmup = args["warmup"].as<int64_t>();
-    if (args.count("device")) config.device = args["device"].as<std::string>();
-    if (args.count("dataset-dir")) config.dataset_dir = args["dataset-dir"].as<std::string>();
-    if (args.count("gradient-checkpointing")) config.gradient_checkpointing = true;
-    if (args.count("gradient-checkpointing-every"))
-      config.gradient_checkpointing_every = args["gradient-checkpointing-every"].as<int64_t>();
-    if (args.count("gradient-checkpointing-policy")) {
-      config.gradient_checkpointing = true;
-      config.gradient_checkpointing_policy = args["gradient-checkpointing-policy"].as<std::string>();
+    const std::string first = args.empty() ? "" : args[0];
+    Command command = Command::kSweep;
+    if (first == "sweep") {
+      command = Command::kSweep;
+    } else if (first == "plan") {
+      command = Command::kPlan;
+    } else if (first == "explain") {
+      command = Command::kExplain;
+    } else {
+      // The modes of kiln-profile before its subcommands: say the new spelling.
+      for (const std::string& old : {"--plan", "--explain"}) {
+        if (std::find(args.begin(), args.end(), old) != args.end()) {
+          throw std::invalid_argument(
+              fmt::format("{} is now a subcommand: kiln-profile {} --KEY VALUE ... "
+                          "(kiln-profile {} --help)",
+                          old, old.substr(2), old.substr(2)));
+        }
+      }
+      throw std::invalid_argument(
+          fmt::format("give a subcommand first: sweep, plan or explain{} (kiln-profile --help; a measured sweep "
+                      "is kiln-profile sweep --config FILE or --model M ...)",
+                      first.empty() ? "" : fmt::format(", not '{}'", first)));
     }
-    if (args.count("peak-tflops")) config.peak_tflops = args["peak-tflops"].as<double>();
-    if (args.count("memory-cap-bytes")) config.memory_cap_bytes = args["memory-cap-bytes"].as<int64_t>();
-    if (args.count("format")) config.formats = split(args["format"].as<std::string>());
-    if (args.count("output")) config.output_dir = args["output"].as<std::string>();
-    if (args.count("trace")) config.trace_dir = args["trace"].as<std::string>();
-    if (args.count("task")) config.task = args["task"].as<std::string>();
-    if (args.count("zero-stage")) config.zero_stage = args["zero-stage"].as<int64_t>();
-    if (args.count("ddp-bucket-cap-mb")) config.ddp_bucket_cap_mb = args["ddp-bucket-cap-mb"].as<int64_t>();
-    if (args.count("no-overlap")) config.ddp_overlap = false;
-    if (args.count("counters")) config.counters = true;
-    if (args.count("counters-per-kernel")) config.counters = config.counters_per_kernel = true;
-    if (args.count("counter-phases")) config.counters = config.counter_phases = true;
-    if (args.count("counter-steps")) config.counter_steps = args["counter-steps"].as<int64_t>();
-    if (args.count("component-times")) config.component_times = true;
-    config.validate();
-
-    const bool main_rank = kiln::dist::read_dist_env().rank == 0;  // a data-parallel sweep: rank 0 reports
-    const auto report = kiln::profile::run_sweep(config, [&](const kiln::profile::ProfileRow& r) {
-      if (!main_rank) return;
-      fmt::print(stderr, "kiln-profile: cutoff_len {} batch {} GA {}: {}\n", r.point.cutoff_len, r.point.batch_size,
-                 r.point.grad_accum, r.status == "ok" ? r.speed() : r.status);
-    });
-    if (!main_rank) return 0;
-    fmt::print("{}", kiln::profile::to_markdown(report));
-    std::fflush(stdout);
-    // A fraction of a peak above 100% is a bug: said on stderr too, where a log keeps it.
-    for (const auto& w : report.warnings) fmt::print(stderr, "kiln-profile: WARNING: {}\n", w);
-    for (const auto& path : kiln::profile::write_reports(report, config.output_dir, config.formats)) {
-      fmt::print(stderr, "kiln-profile: wrote {}\n", path);
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (std::find(rest.begin(), rest.end(), "-h") != rest.end() ||
+        std::find(rest.begin(), rest.end(), "--help") != rest.end()) {
+      print_command_help(command);
+      return 0;
     }
-    return 0;
+    std::string config_path;  // sweep's YAML; given twice, the last wins (as every key)
+    if (command == Command::kSweep) {
+      std::vector<std::string> keys;
+      for (size_t i = 0; i < rest.size(); ++i) {
+        if (rest[i] == "--config" && i + 1 < rest.size()) {
+          config_path = rest[++i];
+        } else if (rest[i].rfind("--config=", 0) == 0) {
+          config_path = rest[i].substr(9);
+        } else {
+          keys.push_back(rest[i]);
+        }
+      }
+      rest = keys;
+    }
+    const auto overrides = kiln::config::parse_overrides(rest, kiln::profile::command_spelling(command));
+    switch (command) {
+      case Command::kPlan:
+        return plan(overrides);
+      case Command::kExplain:
+        return explain(overrides);
+      case Command::kSweep:
+        break;
+    }
+    return sweep(config_path, overrides);
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-profile: error: {}\n", kiln::cli::error_text(e));
     return 2;

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     ("seq-len", "tokens per sequence", cxxopts::value<int64_t>()->default_value("64"))
     ("lr", "AdamW learning rate", cxxopts::value<double>()->default_value("3e-3"))
     ("dtype", "fp32, bf16 or fp16 parameters and compute", cxxopts::value<std::string>()->default_value("fp32"))
-    ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))
+    ("device", "auto, cpu or cuda (auto: the GPU if there is one)", cxxopts::value<std::string>()->default_value("cpu"))
     ("seed", "seed for weights and data", cxxopts::value<uint64_t>()->default_value("0"))
     ("h,help", "print this help");
   // clang-format on
@@ -68,13 +68,8 @@ int main(int argc, char** argv) {
     }
     const auto config = kiln::model::load_llama_config(args["model"].as<std::string>());
     const at::ScalarType dtype = parse_dtype(args["dtype"].as<std::string>());
-    const std::string device_name = args["device"].as<std::string>();
-    if (device_name != "cpu" && device_name != "cuda") {
-      throw std::invalid_argument(fmt::format("--device must be cpu or cuda, got '{}'", device_name));
-    }
-    if (device_name == "cuda" && !torch::cuda::is_available())
-      throw std::runtime_error("--device cuda: no CUDA device");
-    const at::Device device = device_name == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const std::string device_name = device.is_cuda() ? "cuda" : "cpu";
     const int64_t steps = args["steps"].as<int64_t>(), batch = args["batch-size"].as<int64_t>(),
                   seq = args["seq-len"].as<int64_t>();
     if (steps <= 0 || batch <= 0 || seq < 2)

@@ -197,7 +197,7 @@ def hf_worker(spec: dict) -> dict:
             peak = max(peak, torch.cuda.max_memory_allocated(device))
     per_step = seconds / spec["steps"]
     trace_path = spec.get("trace")
-    if trace_path:  # as kiln-profile --trace: as many more steps under the profiler, not timed
+    if trace_path:  # as kiln-profile sweep --trace: as many more steps under the profiler, not timed
         from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities, record_shapes=True) as prof:
@@ -323,7 +323,7 @@ class Bench:
     def kiln_step(self, c: dict, model_dir: Path, trace_dir: Path | None = None) -> dict:
         out = self.work / "kiln-profile"
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [self.bin("kiln-profile"), "--model", model_dir, "--cutoff-len", c["cutoff_len"], "--batch-size",
+        cmd = [self.bin("kiln-profile"), "sweep", "--model", model_dir, "--cutoff-len", c["cutoff_len"], "--batch-size",
                c["batch"], "--grad-accum", 1, "--dtype", c["dtype"], "--steps", self.args.steps, "--warmup",
                self.args.warmup, "--device", self.args.device, "--format", "json", "--output", out,
                "--peak-tflops", 1]
@@ -350,7 +350,7 @@ class Bench:
 
 
 # --- per-op profile (--op-profile) ------------------------------------------------------------
-# Both sides' traces are Chrome traces written by the same Kineto profiler (kiln-profile --trace,
+# Both sides' traces are Chrome traces written by the same Kineto profiler (kiln-profile sweep --trace,
 # torch.profiler's export_chrome_trace) and are summed by the same code below, so the two columns
 # are measured alike: the self time of each op (its duration minus that of the ops nested in it on
 # the same thread), per step. Autograd's backward nodes appear as their ATen ops (nested in
@@ -549,7 +549,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of both sides")
-    ap.add_argument("--kernels", default="", help="kiln-profile --kernels (default: kiln's own default)")
+    ap.add_argument("--kernels", default="", help="kiln-profile sweep --kernels (default: kiln's own default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parity-batch", type=int, default=2)
     ap.add_argument("--parity-len", type=int, default=64, help="tokens per sequence of the parity batch (at most)")

@@ -130,16 +130,16 @@ add scale nccl_zero0 30 "$dist_run --zero_stage 0 --output_dir \${TMPDIR:-/tmp}/
 add scale nccl_zero2 30 "$dist_run --zero_stage 2 --output_dir \${TMPDIR:-/tmp}/kiln_nccl_zero2"
 add scale comm 45 '"${torchrun[@]}" $bin/kiln-bench --ops comm --iters 5 --json $out/comm.json'
 add scale counters_tests 70 '$tests "[counters]~[per_component],[component_times]" -s'
-tiny='$bin/kiln-profile --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1 --device cuda --counter-steps 1 --format md,json'
+tiny='$bin/kiln-profile sweep --model tiny --dtype bf16 --cutoff-len 256 --batch-size 4 --steps 2 --warmup 1 --device cuda --counter-steps 1 --format md,json'
 add scale profile_tiny 25 "$tiny --counters --output \$out/profile_tiny"
 add scale profile_tinyk 25 "$tiny --counters-per-kernel --output \$out/profile_tinyk"
-m100='$bin/kiln-profile --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 --steps 3 --warmup 2 --device cuda --format md,json'
+m100='$bin/kiln-profile sweep --model llama-100m --dtype bf16 --cutoff-len 1024 --batch-size 8 --grad-accum 1 --steps 3 --warmup 2 --device cuda --format md,json'
 add scale profile_100m_plain 50 "$m100 --component-times --output \$out/profile_100m_plain"
 add scale profile_100m 90 "$m100 --counter-phases --counter-steps 1 --output \$out/profile_100m"
 
 # extra: when asked (or `all`)
 add extra profile_tinyu 30 "KILN_CUPTI_REPLAY=user $tiny --counters-per-kernel --output \$out/profile_tinyu"
-add extra profile_1b 150 '$bin/kiln-profile --config $root/configs/profile/llama-3.2-1b.yaml --steps 3 --warmup 1 --device cuda --counters --counter-steps 1 --format md,json --output $out/profile_1b'
+add extra profile_1b 150 '$bin/kiln-profile sweep --config $root/configs/profile/llama-3.2-1b.yaml --steps 3 --warmup 1 --device cuda --counters --counter-steps 1 --format md,json --output $out/profile_1b'
 add extra per_component 60 '$tests "[per_component]" -s'
 
 # selftest: this script's machinery alone (no set-up, no GPU): a step past its limit, the step

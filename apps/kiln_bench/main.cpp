@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
                            "kiln's flash attention vs SDPA backends: fwd/bwd time, TFLOP/s, peak memory");
   // clang-format off
   options.add_options()
-    ("device", "cpu or cuda (default: cuda when present)", cxxopts::value<std::string>())
+    ("device", "auto, cpu or cuda (default auto: cuda when present)", cxxopts::value<std::string>())
     ("dtype", "fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)", cxxopts::value<std::string>())
     ("ops", "comma list of rmsnorm, swiglu, rope, linear_ce, linear, attention, comm (attention and comm only when named; comm under torchrun/srun); linear: tokens x hidden -> intermediate, fp32 weight under --dtype autocast", cxxopts::value<std::string>()->default_value("rmsnorm,swiglu,rope,linear_ce,linear"))
     ("comm-max-bytes", "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu", cxxopts::value<int64_t>())

@@ -71,3 +71,24 @@ TEST_CASE("synchronize on another GPU leaves the current device as it was, also 
   CHECK(kiln::device::device_memory_bytes(at::Device(at::kCUDA, 0)) > 1e9);
   CHECK(!kiln::device::name(at::Device(at::kCUDA, 0)).empty());
 }
+
+TEST_CASE("auto, cpu and cuda resolve to this machine's devices, one resolver for every program", "[device]") {
+  const bool gpu = torch::cuda::is_available();
+  CHECK(kiln::device::resolve("cpu") == at::Device(at::kCPU));
+  if (gpu) {
+    CHECK(kiln::device::resolve("auto") == at::Device(at::kCUDA, 0));
+    CHECK(kiln::device::resolve("cuda") == at::Device(at::kCUDA, 0));
+  } else {
+    // A machine without a GPU (this one in CI): auto is the CPU, and cuda is a clear error,
+    // never a device that fails later. kiln-profile plan once read auto as CUDA here.
+    CHECK(kiln::device::resolve("auto") == at::Device(at::kCPU));
+    CHECK(thrown([] { (void)kiln::device::resolve("cuda"); }) == "'cuda' but no CUDA device is present");
+  }
+  // Another word is refused by the resolver and by the check that needs no GPU alike.
+  for (const std::string word : {"gpu", "CUDA", "", "cuda:1"}) {
+    INFO(word);
+    CHECK(thrown([&] { (void)kiln::device::resolve(word); }) == "'" + word + "' is not auto, cpu or cuda");
+    CHECK(thrown([&] { kiln::device::check_spec(word); }) == "'" + word + "' is not auto, cpu or cuda");
+  }
+  for (const std::string word : {"auto", "cpu", "cuda"}) CHECK(thrown([&] { kiln::device::check_spec(word); }).empty());
+}

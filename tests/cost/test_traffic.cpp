@@ -198,7 +198,7 @@ std::vector<int64_t> shape(const nlohmann::json& dims, size_t i) {
 
 // The tiny preset's forward and backward on the CPU in fp32, as the trainer runs it (kiln kernels,
 // the fused loss head), recorded by LibTorch's Kineto profiler with input shapes
-// (torch_internals::KinetoTrace, kiln-profile --trace's wrapper). LibTorch's own FLOP counting
+// (torch_internals::KinetoTrace, kiln-profile sweep --trace's wrapper). LibTorch's own FLOP counting
 // (ProfilerConfig's with_flops, KinetoEvent::flops) is reachable only through torch::profiler::impl,
 // which kiln confines to common/torch_internals, whose trace records shapes, not FLOPs; so FLOPs are
 // counted here from the shapes of the executed matmul ops: 2 M K N per aten::mm / addmm / addmm_,

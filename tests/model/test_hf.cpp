@@ -116,7 +116,7 @@ TEST_CASE("config.json written by kiln reads back to the same config", "[model][
 }
 
 TEST_CASE("load_llama_config reads a Hugging Face folder or its config.json", "[model][hf]") {
-  // What kiln-profile --model and kiln-hf init accept, so that a benchmark builds kiln's model and
+  // What kiln-profile sweep --model and kiln-hf init accept, so that a benchmark builds kiln's model and
   // transformers' from the very same config.json (scripts/bench_vs_hf.py).
   const fs::path dir = kiln::test::scratch_dir("hf_config_folder");
   {

@@ -425,7 +425,7 @@ TEST_CASE("CUPTI per-phase ranges: placed by CUPTI's names, else by push order",
 #endif
 
 // Both CUPTI collections on the same work: one range over the interval (the default, what
-// kiln-profile --counters uses) and one range per kernel (--counters-per-kernel).
+// kiln-profile sweep --counters uses) and one range per kernel (--counters-per-kernel).
 TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][cuda]") {
   if (!torch::cuda::is_available()) {
     WARN("no CUDA device: the CUPTI session is not exercised here");
@@ -555,7 +555,7 @@ TEST_CASE("CUPTI counters over a copy and a bf16 matmul", "[profile][counters][c
   }
 }
 
-// Phases (CounterOptions::phases, kiln-profile --counter-phases) in both CUPTI collections: each
+// Phases (CounterOptions::phases, kiln-profile sweep --counter-phases) in both CUPTI collections: each
 // phase's DRAM bytes against what its kernels move, one phase entered twice, one phase's kernels
 // launched from another thread (as autograd launches backward's).
 TEST_CASE("CUPTI counters per phase", "[profile][counters][cuda]") {

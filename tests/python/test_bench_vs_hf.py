@@ -144,7 +144,7 @@ def test_op_self_times_subtracts_nested_ops_per_thread(tmp_path):
 
 
 def test_op_profile_traces_both_sides(kiln_bin, tmp_path):
-    """--op-profile end to end at the smallest shape: kiln-profile --trace and torch.profiler write
+    """--op-profile end to end at the smallest shape: kiln-profile sweep --trace and torch.profiler write
     traces, both sides' matmuls and fused AdamW steps are found, the table is written."""
     build = kiln_bin("kiln-profile").parents[1]
     cmd = [sys.executable, SCRIPT, "--op-profile", "--configs", "h64-l2:16:1:fp32", "--steps", "2", "--warmup", "1",

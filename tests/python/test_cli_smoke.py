@@ -39,7 +39,7 @@ def test_a_word_no_option_takes_is_refused_by_every_app(run_kiln, tmp_path):
         ("stray", ("kiln-hf", "inspect", "--in", tmp_path / "a.txt", "stray")),
         ("stray", ("kiln-bench", "--ops", "rmsnorm", "stray")),
         ("stray", ("kiln-smoke", "--steps", "1", "stray")),
-        ("stray", ("kiln-profile", "--model", "tiny", "stray")),
+        ("stray", ("kiln-profile", "sweep", "--model", "tiny", "stray")),
     ]
     for word, call in calls:
         out = run_kiln(*call)

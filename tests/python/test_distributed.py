@@ -179,9 +179,9 @@ def test_buckets_are_reduced_during_backward_unless_no_overlap(kiln_bin, tmp_pat
     counts = {}
     for overlap in (True, False):
         out = tmp_path / f"overlap_{overlap}"
-        torchrun(kiln_bin, "kiln-profile", 2, "--model", wide, "--cutoff-len", 32, "--batch-size", 1, "--dtype",
-                 "fp32", "--steps", 2, "--warmup", 0, "--ddp-bucket-cap-mb", 1, *([] if overlap else ["--no-overlap"]),
-                 "--format", "json", "--output", out)
+        torchrun(kiln_bin, "kiln-profile", 2, "sweep", "--model", wide, "--cutoff-len", 32, "--batch-size", 1,
+                 "--dtype", "fp32", "--steps", 2, "--warmup", 0, "--ddp-bucket-cap-mb", 1,
+                 *([] if overlap else ["--no-overlap"]), "--format", "json", "--output", out)
         report = json.loads((out / "profile.json").read_text())
         assert report["ddp_overlap"] == overlap
         (row,) = report["rows"]
@@ -573,7 +573,7 @@ def test_banner_arithmetic_with_world_size_is_hf_trainers(kiln_bin, tmp_path):
 def test_profile_under_torchrun_predicts_each_stages_memory_per_rank(kiln_bin, tmp_path):
     for stage in (0, 1, 2):
         out = tmp_path / f"s{stage}"
-        torchrun(kiln_bin, "kiln-profile", 2, "--model", "tiny", "--cutoff-len", "64,256", "--batch-size", 2,
+        torchrun(kiln_bin, "kiln-profile", 2, "sweep", "--model", "tiny", "--cutoff-len", "64,256", "--batch-size", 2,
                  "--dtype", "fp32", "--steps", 2, "--warmup", 1, "--zero-stage", stage, "--ddp-bucket-cap-mb", 1,
                  "--format", "json", "--output", out)
         report = json.loads((out / "profile.json").read_text())
@@ -590,9 +590,9 @@ def test_counter_phases_under_torchrun_wrap_the_data_parallel_hooks(kiln_bin, tm
     # parallelism uses too (arming and draining the gradient buckets): both must still run, and the
     # phases must still partition the counted steps.
     out = tmp_path / "phases"
-    torchrun(kiln_bin, "kiln-profile", 2, "--model", "tiny", "--cutoff-len", 32, "--batch-size", 1, "--grad-accum", 2,
-             "--dtype", "fp32", "--steps", 1, "--warmup", 0, "--ddp-bucket-cap-mb", 1, "--counter-phases",
-             "--counter-steps", 1, "--format", "json", "--output", out)
+    torchrun(kiln_bin, "kiln-profile", 2, "sweep", "--model", "tiny", "--cutoff-len", 32, "--batch-size", 1,
+             "--grad-accum", 2, "--dtype", "fp32", "--steps", 1, "--warmup", 0, "--ddp-bucket-cap-mb", 1,
+             "--counter-phases", "--counter-steps", 1, "--format", "json", "--output", out)
     report = json.loads((out / "profile.json").read_text())
     row = report["rows"][0]
     assert report["world_size"] == 2 and row["status"] == "ok", row["message"]

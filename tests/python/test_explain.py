@@ -1,4 +1,4 @@
-"""kiln-profile --explain: the per-component traffic and FLOP table of one step (cost/traffic.h),
+"""kiln-profile explain: the per-component traffic and FLOP table of one step (cost/traffic.h),
 for llama-100m at cutoff_len 1024 x batch 8 in bf16 on an A100-80GB. References: the totals and
 the per-token figures recomputed here from the table's own rows, each row's bound and time from
 the A100's data-sheet numbers (312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2039 GB/s), and the matmul
@@ -23,7 +23,7 @@ def cells(line: str) -> list:
 @pytest.fixture(scope="module")
 def explain(run_kiln):
     start = time.monotonic()
-    r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+    r = run_kiln("kiln-profile", "explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
                  "--device-memory", "A100-80GB", "--dtype", "bf16", "--step-seconds", 1 / 6.99, timeout=60)
     seconds = time.monotonic() - start
     assert r.returncode == 0, r.stderr
@@ -138,7 +138,7 @@ def test_modelled_counters_at_a_measured_step(explain):
 
 
 def explain_header_and_bytes(run_kiln, *flags):
-    r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+    r = run_kiln("kiln-profile", "explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
                  "--device-memory", "A100-80GB", *flags, timeout=60)
     assert r.returncode == 0, r.stderr
     header = r.stdout.splitlines()[0]
@@ -147,7 +147,7 @@ def explain_header_and_bytes(run_kiln, *flags):
 
 
 def test_recomputation_follows_kiln_pretrains_rule(run_kiln):
-    # train/recomputation.h, for kiln-pretrain, the sweep and --explain alike: without a policy
+    # train/recomputation.h, for kiln-pretrain, the sweep and explain alike: without a policy
     # the stride decides (>= 2: every_n), every_n defaults to 2, selective and full take no stride.
     none = explain_header_and_bytes(run_kiln)
     full = explain_header_and_bytes(run_kiln, "--gradient-checkpointing")
@@ -174,37 +174,63 @@ def test_recomputation_follows_kiln_pretrains_rule(run_kiln):
      "no effect without gradient_checkpointing"),
 ])
 def test_contradictory_recomputation_is_refused_by_explain_and_by_the_sweep(run_kiln, flags, key, words):
-    r = run_kiln("kiln-profile", "--explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+    r = run_kiln("kiln-profile", "explain", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
                  "--device-memory", "A100-80GB", *flags, timeout=60)
     assert r.returncode == 2 and key in r.stderr and words in r.stderr, r.stderr
-    r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1, *flags,
-                 timeout=60)
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--steps", 1,
+                 *flags, timeout=60)
     assert r.returncode == 2 and key in r.stderr and words in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("mode, flag", [
-    (["--explain"], ["--format", "md"]),
-    (["--explain"], ["--trace", "/tmp/x"]),
-    (["--explain"], ["--counters"]),
-    (["--plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--batch-size", "4"]),
-    (["--plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--config", "/nonexistent.yaml"]),
-    ([], ["--step-seconds", "1"]),
-    ([], ["--device-memory", "A100-80GB"]),
-    (["--plan", "--explain"], []),
-    (["--explain", "--device-memory", "A100-80GB"], ["--device", "gpu"]),
+@pytest.mark.parametrize("command, flag, key", [
+    (["explain"], ["--format", "md"], "format"),
+    (["explain"], ["--trace", "/tmp/x"], "trace_dir"),
+    (["explain"], ["--counters"], "counters"),
+    (["plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--batch-size", "4"],
+     "per_device_train_batch_size"),
+    (["plan", "--device-memory", "80GB", "--target-sequences", "8"], ["--config", "/nonexistent.yaml"], "config"),
+    (["sweep"], ["--step-seconds", "1"], "step_seconds"),
+    (["sweep"], ["--device-memory", "A100-80GB"], "device_memory"),
 ])
-def test_an_option_of_another_mode_is_refused(run_kiln, mode, flag):
-    # Each mode reads its own options; one given to another would be silently ignored.
-    r = run_kiln("kiln-profile", *mode, "--model", "tiny", "--cutoff-len", 16, *flag, timeout=60)
+def test_a_key_of_another_subcommand_is_refused(run_kiln, command, flag, key):
+    # Each subcommand reads its own key table; a key of another would be silently ignored.
+    r = run_kiln("kiln-profile", *command, "--model", "tiny", "--cutoff-len", 16, *flag, timeout=60)
     assert r.returncode == 2, r.stdout
-    assert ("does not apply to" in r.stderr and flag[0] in r.stderr) or "not both" in r.stderr or (
-        "'gpu' is not auto, cpu or cuda" in r.stderr), r.stderr
+    assert f"key '{key}': not a key of kiln-profile {command[0]}" in r.stderr, r.stderr
+    assert f"kiln-profile {command[0]} --help lists its keys" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--plan", "--explain", "--model", "tiny"], "--plan is now a subcommand: kiln-profile plan"),
+    (["--model", "tiny", "--explain"], "--explain is now a subcommand: kiln-profile explain"),
+    (["--model", "tiny"], "give a subcommand first: sweep, plan or explain, not '--model'"),
+    (["explain", "--device-memory", "A100-80GB", "--model", "tiny", "--device", "gpu"],
+     "key 'device': 'gpu' is not auto, cpu or cuda"),
+])
+def test_the_old_modes_and_a_bad_device_are_refused_in_one_line(run_kiln, args, words):
+    r = run_kiln("kiln-profile", *args, timeout=60)
+    assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_each_subcommand_has_its_own_help(run_kiln):
+    top = run_kiln("kiln-profile", "--help")
+    assert top.returncode == 0 and all(f"  {c} " in top.stdout for c in ("sweep", "plan", "explain")), top.stdout
+    keys = {}
+    for command in ("sweep", "plan", "explain"):
+        r = run_kiln("kiln-profile", command, "--help")
+        assert r.returncode == 0 and r.stdout.startswith(f"Usage: kiln-profile {command}"), r.stdout
+        keys[command] = set(re.findall(r"^  --(\w+)", r.stdout, re.M))
+    # Each lists its own keys only: the sweep's measurement keys are not plan's or explain's.
+    assert {"counters", "steps", "learning_rate", "config"} <= keys["sweep"]
+    assert {"target_tokens", "mfu", "device_memory"} <= keys["plan"] and not {"steps", "counters"} & keys["plan"]
+    assert {"step_seconds", "json", "per_device_train_batch_size"} <= keys["explain"]
+    assert not {"format", "counters", "target_tokens"} & keys["explain"]
 
 
 def test_json_carries_the_modelled_counters_of_step_seconds(run_kiln, explain):
     out, _, totals, _, _ = explain
     markdown = next(l for l in out.splitlines() if l.startswith("| kiln |"))
-    r = run_kiln("kiln-profile", "--explain", "--json", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
+    r = run_kiln("kiln-profile", "explain", "--json", "--model", "llama-100m", "--cutoff-len", T, "--batch-size", B,
                  "--device-memory", "A100-80GB", "--dtype", "bf16", "--step-seconds", 1 / 6.99, timeout=60)
     assert r.returncode == 0, r.stderr
     counters = json.loads(r.stdout)["modelled_counters"]

@@ -4,7 +4,7 @@ Independent reference: HF's LlamaForCausalLM (modeling_llama.py, SDPA attention)
 preset's shape, one forward under CPU autocast (bf16) or in fp32, every tensor autograd saves
 counted once per storage through torch.autograd.graph.saved_tensors_hooks (parameters, and the
 weights' casts, which hold no token dimension, left out). One decoder layer's bytes per token are
-the difference between a 2-layer and a 1-layer model. kiln's figure is `kiln-profile --plan
+the difference between a 2-layer and a 1-layer model. kiln's figure is `kiln-profile plan
 --kernels aten` (the ATen compositions HF runs; a GPU's rules, where the projections go through
 at::linear): its `activations` component at micro-batch 1, no recomputation, is tokens x layers
 x per_layer (cost/memory.cpp).
@@ -56,7 +56,7 @@ def hf_saved_bytes(layers: int, dtype: torch.dtype) -> int:
 
 
 def kiln_per_layer(run_kiln, tmp_path, dtype: str) -> float:
-    r = run_kiln("kiln-profile", "--plan", "--model", "tiny", "--kernels", "aten", "--dtype", dtype, "--cutoff-len", T,
+    r = run_kiln("kiln-profile", "plan", "--model", "tiny", "--kernels", "aten", "--dtype", dtype, "--cutoff-len", T,
                  "--device-memory", "A100-80GB", "--target-tokens", T, "--output", tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())

@@ -1,4 +1,4 @@
-"""The memory planner (kiln-profile --plan) against the counting CPU allocator: under a memory cap,
+"""The memory planner (kiln-profile plan) against the counting CPU allocator: under a memory cap,
 the setting it recommends runs without running out, and the next larger micro-batch, which it
 says does not fit, does hit the cap; for several caps. Also its formats and its errors."""
 import csv
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-PLAN = ["--plan", "--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--target-sequences", "32"]
+PLAN = ["plan", "--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--target-sequences", "32"]
 
 
 def plan(run_kiln, tmp_path, memory, cutoff_len=256):
@@ -25,9 +25,10 @@ def sweep_status(run_kiln, tmp_path, batch, cap, every, cutoff_len=256):
         extra = ["--gradient-checkpointing-policy", "selective"]
     else:
         extra = ["--gradient-checkpointing", "--gradient-checkpointing-every", str(every)] if every else []
-    res = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", str(cutoff_len), "--batch-size", str(batch), "--dtype",
-                   "fp32", "--device", "cpu", "--steps", "1", "--warmup", "0", "--memory-cap-bytes", str(int(cap)),
-                   "--peak-tflops", "1", "--format", "json", "--output", tmp_path, *extra)
+    res = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--cutoff-len", str(cutoff_len), "--batch-size",
+                   str(batch), "--dtype", "fp32", "--device", "cpu", "--steps", "1", "--warmup", "0",
+                   "--memory-cap-bytes", str(int(cap)), "--peak-tflops", "1", "--format", "json", "--output", tmp_path,
+                   *extra)
     assert res.returncode == 0, res.stderr
     return json.loads((tmp_path / "profile.json").read_text())["rows"][0]["status"]
 
@@ -77,7 +78,7 @@ def test_selective_recomputation_is_chosen_between_none_and_full(run_kiln, tmp_p
 
 
 def test_plan_formats_and_device_names(run_kiln, tmp_path):
-    res = run_kiln("kiln-profile", "--plan", "--model", "llama-3.2-1b", "--cutoff-len", "2048,8192", "--device-memory",
+    res = run_kiln("kiln-profile", "plan", "--model", "llama-3.2-1b", "--cutoff-len", "2048,8192", "--device-memory",
                    "A100-80GB", "--target-tokens", "1048576", "--output", tmp_path)
     assert res.returncode == 0, res.stderr
     assert "Recommended: micro-batch" in res.stdout and "A100-80GB" in res.stdout
@@ -99,14 +100,45 @@ def test_plan_formats_and_device_names(run_kiln, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--device-memory", "eighty"], "--device-memory: 'eighty' is not a size"),
+    (["--device-memory", "eighty"], "key 'device_memory': 'eighty' is not a size"),
     (["--device-memory", "80GB", "--target-tokens", "8", "--target-sequences", "8"], "exactly one"),
     (["--device-memory", "80GB", "--target-sequences", "8", "--mfu", "2"], "mfu"),
 ])
 def test_plan_errors_are_one_line(run_kiln, tmp_path, args, message):
-    res = run_kiln("kiln-profile", "--plan", "--model", "tiny", "--cutoff-len", "64", *args, "--output", tmp_path)
+    res = run_kiln("kiln-profile", "plan", "--model", "tiny", "--cutoff-len", "64", *args, "--output", tmp_path)
     assert res.returncode == 2
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_auto_is_this_machines_device_unless_device_memory_names_a_gpu(run_kiln, tmp_path):
+    # common/device.h's one resolver: auto is the GPU when there is one, else the CPU (plan once
+    # read auto as CUDA on a machine without a GPU); a GPU by name, or device cuda, plans for a GPU
+    # with or without one here, since nothing runs. Reference: torch's own view of this machine.
+    import torch
+
+    def planned_for_cuda(*args):
+        res = run_kiln("kiln-profile", "plan", "--model", "tiny", "--target-sequences", 8, "--format", "json",
+                       "--output", tmp_path, *args)
+        assert res.returncode == 0, res.stderr
+        return json.loads((tmp_path / "plan.json").read_text())["cuda"]
+
+    assert planned_for_cuda("--device-memory", "80GB") is torch.cuda.is_available()
+    assert planned_for_cuda("--device-memory", "A100-80GB") is True
+    assert planned_for_cuda("--device-memory", "80GB", "--device", "cuda") is True
+    assert planned_for_cuda("--device-memory", "80GB", "--device", "cpu") is False
+
+
+def test_cuda_without_a_gpu_is_a_clear_error_in_every_program(run_kiln, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    for call in (("kiln-profile", "sweep", "--model", "tiny", "--device", "cuda"),
+                 ("kiln-pretrain", "--dry-run", "--device", "cuda", "--output_dir", tmp_path),
+                 ("kiln-profile", "explain", "--model", "tiny", "--cutoff-len", 16, "--batch-size", 1, "--device",
+                  "cuda")):
+        res = run_kiln(*call, timeout=60)
+        assert res.returncode == 2 and "key 'device': 'cuda' but no CUDA device is present" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 def test_auto_fit_applies_the_plan_in_the_banner(run_kiln, kiln_bin, tmp_path):

@@ -22,7 +22,8 @@ TINY = dict(vocab=320, hidden=128, ffn=384, layers=2, heads=4, kv_heads=2)
 @pytest.fixture(scope="module")
 def ci_sweep(run_kiln, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile")
-    r = run_kiln("kiln-profile", "--config", ROOT / "configs/profile/ci-tiny.yaml", "--output", out, timeout=300)
+    r = run_kiln("kiln-profile", "sweep", "--config", ROOT / "configs/profile/ci-tiny.yaml", "--output", out,
+                 timeout=300)
     assert r.returncode == 0, r.stderr
     return r, out
 
@@ -140,8 +141,8 @@ def test_html_screenshot_in_headless_chromium(ci_sweep, tmp_path):
 
 
 def test_oom_point_is_marked_and_the_sweep_goes_on(run_kiln, tmp_path):
-    r = run_kiln("kiln-profile", "--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--cutoff-len", "16,1024",
-                 "--steps", "1", "--warmup", "0", "--peak-tflops", "1", "--memory-cap-bytes", "20000000",
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--cutoff-len",
+                 "16,1024", "--steps", "1", "--warmup", "0", "--peak-tflops", "1", "--memory-cap-bytes", "20000000",
                  "--format", "csv", "--output", tmp_path)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader((tmp_path / "profile.csv").open()))
@@ -151,14 +152,14 @@ def test_oom_point_is_marked_and_the_sweep_goes_on(run_kiln, tmp_path):
 
 
 def test_bad_input_names_the_option_or_key(run_kiln, tmp_path):
-    r = run_kiln("kiln-profile", "--model", "tiny", "--cutoff-len", "64,abc")
-    assert r.returncode == 2 and "--cutoff-len" in r.stderr and "abc" in r.stderr
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--cutoff-len", "64,abc")
+    assert r.returncode == 2 and "key 'cutoff_len'" in r.stderr and "abc" in r.stderr
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("model: tiny\ncutoff_lens: [64]\n")
-    r = run_kiln("kiln-profile", "--config", cfg)
+    r = run_kiln("kiln-profile", "sweep", "--config", cfg)
     assert r.returncode == 2 and str(cfg) in r.stderr and "cutoff_lens" in r.stderr
-    r = run_kiln("kiln-profile", "--model", "tiny", "--dtype", "fp8")
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--dtype", "fp8")
     assert r.returncode == 2 and "dtype" in r.stderr and "fp8" in r.stderr
     cfg.write_text("model: tiny\ncounters: true\ncounter_steps: -2\n")
-    r = run_kiln("kiln-profile", "--config", cfg)
+    r = run_kiln("kiln-profile", "sweep", "--config", cfg)
     assert r.returncode == 2 and str(cfg) in r.stderr and "counter_steps" in r.stderr and "-2" in r.stderr

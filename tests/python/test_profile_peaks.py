@@ -4,7 +4,7 @@ report"). References, each independent of kiln's C++:
     and sysfs (cpufreq, topology) with this file's own copy of the vendors' FMA figures, then
     compared with what kiln-profile writes in its JSON;
   - the three columns recomputed from the JSON's own step totals, step time and roofline;
-  - the per-component rows against `kiln-profile --explain --device cpu --json` for the same point;
+  - the per-component rows against `kiln-profile explain --device cpu --json` for the same point;
   - the roofline chart laid out by headless Chromium, its dots read back from the page's layout;
   - MFU below 100% with the machine loaded by busy processes, as a build loads it, and a forced
     MFU above 100% (a tiny --peak-tflops) reported as a bug."""
@@ -156,10 +156,10 @@ LLAMA = ["--model", "llama-100m", "--device", "cpu", "--dtype", "fp32", "--cutof
 
 @pytest.fixture(scope="module")
 def llama_sweep(run_kiln, tmp_path_factory):
-    """kiln-profile --model llama-100m at one small point (about 10-20 s on 2 cores)."""
+    """kiln-profile sweep --model llama-100m at one small point (about 10-20 s on 2 cores)."""
     out = tmp_path_factory.mktemp("profile_llama")
     start = time.monotonic()
-    r = run_kiln("kiln-profile", *LLAMA, "--steps", "1", "--warmup", "0", "--output", out, timeout=300)
+    r = run_kiln("kiln-profile", "sweep", *LLAMA, "--steps", "1", "--warmup", "0", "--output", out, timeout=300)
     assert r.returncode == 0, r.stderr
     return r, out, json.loads((out / "profile.json").read_text()), time.monotonic() - start
 
@@ -177,7 +177,7 @@ def test_cpu_peak_is_cores_x_simd_x_fma_x_clock(llama_sweep, run_kiln, tmp_path,
     assert doc["peak_tflops"] == pytest.approx(doc["cpu_peak"]["fp32_flops"] / 1e12, rel=1e-12)
     # One thread: one core, whatever the machine.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([str(kiln_bin("kiln-profile")), "--model", "tiny", "--device", "cpu", "--dtype", "bf16",
+    r = subprocess.run([str(kiln_bin("kiln-profile")), "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "bf16",
                         "--cutoff-len", "16", "--steps", "1", "--warmup", "0", "--format", "json", "--output",
                         str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
@@ -236,7 +236,7 @@ def test_mfu_is_below_100_percent_and_under_the_roof(llama_sweep):
 def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
     r, out, doc, _ = llama_sweep
     row = doc["rows"][0]
-    e = run_kiln("kiln-profile", "--explain", "--json", "--model", "llama-100m", "--device", "cpu", "--dtype", "fp32",
+    e = run_kiln("kiln-profile", "explain", "--json", "--model", "llama-100m", "--device", "cpu", "--dtype", "fp32",
                  "--cutoff-len", "32", "--batch-size", "1", timeout=120)
     assert e.returncode == 0, e.stderr
     explain = json.loads(e.stdout)
@@ -268,9 +268,9 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
 
 @pytest.fixture(scope="module")
 def component_sweep(run_kiln, tmp_path_factory):
-    """kiln-profile --component-times on tiny (bf16, 64 x 2, 2 steps), every format."""
+    """kiln-profile sweep --component-times on tiny (bf16, 64 x 2, 2 steps), every format."""
     out = tmp_path_factory.mktemp("profile_components")
-    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "bf16", "--cutoff-len", "64",
                  "--batch-size", "2", "--steps", "2", "--warmup", "1", "--component-times", "--format",
                  "md,csv,json,html", "--output", out, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -403,7 +403,7 @@ def test_roofline_rings_sit_at_the_measured_component_times(component_sweep, tmp
 
 def test_a_forced_mfu_above_100_percent_is_reported(run_kiln, tmp_path):
     # A peak of 1 MFLOP/s: any step beats it, as a wrong peak would.
-    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
                  "--steps", "1", "--warmup", "0", "--peak-tflops", "1e-6", "--format", "md,json", "--output", tmp_path,
                  timeout=300)
     assert r.returncode == 0, r.stderr
@@ -424,9 +424,9 @@ def test_mfu_stays_below_100_percent_while_the_machine_is_loaded(run_kiln, tmp_p
     burners = [subprocess.Popen([sys.executable, "-c", BURNER.format(seconds=240)])
                for _ in range(len(os.sched_getaffinity(0)))]
     try:
-        r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16,64",
-                     "--batch-size", "1,4", "--steps", "2", "--warmup", "1", "--format", "json", "--output", tmp_path,
-                     timeout=300)
+        r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len",
+                     "16,64", "--batch-size", "1,4", "--steps", "2", "--warmup", "1", "--format", "json", "--output",
+                     tmp_path, timeout=300)
         assert all(b.poll() is None for b in burners)  # still loading the machine at the end
     finally:
         for b in burners:
@@ -443,7 +443,7 @@ def test_mfu_stays_below_100_percent_while_the_machine_is_loaded(run_kiln, tmp_p
 def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
     # perf_event on the CPU (profile/counters.h): wherever the PMU or permissions lack an event,
     # the column keeps the model's value and its reason says why, in one line.
-    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
                  "--steps", "2", "--warmup", "0", "--counters", "--counter-steps", "1", "--format", "csv,json",
                  "--output", tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -472,7 +472,7 @@ def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
 def test_counter_phases_split_the_counted_steps_into_forward_backward_and_optimizer(run_kiln, tmp_path):
     # --counter-phases (CounterOptions::phases): the counters read at each phase boundary of the
     # counted steps. GA 2 over 2 counted steps: forward and backward entered 4 times, the optimizer 2.
-    r = run_kiln("kiln-profile", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "32",
+    r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "32",
                  "--grad-accum", "2", "--steps", "1", "--warmup", "0", "--counter-phases", "--counter-steps", "2",
                  "--format", "md,json,html", "--output", tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -523,12 +523,12 @@ def test_counter_phases_split_the_counted_steps_into_forward_backward_and_optimi
     cfg = tmp_path / "phases.yaml"
     cfg.write_text("model: tiny\ndevice: cpu\ndtype: fp32\ncutoff_len: [16]\nsteps: 1\nwarmup: 0\n"
                    "counter_phases: true\ncounter_steps: 1\nformat: json\n")
-    r = run_kiln("kiln-profile", "--config", cfg, "--output", tmp_path / "yaml", timeout=300)
+    r = run_kiln("kiln-profile", "sweep", "--config", cfg, "--output", tmp_path / "yaml", timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "yaml" / "profile.json").read_text())
     assert doc["counters_requested"] is True
     assert [(p["name"], p["segments"]) for p in doc["rows"][0]["counters"]["phases"]] == [
         ("forward", 1), ("backward", 1), ("optimizer", 1)]
     cfg.write_text("model: tiny\ncounter_phases: sometimes\n")
-    r = run_kiln("kiln-profile", "--config", cfg)
+    r = run_kiln("kiln-profile", "sweep", "--config", cfg)
     assert r.returncode == 2 and str(cfg) in r.stderr and "counter_phases" in r.stderr

@@ -1,6 +1,6 @@
 // A named range of the training step for LibTorch's profiler: an at::RecordFunction of the user
 // scope, named "kiln::<component>" after a row of the traffic model (cost/traffic.h: "q_proj",
-// "attention core", "AdamW", ...). kiln-profile --component-times reads them back to measure each
+// "attention core", "AdamW", ...). kiln-profile sweep --component-times reads them back to measure each
 // component's time (profile/component_times.h); autograd ties each backward node to the forward
 // scope its op ran in. With no profiler running, a scope costs one thread-local check. Each scope is
 // an NVTX range of the same name too (common/nvtx.h), for Nsight Systems and Nsight Compute. The

@@ -12,8 +12,24 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
 
 namespace kiln::device {
+
+void check_spec(const std::string& spec) {
+  if (spec != "auto" && spec != "cpu" && spec != "cuda") {
+    throw std::invalid_argument(fmt::format("'{}' is not auto, cpu or cuda", spec));
+  }
+}
+
+at::Device resolve(const std::string& spec) {
+  check_spec(spec);
+  const bool gpu = torch::cuda::is_available();
+  if (spec == "cuda" && !gpu) throw std::invalid_argument("'cuda' but no CUDA device is present");
+  if (spec == "cpu" || !gpu) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, 0);
+}
 
 double measure_cpu_gemm_tflops() {
   at::NoGradGuard no_grad;

@@ -11,6 +11,16 @@
 
 namespace kiln::device {
 
+// The device a setting `auto | cpu | cuda` names: kiln-pretrain's and kiln-profile's `device`
+// key, the other programs' --device. auto is the first GPU when CUDA has one and the CPU otherwise;
+// cuda needs a GPU. Throws std::invalid_argument for another word
+// ("'gpu' is not auto, cpu or cuda") and for cuda without a GPU ("'cuda' but no CUDA device is
+// present"); the caller puts its key or flag in front. The one resolver of the repository.
+at::Device resolve(const std::string& spec);
+// resolve()'s word check alone, which needs no GPU: for a setting checked before it runs (or for
+// a device that is described, not used: kiln-profile plan and explain).
+void check_spec(const std::string& spec);
+
 // "CPU (2 threads)" (the threads LibTorch's ops use), or the name CUDA reports ("NVIDIA H200").
 std::string name(const at::Device& device);
 

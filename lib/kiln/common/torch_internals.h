@@ -51,7 +51,7 @@ class GradientRoot {
 std::vector<at::Tensor> backprop_from(const GradientRoot& root, const at::Tensor& grad,
                                       const std::vector<at::Tensor>& inputs);
 
-// ---- A Kineto trace of a code region (profile/sweep.cpp, kiln-profile --trace) ----
+// ---- A Kineto trace of a code region (profile/sweep.cpp, kiln-profile sweep --trace) ----
 // Starts the Kineto profiler (CPU ops; CUDA kernels too with `cuda`) on construction; save() stops
 // it and writes a Chrome trace to `path`. Wraps torch::autograd::profiler::{prepare,enable,disable}Profiler
 // and torch::profiler::impl's config types: LibTorch's C++ API has no other way to record a Kineto

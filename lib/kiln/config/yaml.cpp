@@ -76,23 +76,37 @@ std::optional<YAML::Node> ConfigReader::lookup(std::string_view key, Need need, 
   return node;
 }
 
-void ConfigReader::read(std::string_view key, int64_t& out, Need need) {
-  const auto node = lookup(key, need, "an integer");
-  if (!node) return;
-  const std::string text = node->Scalar();
-  // Accept 1000, 1_000 and 1e3 when it is integral; reject 1.5 and "abc".
+namespace {
+
+// 1000, 1_000 and 1e3 (integral) read as 1000; 1.5 and "abc" as nothing.
+std::optional<int64_t> parse_integer(const std::string& text) {
   std::string digits;
   std::copy_if(text.begin(), text.end(), std::back_inserter(digits), [](char c) { return c != '_'; });
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(digits.c_str(), &end, 10);
-  if (!digits.empty() && end && *end == '\0' && errno == 0) {
-    out = v;
-    return;
-  }
+  if (!digits.empty() && end && *end == '\0' && errno == 0) return v;
   const double d = std::strtod(digits.c_str(), &end);
   if (!digits.empty() && end && *end == '\0' && std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) {
-    out = static_cast<int64_t>(d);
+    return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+std::string trimmed(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+}  // namespace
+
+void ConfigReader::read(std::string_view key, int64_t& out, Need need) {
+  const auto node = lookup(key, need, "an integer");
+  if (!node) return;
+  const std::string text = node->Scalar();
+  if (const auto v = parse_integer(text)) {
+    out = *v;
     return;
   }
   fail(key, fmt::format("expected an integer, got '{}'", text));
@@ -130,6 +144,51 @@ void ConfigReader::read(std::string_view key, std::string& out, Need need) {
   out = node->Scalar();
 }
 
+std::optional<std::vector<std::string>> ConfigReader::list_items(std::string_view key, Need need,
+                                                                 const char* expected) {
+  consumed_.emplace_back(key);
+  const YAML::Node node = std::as_const(map_)[std::string(key)];
+  if (!node || node.IsNull()) {
+    if (need == Need::kRequired) fail(key, fmt::format("missing required key (expected {})", expected));
+    return std::nullopt;
+  }
+  if (node.IsMap()) fail(key, fmt::format("expected {}, got a mapping", expected));
+  std::vector<std::string> items;
+  if (node.IsSequence()) {
+    for (const auto& item : node) {
+      if (!item.IsScalar()) fail(key, fmt::format("expected {}, got a nested list or mapping", expected));
+      items.push_back(trimmed(item.Scalar()));
+    }
+    return items;
+  }
+  std::stringstream ss(node.Scalar());
+  std::string item;
+  while (std::getline(ss, item, ',')) items.push_back(trimmed(item));
+  if (!node.Scalar().empty() && node.Scalar().back() == ',') items.emplace_back();
+  return items;
+}
+
+void ConfigReader::read(std::string_view key, std::vector<int64_t>& out, Need need) {
+  const char* expected = "a list of integers (a YAML list, or 16,64)";
+  const auto items = list_items(key, need, expected);
+  if (!items) return;
+  std::vector<int64_t> values;
+  for (const std::string& item : *items) {
+    const auto v = parse_integer(item);
+    if (!v) {
+      const YAML::Node node = std::as_const(map_)[std::string(key)];
+      fail(key, fmt::format("expected {}, got '{}'{}", expected, item,
+                            node.IsScalar() ? fmt::format(" in '{}'", node.Scalar()) : std::string()));
+    }
+    values.push_back(*v);
+  }
+  out = std::move(values);
+}
+
+void ConfigReader::read(std::string_view key, std::vector<std::string>& out, Need need) {
+  if (const auto items = list_items(key, need, "a list (a YAML list, or a,b)")) out = *items;
+}
+
 std::optional<std::string> ConfigReader::read_text(std::string_view key) {
   consumed_.emplace_back(key);
   const YAML::Node node = std::as_const(map_)[std::string(key)];
@@ -151,11 +210,12 @@ ConfigReader ConfigReader::child(std::string_view key) {
   return ConfigReader(node ? node : YAML::Node(YAML::NodeType::Map), source_, qualified(key) + ".");
 }
 
-void ConfigReader::finish() const {
+void ConfigReader::finish(const std::string& hint) const {
   for (const auto& kv : map_) {
     const std::string key = kv.first.as<std::string>();
     if (std::find(consumed_.begin(), consumed_.end(), key) == consumed_.end()) {
-      fail(key, "unknown key (misspelled, or not supported by this version of kiln)");
+      fail(key,
+           "unknown key (misspelled, or not supported by this version of kiln)" + (hint.empty() ? "" : "; " + hint));
     }
   }
 }

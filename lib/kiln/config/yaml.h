@@ -43,6 +43,10 @@ class ConfigReader {
   void read(std::string_view key, double& out, Need need = Need::kOptional);
   void read(std::string_view key, bool& out, Need need = Need::kOptional);
   void read(std::string_view key, std::string& out, Need need = Need::kOptional);
+  // A list: a YAML sequence of scalars, or one scalar of comma-separated items ("16,64", as a
+  // command line writes it); each integer as read() reads one. An empty sequence reads as empty.
+  void read(std::string_view key, std::vector<int64_t>& out, Need need = Need::kOptional);
+  void read(std::string_view key, std::vector<std::string>& out, Need need = Need::kOptional);
 
   // Any value as text: a scalar as written, a list joined with ',', a mapping as "{...}";
   // nullopt when absent or null. Marks the key as consumed.
@@ -53,8 +57,8 @@ class ConfigReader {
   // Marks a key as known without reading it (a key handled elsewhere).
   void accept(std::string_view key);
 
-  // Rejects every key that was not read or accepted.
-  void finish() const;
+  // Rejects every key that was not read or accepted; `hint` ends the message (where the keys are listed).
+  void finish(const std::string& hint = "") const;
 
   [[noreturn]] void fail(std::string_view key, const std::string& problem) const;
   const std::string& source() const { return source_; }
@@ -63,6 +67,8 @@ class ConfigReader {
  private:
   // The scalar at `key`; nullopt when absent or null (and optional).
   std::optional<YAML::Node> lookup(std::string_view key, Need need, const char* expected);
+  // The items of a list key (see read); nullopt when absent or null (and optional).
+  std::optional<std::vector<std::string>> list_items(std::string_view key, Need need, const char* expected);
 
   YAML::Node map_;
   std::string source_;

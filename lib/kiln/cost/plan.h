@@ -1,4 +1,4 @@
-// The memory planner (kiln-profile --plan, kiln-pretrain --auto-fit; docs/performance.md):
+// The memory planner (kiln-profile plan, kiln-pretrain --auto-fit; docs/performance.md):
 // before anything runs, which micro-batch, gradient accumulation and recomputation policy fit a
 // device's memory at each cutoff_len, ranked by predicted speed. Everything comes from the
 // analytic models (memory.h, flops.h) and the model's config: no weights are allocated.

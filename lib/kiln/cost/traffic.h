@@ -1,4 +1,4 @@
-// Traffic and FLOP model of a training step, per component (kiln-profile --explain;
+// Traffic and FLOP model of a training step, per component (kiln-profile explain;
 // docs/performance.md, "Memory traffic per component"): for each part of one optimizer step, forward
 // and backward separately, the FLOPs it executes and the bytes that must cross device memory, in
 // two variants side by side:

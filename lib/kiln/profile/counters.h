@@ -107,7 +107,7 @@ struct CounterOptions {
   // CUPTI, per kernel: kernel launches one interval can hold (the counter data image's ranges);
   // launches past it are not counted, and the reading says how many were dropped.
   int64_t max_kernels = 8192;
-  // Counts per phase too (CounterSession::phase; kiln-profile --counter-phases: forward, backward,
+  // Counts per phase too (CounterSession::phase; kiln-profile sweep --counter-phases: forward, backward,
   // optimizer). CUDA, one range: each phase segment its own user range, with a device
   // synchronisation at every boundary (so that a range holds its segment's kernels only); per
   // kernel: each kernel goes to the phase current at its launch, at no extra cost.

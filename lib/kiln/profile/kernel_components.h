@@ -1,4 +1,4 @@
-// The component of a kernel at its launch (kiln-profile --counters-per-kernel: the per-component
+// The component of a kernel at its launch (kiln-profile sweep --counters-per-kernel: the per-component
 // table's counted bytes; docs/performance.md, "Counted bytes per component"). Called on the
 // launching thread (from CUPTI's launch callback), it reads the same things LibTorch's profiler
 // attribution does (profile/component_times.h), without the profiler:

@@ -1,4 +1,4 @@
-// The planner's report in Markdown, CSV, JSON and HTML (kiln-profile --plan): the formatting of
+// The planner's report in Markdown, CSV, JSON and HTML (kiln-profile plan): the formatting of
 // cost::PlanReport, which the cost layer computes.
 #include "kiln/profile/plan_report.h"
 

@@ -1,4 +1,4 @@
-// The planner's report files (kiln-profile --plan; docs/performance.md): cost::make_plan computes,
+// The planner's report files (kiln-profile plan; docs/performance.md): cost::make_plan computes,
 // this formats.
 #pragma once
 

@@ -27,7 +27,7 @@ std::string to_csv(const SweepReport& report);
 // One line per (point, component, pass): the traffic model's rows (profile_components.csv).
 std::string to_components_csv(const SweepReport& report);
 std::string to_json(const SweepReport& report);
-// kiln-profile --explain --json: the traffic model of one configuration, its rows as the sweep's
+// kiln-profile explain --json: the traffic model of one configuration, its rows as the sweep's
 // JSON writes a point's `components` (component_rows), the roofline and the step's totals.
 std::string explain_json(const std::string& model_name, const cost::TrafficReport& traffic, const cost::Roofline& roof,
                          const std::string& bandwidth_source);

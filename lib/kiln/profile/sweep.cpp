@@ -21,7 +21,6 @@
 #include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <torch/cuda.h>
 
 #include "kiln/common/component_scope.h"
 #include "kiln/common/device.h"
@@ -78,8 +77,11 @@ void SweepConfig::validate() const {
   };
   if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
     fail("dtype", fmt::format("'{}' is not bf16, fp16 or fp32", dtype));
-  if (device != "auto" && device != "cpu" && device != "cuda")
-    fail("device", fmt::format("'{}' is not auto, cpu or cuda", device));
+  try {
+    device::check_spec(device);
+  } catch (const std::invalid_argument& e) {
+    fail("device", e.what());
+  }
   if (attention != "sdpa") fail("attention", fmt::format("'{}': only sdpa is implemented", attention));
   try {
     ops::validate_backends(kernels);
@@ -99,6 +101,7 @@ void SweepConfig::validate() const {
   if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
   if (counter_steps < 0) fail("counter_steps", fmt::format("{} is negative (0: as many as steps)", counter_steps));
   if (counter_steps > 0 && !counters) fail("counter_steps", "has no effect without counters: true (--counters)");
+  if (seed < 0) fail("seed", fmt::format("{} is negative", seed));
   if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
   if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
   if (const auto problem = train::recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy,
@@ -127,87 +130,6 @@ void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputati
 train::Recomputation SweepConfig::recomputation_choice() const {
   return train::resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy,
                                       gradient_checkpointing_every);
-}
-
-SweepConfig load_sweep_config(const std::string& path) {
-  auto reader = config::ConfigReader::from_file(path);
-  const YAML::Node root = YAML::LoadFile(path);
-  SweepConfig c;
-  c.source = path;
-  auto read_list = [&](const std::string& key, std::vector<int64_t>& out) {
-    if (!reader.has(key)) return;
-    reader.accept(key);
-    const YAML::Node n = root[key];
-    try {
-      if (n.IsSequence()) {
-        out.clear();
-        for (const auto& item : n) {
-          const auto v = item.as<int64_t>();
-          if (v <= 0) reader.fail(key, fmt::format("{} is not positive", v));
-          out.push_back(v);
-        }
-        if (out.empty()) reader.fail(key, "empty list");
-      } else {
-        out = parse_int_list(n.as<std::string>(), key);
-      }
-    } catch (const YAML::Exception&) {
-      reader.fail(key, "expected a list of positive integers");
-    } catch (const std::invalid_argument& e) {
-      reader.fail(key, e.what());
-    }
-  };
-  reader.read("model", c.model, config::Need::kRequired);
-  reader.read("dtype", c.dtype);
-  reader.read("kernels", c.kernels);
-  read_list("cutoff_len", c.cutoff_lens);
-  read_list("per_device_train_batch_size", c.batch_sizes);
-  read_list("gradient_accumulation_steps", c.grad_accums);
-  reader.read("steps", c.steps);
-  reader.read("warmup", c.warmup);
-  reader.read("device", c.device);
-  reader.read("dataset_dir", c.dataset_dir);
-  reader.read("gradient_checkpointing", c.gradient_checkpointing);
-  reader.read("gradient_checkpointing_every", c.gradient_checkpointing_every);
-  reader.read("gradient_checkpointing_policy", c.gradient_checkpointing_policy);
-  reader.read("peak_tflops", c.peak_tflops);
-  reader.read("memory_cap_bytes", c.memory_cap_bytes);
-  reader.read("task", c.task);
-  reader.read("output_dir", c.output_dir);
-  reader.read("zero_stage", c.zero_stage);
-  reader.read("ddp_bucket_cap_mb", c.ddp_bucket_cap_mb);
-  reader.read("ddp_overlap", c.ddp_overlap);
-  reader.read("counters", c.counters);
-  reader.read("counters_per_kernel", c.counters_per_kernel);
-  reader.read("counter_steps", c.counter_steps);
-  reader.read("counter_phases", c.counter_phases);
-  if (c.counters_per_kernel || c.counter_phases) c.counters = true;
-  reader.read("component_times", c.component_times);
-  train::PretrainConfig& t = c.training;
-  reader.read("learning_rate", t.learning_rate);
-  reader.read("lr_scheduler_type", t.lr_scheduler_type);
-  reader.read("warmup_ratio", t.warmup_ratio);
-  reader.read("warmup_steps", t.warmup_steps);
-  reader.read("min_lr_ratio", t.min_lr_ratio);
-  reader.read("decay_ratio", t.decay_ratio);
-  reader.read("weight_decay", t.weight_decay);
-  reader.read("adam_beta1", t.adam_beta1);
-  reader.read("adam_beta2", t.adam_beta2);
-  reader.read("adam_epsilon", t.adam_epsilon);
-  reader.read("max_grad_norm", t.max_grad_norm);
-  int64_t seed = static_cast<int64_t>(c.seed);
-  reader.read("seed", seed);
-  c.seed = static_cast<uint64_t>(seed);
-  std::string formats;
-  reader.read("format", formats);
-  if (!formats.empty()) {
-    c.formats.clear();
-    std::stringstream ss(formats);
-    std::string f;
-    while (std::getline(ss, f, ',')) c.formats.push_back(f);
-  }
-  reader.finish();
-  c.validate();
-  return c;
 }
 
 int64_t SweepConfig::steps_per_point() const {
@@ -591,11 +513,13 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
                                              report.model.max_position_embeddings, report.model.source)));
     }
   }
-  if (config.device == "cuda" && !torch::cuda::is_available()) {
-    throw config::ConfigError(config::config_message(config.source, "device", "'cuda' but no CUDA device is present"));
+  bool cuda = false;  // auto, cpu or cuda (common/device.h)
+  try {
+    cuda = device::resolve(config.device).is_cuda();
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(config.source, "device", e.what()));
   }
   const dist::DistEnv env = dist::read_dist_env();
-  const bool cuda = config.device == "cuda" || (config.device == "auto" && torch::cuda::is_available());
   const at::Device device =
       cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)) : at::Device(at::kCPU);
   if (device.is_cuda()) at::accelerator::setDeviceIndex(device.index());

@@ -22,6 +22,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/cost/cpu_peak.h"
@@ -69,7 +70,7 @@ struct SweepConfig {
   // (Chrome trace format, as torch.profiler's export_chrome_trace: Perfetto or chrome://tracing
   // opens it; scripts/bench_vs_hf.py --op-profile sums it per op). Not part of the timing.
   std::string trace_dir;
-  uint64_t seed = 42;
+  int64_t seed = 42;  // the model's initialisation; the synthetic ids draw from seed + 1
   // Under torchrun/srun every rank runs the step data-parallel (kiln/dist/data_parallel.h).
   int64_t zero_stage = 0;
   int64_t ddp_bucket_cap_mb = 25;
@@ -108,9 +109,13 @@ struct SweepConfig {
 // o.recompute and o.every for a resolved recomputation (train/recomputation.h).
 void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation);
 
-// Reads a configs/profile/*.yaml (lists as YAML sequences or "128,256" strings).
-SweepConfig load_sweep_config(const std::string& path);
-// "128,256" -> {128, 256}; throws std::invalid_argument naming `what` for a bad entry.
+// Reads a configs/profile/*.yaml (`path`; "" = none), then `--key value` overrides as (key, value)
+// pairs (config::parse_overrides), through the sweep's key table (profile/command_keys.h):
+// lists as YAML sequences or "128,256" strings, the same keys and errors in both; validates.
+SweepConfig load_sweep_config(const std::string& path,
+                              const std::vector<std::pair<std::string, std::string>>& overrides = {});
+// "128,256" -> {128, 256}; throws std::invalid_argument naming `what` for a bad entry (kiln-bench's
+// list options).
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what);
 
 struct SweepPoint {
@@ -125,7 +130,7 @@ std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model
 // The traffic model's options for one point of `config` (cost/traffic.h): the kernels the step
 // runs (train/kernel_choices.h, RoPE and attention from the spec and the device: kiln's flash
 // kernels only on a GPU that runs them, SDPA on the CPU), recomputation, data parallelism.
-// kiln-profile --explain builds its options with the same kernel rules (set_traffic_kernels).
+// kiln-profile explain builds its options with the same kernel rules (set_traffic_kernels).
 cost::TrafficOptions traffic_options(const SweepConfig& config, const model::LlamaConfig& model,
                                      const SweepPoint& point, bool cuda, const cost::HardwareSpec* hardware,
                                      int world_size);

@@ -1,5 +1,5 @@
-// One table maps each key to its field, so the YAML reader, the command-line overrides and the
-// --help key list can never disagree about which keys exist.
+// One table maps each key to its field (config/key_table.h, train/pretrain_keys.h), so the YAML
+// reader, the command-line overrides and the --help key list can never disagree about which keys exist.
 #include "kiln/train/pretrain_config.h"
 
 #include <algorithm>
@@ -12,11 +12,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/common/device.h"
 #include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/lf_keys.h"
+#include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
 
 namespace kiln::train {
@@ -24,14 +26,9 @@ namespace kiln::train {
 using config::ConfigError;
 using config::ConfigReader;
 
-namespace {
-
-using Field = std::variant<int64_t PretrainConfig::*, double PretrainConfig::*, bool PretrainConfig::*,
-                           std::string PretrainConfig::*>;
-
-const std::vector<std::pair<std::string, Field>>& fields() {
+const config::KeyTable<PretrainConfig>& pretrain_key_table() {
   using C = PretrainConfig;
-  static const std::vector<std::pair<std::string, Field>> table = {
+  static const config::KeyTable<PretrainConfig> table = {
       {"model", &C::model},
       {"model_name_or_path", &C::model_name_or_path},
       {"dataset_dir", &C::dataset_dir},
@@ -92,6 +89,8 @@ const std::vector<std::pair<std::string, Field>>& fields() {
   return table;
 }
 
+namespace {
+
 // An integer as YAML writes it ("20", not "20.0" or "2e1"): LLaMA-Factory hands val_size to
 // datasets as the Python int or float the YAML parser produced, and datasets reads an int as a
 // count of documents.
@@ -104,9 +103,7 @@ void read_fields(ConfigReader& r, PretrainConfig& c) {
   if (r.has("val_size")) {
     if (const auto text = r.read_text("val_size")) c.val_size_is_count = integer_text(*text);
   }
-  for (const auto& [key, field] : fields()) {
-    std::visit([&, &key = key](auto member) { r.read(key, c.*member); }, field);
-  }
+  config::read_keys(r, c, pretrain_key_table());
   std::transform(c.packing.begin(), c.packing.end(), c.packing.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   read_lf_keys(r, c);  // LLaMA-Factory / HF keys without a field: acted on, accepted or refused
@@ -118,7 +115,7 @@ void read_fields(ConfigReader& r, PretrainConfig& c) {
 const std::vector<std::string>& pretrain_config_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
-    for (const auto& [key, field] : fields()) k.push_back(key);
+    for (const auto& key : pretrain_key_table()) k.push_back(key.name);
     return k;
   }();
   return keys;
@@ -166,8 +163,10 @@ void PretrainConfig::validate() const {
   if (!(max_grad_norm >= 0))
     fail("max_grad_norm", fmt::format("must be >= 0 (0 = no clipping), got {}", max_grad_norm));
   if (bf16 && fp16) fail("fp16", "bf16 and fp16 are both true; choose one");
-  if (device != "auto" && device != "cpu" && device != "cuda") {
-    fail("device", fmt::format("must be auto, cpu or cuda, got '{}'", device));
+  try {
+    device::check_spec(device);
+  } catch (const std::invalid_argument& e) {
+    fail("device", e.what());
   }
   try {
     ops::validate_backends(kernels);
@@ -285,22 +284,7 @@ int PretrainConfig::resolved_zero_stage() const {
 }
 
 std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0 || a.size() == 2) {
-      throw ConfigError(fmt::format("command line: unexpected argument '{}' (expected --key value)", a));
-    }
-    const auto eq = a.find('=');
-    if (eq != std::string::npos) {
-      out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
-    } else if (i + 1 < args.size()) {
-      out.emplace_back(a.substr(2), args[++i]);
-    } else {
-      throw ConfigError(fmt::format("command line: key '{}': missing value", a.substr(2)));
-    }
-  }
-  return out;
+  return config::parse_overrides(args);
 }
 
 PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std::string& source) {
@@ -314,8 +298,8 @@ PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std
 
 std::string pretrain_config_json(const PretrainConfig& c) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [key, field] : fields()) {
-    std::visit([&, &key = key](auto member) { j[key] = c.*member; }, field);
+  for (const auto& key : pretrain_key_table()) {
+    std::visit([&](auto member) { j[key.name] = c.*member; }, key.field);
   }
   j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
@@ -386,15 +370,13 @@ PretrainConfig load_pretrain_config(const std::string& path,
     }
   }
   if (!overrides.empty()) {
-    YAML::Node map(YAML::NodeType::Map);
-    for (const auto& [key, value] : overrides) map[key] = value;
     // Naming a model on the command line replaces the file's, whichever of the two keys it used.
     auto given = [&](const char* key) {
       return std::any_of(overrides.begin(), overrides.end(), [&](const auto& kv) { return kv.first == key; });
     };
     if (given("model_name_or_path") && !given("model")) c.model.clear();
     if (given("model") && !given("model_name_or_path")) c.model_name_or_path.clear();
-    ConfigReader cli(map, "command line");
+    ConfigReader cli = config::overrides_reader(overrides);
     read_fields(cli, c);
     c.source = path.empty() ? "command line" : c.source + " + command line";
   }

@@ -1,6 +1,6 @@
 // The recomputation that the keys gradient_checkpointing, gradient_checkpointing_policy and
 // gradient_checkpointing_every ask for: one rule for kiln-pretrain and kiln-profile (sweeps and
-// --explain), so a setting means the same in both and none is silently ignored.
+// explain), so a setting means the same in both and none is silently ignored.
 //   policy "" (not given): by the stride, every >= 2 -> every_n, else full;
 //   full: every layer (a stride >= 2 beside it is a contradiction);
 //   every_n: layers 0, n, 2n, ... with n = every (2 when not given; 1 would be full);

@@ -46,11 +46,18 @@ void Trainer::init() {
     throw config::ConfigError(config::config_message(
         config_.source, "max_steps", "must be > 0 when the host supplies the batches (there is no epoch to count)"));
   }  // config_.kernels applies inside train() and evaluate() only (ops::BackendScope)
+  // auto, cpu or cuda: the one resolver (common/device.h); the GPU is LOCAL_RANK's, below.
+  at::Device resolved(at::kCPU);
+  try {
+    resolved = device::resolve(config_.device);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(config_.source, "device", e.what()));
+  }
   if (config_.full_determinism) {
     // cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first handle: a process setting, which the
     // program sets (kiln::set_cublas_deterministic_workspace), never the library.
     const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");
-    if ((ws == nullptr || *ws == '\0') && torch::cuda::is_available() && config_.device != "cpu") {
+    if ((ws == nullptr || *ws == '\0') && resolved.is_cuda()) {
       logger()->warn(
           "kiln-pretrain: warning: full_determinism without CUBLAS_WORKSPACE_CONFIG in the environment: cuBLAS "
           "may not be deterministic (kiln::set_cublas_deterministic_workspace() sets it before the first tensor)");
@@ -64,15 +71,11 @@ void Trainer::init() {
       config_.kernels = k;
     }
   }
-  if (config_.device == "cuda" && !torch::cuda::is_available()) {
-    throw config::ConfigError(config::config_message(config_.source, "device", "'cuda' but no CUDA device is present"));
-  }
   zero_stage_ = config_.resolved_zero_stage();
   // Launched by torchrun or srun: one process per device, LOCAL_RANK picks it (docs/distributed.md).
   const dist::DistEnv env = dist::read_dist_env();
-  const bool cuda = config_.device == "cuda" || (config_.device == "auto" && torch::cuda::is_available());
   device_ = at::Device(at::kCPU);
-  if (cuda) {
+  if (resolved.is_cuda()) {
     const int64_t devices = static_cast<int64_t>(torch::cuda::device_count());
     if (env.local_rank >= devices) {
       throw std::runtime_error(fmt::format("local rank {} ({}) has no GPU of its own: this node has {}", env.local_rank,
