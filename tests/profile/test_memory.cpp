@@ -360,3 +360,11 @@ TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]")
   CHECK(flops.train_selective() > flops.train());
   CHECK(flops.train_selective() < flops.train() * 1.001);  // no matmul is recomputed
 }
+
+TEST_CASE("compute_dtype_bytes: the one size of a compute dtype", "[profile][memory]") {
+  CHECK(kiln::cost::compute_dtype_bytes("fp32") == 4);
+  CHECK(kiln::cost::compute_dtype_bytes("bf16") == 2);
+  CHECK(kiln::cost::compute_dtype_bytes("fp16") == 2);
+  CHECK_THROWS_WITH(kiln::cost::compute_dtype_bytes("int8"),
+                    Catch::Matchers::Contains("'int8' is not fp32, bf16 or fp16"));
+}

@@ -7,6 +7,12 @@
 
 namespace kiln::cost {
 
+int compute_dtype_bytes(std::string_view dtype) {
+  if (dtype == "fp32") return 4;
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  throw std::invalid_argument("compute dtype '" + std::string(dtype) + "' is not fp32, bf16 or fp16");
+}
+
 double MemoryEstimate::total() const {
   double t = 0;
   for (const auto& [name, bytes] : components) t += bytes;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct KernelChoices {
   // (needed with fused_loss_head).
   std::function<int64_t(int64_t tokens, int64_t vocab, int64_t hidden)> loss_chunk_tokens;
 };
+
+// Bytes per element of a compute dtype ("fp32": 4; "bf16", "fp16": 2, autocast over fp32 master
+// weights): the one size every model of a run's memory and traffic takes. Throws
+// std::invalid_argument naming the dtype for another name.
+int compute_dtype_bytes(std::string_view dtype);
 
 struct MemoryOptions {
   int compute_bytes = 4;                  // 2 for bf16/fp16 autocast (fp32 master weights), 4 for fp32

@@ -103,7 +103,7 @@ PlanReport make_plan(const PlanConfig& c) {
         r.policy = name;
         r.every = every;
         r.predicted = estimate_training_memory(report.model, b, t,
-                                               MemoryOptions{.compute_bytes = c.dtype == "fp32" ? 4 : 2,
+                                               MemoryOptions{.compute_bytes = compute_dtype_bytes(c.dtype),
                                                              .activation_checkpointing = every > 0 || selective,
                                                              .checkpoint_every = std::max(every, 1),
                                                              .selective = selective,

@@ -267,7 +267,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   const double heads = static_cast<double>(m.num_attention_heads), kv_heads = static_cast<double>(m.kv_heads());
   const double q = heads * d, kv = kv_heads * d;
   const bool autocast = o.dtype != "fp32";
-  const double c = autocast ? 2.0 : 4.0;
+  const double c = compute_dtype_bytes(o.dtype);
   const double p = static_cast<double>(m.num_parameters());
   const double world = static_cast<double>(o.world_size);
   const KernelChoices& k = o.kernels;

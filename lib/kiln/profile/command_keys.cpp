@@ -10,6 +10,7 @@
 
 #include "kiln/common/device.h"
 #include "kiln/cost/cpu_peak.h"
+#include "kiln/cost/memory.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
@@ -352,7 +353,7 @@ cost::PlanConfig plan_config(const PlanSettings& s) {
   c.ddp_bucket_cap_mb = s.ddp_bucket_cap_mb;
   c.mfu = s.mfu;
   c.peak_tflops = s.peak_tflops;
-  c.kernel_choices = train::kernel_choices(c.kernels, c.dtype == "fp32" ? 4 : 2, c.cuda);
+  c.kernel_choices = train::kernel_choices(c.kernels, cost::compute_dtype_bytes(c.dtype), c.cuda);
   return c;
 }
 

@@ -161,7 +161,7 @@ std::string ProfileRow::speed() const {
 void set_traffic_kernels(cost::TrafficOptions& o, const std::string& kernels, bool cuda,
                          const cost::HardwareSpec* hardware, int64_t head_dim) {
   using ops::Backend, ops::Op;
-  o.kernels = train::kernel_choices(kernels, o.dtype == "fp32" ? 4 : 2, cuda);
+  o.kernels = train::kernel_choices(kernels, cost::compute_dtype_bytes(o.dtype), cuda);
   o.fused_rope = ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
   // Under autocast the mixed Function: CUDA's kernel (bf16, fp16), the CPU's loop (bf16 only).
   o.mixed_rope_fused = cuda || o.dtype == "bf16";
@@ -622,13 +622,14 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
         row.point = {batch, accum, cutoff};
         row.predicted = cost::estimate_training_memory(
             report.model, batch, cutoff,
-            cost::MemoryOptions{.compute_bytes = autocast ? 2 : 4,
+            cost::MemoryOptions{.compute_bytes = cost::compute_dtype_bytes(config.dtype),
                                 .activation_checkpointing = config.gradient_checkpointing,
                                 .checkpoint_every = std::max(config.recomputation_choice().every, 1),
                                 .selective = config.recomputation() == "selective",
                                 .attention = config.attention,
                                 .cuda = device.is_cuda(),
-                                .kernels = train::kernel_choices(config.kernels, autocast ? 2 : 4, device.is_cuda()),
+                                .kernels = train::kernel_choices(
+                                    config.kernels, cost::compute_dtype_bytes(config.dtype), device.is_cuda()),
                                 .data_parallel = comm != nullptr,
                                 .world_size = report.world_size,
                                 .zero_stage = static_cast<int>(config.zero_stage),

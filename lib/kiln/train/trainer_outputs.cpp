@@ -29,12 +29,13 @@ namespace kiln::train {
 std::string Trainer::banner() const {
   const auto memory = cost::estimate_training_memory(
       model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
-      cost::MemoryOptions{.compute_bytes = autocast_dtype_ ? 2 : 4,
+      cost::MemoryOptions{.compute_bytes = cost::compute_dtype_bytes(compute_dtype(config_)),
                           .activation_checkpointing = config_.gradient_checkpointing,
                           .checkpoint_every = std::max(config_.checkpoint_every(), 1),
                           .selective = config_.selective_recomputation(),
                           .cuda = device_.is_cuda(),
-                          .kernels = kernel_choices(config_.kernels, autocast_dtype_ ? 2 : 4, device_.is_cuda()),
+                          .kernels = kernel_choices(config_.kernels, cost::compute_dtype_bytes(compute_dtype(config_)),
+                                                    device_.is_cuda()),
                           .data_parallel = data_parallel() != nullptr || (plan_only_ && env_launcher_ != "none"),
                           .world_size = world_size(),
                           .zero_stage = zero_stage_,

@@ -143,10 +143,10 @@ void Trainer::apply_auto_fit() {
   p.source = config_.source;
   p.model_config = model_->config();
   p.cutoff_lens = {config_.cutoff_len};
-  p.dtype = config_.bf16 ? "bf16" : config_.fp16 ? "fp16" : "fp32";
+  p.dtype = compute_dtype(config_);
   p.kernels = config_.kernels;
   p.cuda = device_.is_cuda();
-  p.kernel_choices = kernel_choices(config_.kernels, config_.bf16 || config_.fp16 ? 2 : 4, p.cuda);
+  p.kernel_choices = kernel_choices(config_.kernels, cost::compute_dtype_bytes(p.dtype), p.cuda);
   const std::string& m = config_.auto_fit_memory;
   try {
     if (m.empty()) {

@@ -15,6 +15,10 @@
 
 namespace kiln::train {
 
+std::string compute_dtype(const PretrainConfig& c) {
+  return c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32";
+}
+
 StackOptions stack_options(const PretrainConfig& c, std::shared_ptr<dist::Comm> comm, int zero_stage) {
   StackOptions o;
   if (c.bf16) o.autocast_dtype = at::kBFloat16;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +45,9 @@ struct StackOptions {
 
 // A run's stack settings from its config (the same keys kiln-pretrain reads).
 StackOptions stack_options(const PretrainConfig& config, std::shared_ptr<dist::Comm> comm, int zero_stage);
+
+// The config's compute dtype: "bf16", "fp16" or "fp32" (cost::compute_dtype_bytes gives its size).
+std::string compute_dtype(const PretrainConfig& config);
 
 // Marks between a step's phases, for counters that count them apart (kiln-profile
 // --counter-phases): "backward" before each micro-batch's backward, "forward" after each backward
