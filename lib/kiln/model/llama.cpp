@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "kiln/model/rope.h"
 #include "kiln/ops/attention.h"
+#include "kiln/ops/autocast_off.h"
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/ops/rmsnorm.h"
@@ -29,6 +31,23 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, con
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return ops::linear(x, weight, bias);
+}
+
+at::Tensor LinearImpl::compute_weight() const {
+  const at::DeviceType device = weight.device().type();
+  if (!at::autocast::is_autocast_enabled(device)) return weight;
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
+}
+
+LinearImpl::Grads LinearImpl::gradients(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& wc) const {
+  const ops::AutocastOff no_autocast;  // the operands are cast already; mm must not cast them again
+  const at::Tensor dy2 = dy.reshape({-1, dy.size(-1)}).to(wc.scalar_type());
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  Grads g;
+  g.weight = ops::mm(dy2.t(), x2).to(weight.scalar_type());
+  if (bias.defined()) g.bias = dy2.sum(0).to(bias.scalar_type());
+  g.input = ops::mm(dy2, wc);
+  return g;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& options) {
@@ -56,19 +75,13 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const at::TensorOpt
   o_proj = register_module("o_proj", Linear(num_heads * head_dim, h, b, options));
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                       at::Tensor* cache_k, at::Tensor* cache_v, const at::Tensor& segment_ids) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+at::Tensor LlamaAttentionImpl::core(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+                                    const at::Tensor& cos, const at::Tensor& sin, at::Tensor* cache_k,
+                                    at::Tensor* cache_v, const at::Tensor& segment_ids) {
+  const int64_t batch = qp.size(0), seq = qp.size(1);
   // [B, T, heads * D] -> [B, heads, T, D]
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({batch, seq, n, head_dim}).transpose(1, 2); };
-  // Each part in its profiler scope, named after its traffic-model row (common/component_scope.h).
-  auto scoped = [](const char* name, const auto& f) {
-    ComponentScope scope(name);
-    return f();
-  };
-  const at::Tensor qp = scoped("kiln::q_proj", [&] { return q_proj->forward(x); });
-  const at::Tensor kp = scoped("kiln::k_proj", [&] { return k_proj->forward(x); });
-  at::Tensor v = heads(scoped("kiln::v_proj", [&] { return v_proj->forward(x); }), num_kv_heads);
+  at::Tensor v = heads(vp, num_kv_heads);
   // The projections' outputs are fresh, so RoPE rotates them in place.
   at::Tensor q, k;
   {
@@ -84,12 +97,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     *cache_k = k;
     *cache_v = v;
   }
-  const at::Tensor out = scoped("kiln::attention core", [&] {
-    return ops::attention(q, k, v, {.causal = true, .scale = std::nullopt, .segment_ids = segment_ids});
-  });  // causal; [B, Hq, T, D]
-  return scoped("kiln::o_proj", [&] {
-    return o_proj->forward(out.transpose(1, 2).reshape({batch, seq, num_heads * head_dim}));
-  });
+  ComponentScope scope("kiln::attention core");
+  return ops::attention(q, k, v, {.causal = true, .scale = std::nullopt, .segment_ids = segment_ids});
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -98,23 +107,59 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const at::TensorOptions& option
   down_proj = register_module("down_proj", Linear(c.intermediate_size, c.hidden_size, c.mlp_bias, options));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  at::Tensor gate, up, act;
-  {
-    ComponentScope scope("kiln::gate_proj");
-    gate = gate_proj->forward(x);
-  }
-  {
-    ComponentScope scope("kiln::up_proj");
-    up = up_proj->forward(x);
-  }
-  {
-    ComponentScope scope("kiln::SwiGLU");
-    act = ops::swiglu(gate, up);
-  }
-  ComponentScope scope("kiln::down_proj");
-  return down_proj->forward(act);
+ProjectionBlock::ProjectionBlock(const char* scope, const char* prologue_scope, Prologue prologue, Params params,
+                                 std::vector<std::pair<const char*, Linear>> projections)
+    : scope(scope),
+      prologue_scope(prologue_scope),
+      prologue(std::move(prologue)),
+      params(std::move(params)),
+      projections(std::move(projections)) {}
+
+std::vector<at::Tensor> ProjectionBlock::operator()(const std::vector<at::Tensor>& inputs) {
+  return runner ? runner(*this, inputs) : forward(inputs);
 }
+
+std::vector<at::Tensor> ProjectionBlock::forward(const std::vector<at::Tensor>& inputs) {
+  std::optional<ComponentScope> scope(std::in_place, prologue_scope ? prologue_scope : projections.front().first);
+  const at::Tensor p = prologue(inputs, params ? params() : std::vector<at::Tensor>{});
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < projections.size(); ++i) {
+    if (i > 0 || prologue_scope) {
+      scope.reset();
+      scope.emplace(projections[i].first);
+    }
+    out.push_back(projections[i].second->forward(p));
+  }
+  return out;
+}
+
+namespace {
+
+// p = RMSNorm(x) with the module's eps and the given weight.
+ProjectionBlock::Prologue rmsnorm_prologue(const RMSNorm& norm) {
+  return [norm](const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& params) {
+    return ops::rmsnorm(in[0], params[0], norm->eps);
+  };
+}
+
+// The attention output [B, heads, T, D] -> o_proj's input [B, T, heads * D] (a copy unless laid
+// out that way).
+at::Tensor merge_heads(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& /*params*/) {
+  const at::Tensor& t = in[0];
+  return t.transpose(1, 2).reshape({t.size(0), t.size(2), t.size(1) * t.size(3)});
+}
+
+at::Tensor swiglu(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& /*params*/) {
+  return ops::swiglu(in[0], in[1]);
+}
+
+// x + y in the residual adds' profiler scope.
+at::Tensor residual(const at::Tensor& x, const at::Tensor& y) {
+  ComponentScope scope("kiln::residual adds (2)");
+  return x + y;
+}
+
+}  // namespace
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::TensorOptions& options) {
   self_attn = register_module("self_attn", LlamaAttention(c, options));
@@ -122,28 +167,34 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const at::Ten
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, options));
+  auto weight_of = [](const RMSNorm& norm) { return [norm] { return std::vector<at::Tensor>{norm->weight}; }; };
+  attention_in = ProjectionBlock(
+      "kiln::input RMSNorm + q_proj + k_proj + v_proj", "kiln::input RMSNorm", rmsnorm_prologue(input_layernorm),
+      weight_of(input_layernorm),
+      {{"kiln::q_proj", self_attn->q_proj}, {"kiln::k_proj", self_attn->k_proj}, {"kiln::v_proj", self_attn->v_proj}});
+  // The merge runs in o_proj's scope: the traffic model has no row of its own for it.
+  attention_out = ProjectionBlock("kiln::attention output merge + o_proj", nullptr, merge_heads, nullptr,
+                                  {{"kiln::o_proj", self_attn->o_proj}});
+  mlp_in = ProjectionBlock("kiln::post-attention RMSNorm + gate_proj + up_proj", "kiln::post-attention RMSNorm",
+                           rmsnorm_prologue(post_attention_layernorm), weight_of(post_attention_layernorm),
+                           {{"kiln::gate_proj", mlp->gate_proj}, {"kiln::up_proj", mlp->up_proj}});
+  mlp_out = ProjectionBlock("kiln::SwiGLU + down_proj", "kiln::SwiGLU", swiglu, nullptr,
+                            {{"kiln::down_proj", mlp->down_proj}});
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                           at::Tensor* cache_k, at::Tensor* cache_v, const at::Tensor& segment_ids) {
-  at::Tensor normed;
+  // Each block's intermediates (q, k, v, the attention output; gate, up) are released before its
+  // residual add, as a module's locals would be.
+  at::Tensor y;
   {
-    ComponentScope scope("kiln::input RMSNorm");
-    normed = input_layernorm->forward(x);
+    const std::vector<at::Tensor> qkv = attention_in({x});
+    const at::Tensor attn = self_attn->core(qkv[0], qkv[1], qkv[2], cos, sin, cache_k, cache_v, segment_ids);
+    y = attention_out({attn})[0];
   }
-  const at::Tensor attn = self_attn->forward(normed, cos, sin, cache_k, cache_v, segment_ids);
-  at::Tensor h;
-  {
-    ComponentScope scope("kiln::residual adds (2)");
-    h = x + attn;
-  }
-  {
-    ComponentScope scope("kiln::post-attention RMSNorm");
-    normed = post_attention_layernorm->forward(h);
-  }
-  const at::Tensor mlp_out = mlp->forward(normed);
-  ComponentScope scope("kiln::residual adds (2)");
-  return h + mlp_out;
+  const at::Tensor h = residual(x, y);
+  y = mlp_out(mlp_in({h}))[0];
+  return residual(h, y);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const at::TensorOptions& options) {
@@ -172,8 +223,8 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const at::Tensor
   }
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* layer = layers[i]->as<LlamaDecoderLayerImpl>();
-    if (layer_runner && cache == nullptr) {
-      h = layer_runner(*layer, h, rope.cos, rope.sin, segment_ids);
+    if (layer->runner && cache == nullptr) {
+      h = layer->runner(*layer, h, rope.cos, rope.sin, segment_ids);
     } else {
       h = layer->forward(h, rope.cos, rope.sin, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr,
                          segment_ids);

@@ -1,5 +1,7 @@
 // The LLaMA decoder on the LibTorch C++ frontend, single-device code only: parallelism,
-// activation checkpointing and kernel choice are applied from outside (docs/architecture.md).
+// recomputation (activation checkpointing) and kernel choice are applied from outside
+// (docs/architecture.md). The decoder layer is a sequence of named sub-blocks that a
+// recomputation policy can wrap (train/activation_checkpoint.h), so the layer is written once.
 //
 // Parameter names equal Hugging Face's LlamaForCausalLM state-dict keys
 // ("model.layers.0.self_attn.q_proj.weight", ...), so HF weights map one to one. Modules create
@@ -9,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -25,8 +28,22 @@ class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
   at::Tensor forward(const at::Tensor& x);  // [..., in] -> [..., out]
-  at::Tensor weight;                        // [out, in]
-  at::Tensor bias;                          // [out] or undefined
+
+  // For a recomputation that keeps this projection's output but not its input (selective,
+  // train/activation_checkpoint.h): the weight as forward's matmul reads it (under autocast its
+  // cast, through autocast's cache, so the copy is shared with the rest of the step; else itself),
+  // and the gradients of forward(x) for `dy` formed from x and that weight (`wc`) as the matmul
+  // read them (compute dtype), without running the matmul again: dW = dY^T x and db = sum dY in
+  // the parameters' dtypes, dx = dY W in the compute dtype, with ops::linear's CPU GEMM rule
+  // (ops::mm), so they equal those of forward's own backward.
+  struct Grads {
+    at::Tensor input, weight, bias;
+  };
+  at::Tensor compute_weight() const;
+  Grads gradients(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& wc) const;
+
+  at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out] or undefined
 };
 TORCH_MODULE(Linear);
 
@@ -56,27 +73,73 @@ struct KVCache {
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const LlamaConfig& config, const at::TensorOptions& options);
-  // x: [B, T, H]; cos, sin: [B, T, head_dim]. Returns [B, T, H]. With `cache_k/cache_v`, the new
-  // keys and values are appended to them and attention covers the cached positions too.
-  // segment_ids: [B, T] document index per position (packed rows), or undefined: positions
-  // attend only within their document.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor* cache_k = nullptr,
-                     at::Tensor* cache_v = nullptr, const at::Tensor& segment_ids = {});
+  // The part between the projections: q, k, v as q_proj/k_proj/v_proj return them ([B, T, heads *
+  // head_dim], fresh: RoPE rotates q and k in place); cos, sin: [B, T, head_dim]. Returns the
+  // causal attention's output [B, Hq, T, D] (o_proj's input once the heads are merged). With
+  // `cache_k/cache_v`, the new keys and values are appended to them and attention covers the
+  // cached positions too. segment_ids: [B, T] document index per position (packed rows), or
+  // undefined: positions attend only within their document.
+  at::Tensor core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                  const at::Tensor& sin, at::Tensor* cache_k = nullptr, at::Tensor* cache_v = nullptr,
+                  const at::Tensor& segment_ids = {});
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
 TORCH_MODULE(LlamaAttention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)).
+// SwiGLU's projections: down(silu(gate(x)) * up(x)), run by the decoder layer's sub-blocks.
 class LlamaMLPImpl : public torch::nn::Module {
  public:
   LlamaMLPImpl(const LlamaConfig& config, const at::TensorOptions& options);
-  at::Tensor forward(const at::Tensor& x);  // [B, T, H] -> [B, T, H]
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 
-// Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)).
+// A sub-block of the decoder layer that ends in matmuls: a prologue that holds none (an RMSNorm,
+// SwiGLU, the merge of the attention heads) whose output p feeds one or more projections; returns
+// p W_i^T + b_i per projection. Not a module of its own: it runs modules of the layer, whose
+// parameter names stay HF's. A recomputation policy wraps it from outside through `runner`
+// (train/activation_checkpoint.h: selective keeps the projections' outputs and recomputes the
+// prologue in backward); the prologue takes its parameters as arguments so that a wrapper can
+// run it on copies of them.
+struct ProjectionBlock {
+  using Prologue =
+      std::function<at::Tensor(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params)>;
+  using Runner = std::function<std::vector<at::Tensor>(ProjectionBlock& block, const std::vector<at::Tensor>& inputs)>;
+  using Params = std::function<std::vector<at::Tensor>()>;
+
+  ProjectionBlock() = default;
+  ProjectionBlock(const char* scope, const char* prologue_scope, Prologue prologue, Params params,
+                  std::vector<std::pair<const char*, Linear>> projections);
+
+  // runner(*this, inputs) when one is installed, else forward(inputs).
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs);
+  // The block itself: the prologue in its profiler scope (or, without one, in the first
+  // projection's), then each projection in its own.
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+
+  // Profiler scopes (common/component_scope.h, named after the traffic model's rows): the whole
+  // block run as one ("kiln::SwiGLU + down_proj"), the prologue's or nullptr, each projection's.
+  const char* scope = nullptr;
+  const char* prologue_scope = nullptr;
+  Prologue prologue;
+  Params params;  // the prologue's parameters (RMSNorm's weight); empty: none
+  std::vector<std::pair<const char*, Linear>> projections;
+  Runner runner;
+};
+
+// How a wrapped decoder layer runs instead of its forward (no KV cache): installed from outside
+// (train/activation_checkpoint.h); empty = forward.
+class LlamaDecoderLayerImpl;
+using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
+                                             const at::Tensor& sin, const at::Tensor& segment_ids)>;
+
+// Pre-norm block, its forward the sub-blocks below in order and nothing else:
+//   attention block  attention_in    input RMSNorm -> q_proj, k_proj, v_proj
+//                    self_attn->core RoPE (q, k) -> (KV cache) -> causal attention
+//                    attention_out   merge of the heads -> o_proj, then + x
+//   MLP block        mlp_in          post-attention RMSNorm -> gate_proj, up_proj
+//                    mlp_out         SwiGLU -> down_proj, then + h
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& config, const at::TensorOptions& options);
@@ -85,13 +148,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
+  ProjectionBlock attention_in, attention_out, mlp_in, mlp_out;
+  LayerRunner runner;  // used by LlamaModelImpl for training passes without a KV cache
 };
 TORCH_MODULE(LlamaDecoderLayer);
-
-// How a decoder layer is run. Empty = a plain call; the trainer installs activation
-// checkpointing here (train/activation_checkpoint.h), keeping the model single-device code.
-using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
-                                             const at::Tensor& sin, const at::Tensor& segment_ids)>;
 
 // Embedding, decoder layers and final norm ("model." in HF names).
 class LlamaModelImpl : public torch::nn::Module {
@@ -105,8 +165,7 @@ class LlamaModelImpl : public torch::nn::Module {
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
-  at::Tensor inv_freq;       // [head_dim / 2] fp32, a buffer (not saved in HF checkpoints)
-  LayerRunner layer_runner;  // used for training passes without a KV cache
+  at::Tensor inv_freq;  // [head_dim / 2] fp32, a buffer (not saved in HF checkpoints)
 };
 TORCH_MODULE(LlamaModel);
 

@@ -31,7 +31,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // a [M, K] @ b [K, N] for operands of one dtype, with ops::linear's rule: a bf16/fp16 product on
 // such a CPU runs as an fp32 GEMM of the widened operands, its result rounded to their dtype;
 // anything else is a.mm(b). For code that forms a linear's gradients itself
-// (train/activation_checkpoint.cpp).
+// (model::LinearImpl::gradients, which selective recomputation calls).
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 
 // out = a b, or out += a b with accumulate: a [M, K] and b [K, N] (contiguous or transposed

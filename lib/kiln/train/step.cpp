@@ -5,6 +5,7 @@
 
 #include "kiln/common/component_scope.h"
 #include "kiln/common/nvtx.h"
+#include "kiln/ops/dispatch.h"
 
 namespace kiln::train {
 
@@ -29,6 +30,18 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
   at::autocast::clear_cache();  // casted weight copies live only for one step's forward
 }
+
+ForwardState ForwardState::current(at::DeviceType device_type) {
+  ForwardState s;
+  if (at::autocast::is_autocast_enabled(device_type)) s.autocast = at::autocast::get_autocast_dtype(device_type);
+  s.kernels = ops::effective_backends_spec();
+  return s;
+}
+
+ForwardStateScope::ForwardStateScope(at::DeviceType device_type, const ForwardState& state)
+    : autocast_(device_type, state.autocast), kernels_(std::make_unique<ops::BackendScope>(state.kernels)) {}
+
+ForwardStateScope::~ForwardStateScope() = default;
 
 AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std::vector<MicroBatch>& micro_batches,
                                       const AccumulateOptions& options) {

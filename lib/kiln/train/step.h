@@ -8,12 +8,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 #include "kiln/model/llama.h"
+
+namespace kiln::ops {
+class BackendScope;
+}
 
 namespace kiln::train {
 
@@ -62,6 +69,30 @@ class AutocastGuard {
   at::DeviceType device_type_;
   bool active_ = false, prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+// What a forward ran under that its recomputation in backward must see again: the device's
+// autocast dtype (when autocast was on) and the kernel choice (ops::effective_backends_spec()).
+// Backward may run on another thread (CUDA's autograd engine), where neither is set.
+struct ForwardState {
+  std::optional<at::ScalarType> autocast;
+  std::string kernels;
+  static ForwardState current(at::DeviceType device_type);
+};
+
+// Re-enters a ForwardState while it lives, with autograd on: autocast as an AutocastGuard sets it
+// (its weight casts dropped at the end), the kernels as an ops::BackendScope.
+class ForwardStateScope {
+ public:
+  ForwardStateScope(at::DeviceType device_type, const ForwardState& state);
+  ~ForwardStateScope();
+  ForwardStateScope(const ForwardStateScope&) = delete;
+  ForwardStateScope& operator=(const ForwardStateScope&) = delete;
+
+ private:
+  at::AutoGradMode grad_{true};
+  AutocastGuard autocast_;
+  std::unique_ptr<ops::BackendScope> kernels_;
 };
 
 }  // namespace kiln::train
