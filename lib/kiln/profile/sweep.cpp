@@ -252,7 +252,6 @@ struct PointContext {
   const SweepConfig& config;
   const model::LlamaConfig& model_config;
   at::Device device;
-  std::optional<at::ScalarType> autocast;
   CountingCpuAllocatorGuard* counter;                  // CPU only
   std::shared_ptr<const data::PackedDataset> dataset;  // one per cutoff_len, or null (synthetic)
   double peak_tflops;
@@ -634,7 +633,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
                                 .world_size = report.world_size,
                                 .zero_stage = static_cast<int>(config.zero_stage),
                                 .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
-        const PointContext ctx{config,  report.model,       device, autocast,      counter.get(),
+        const PointContext ctx{config,  report.model,       device, counter.get(),
                                dataset, report.peak_tflops, comm,   counters.get()};
         try {
           measure_point(ctx, row);

@@ -189,7 +189,6 @@ TrainResult Trainer::train() {
 Trainer::Run::Run(Trainer& trainer) : t(trainer), st(*trainer.state_) {
   const PretrainConfig& c = t.config_;
   if (!st.peak) st.peak = cost::device_peak(t.device_, t.autocast_dtype_.value_or(at::kFloat));
-  params = t.model_->parameters();
   fopts = at::TensorOptions().device(t.device_).dtype(at::kFloat);
   reset_window();
   st.first_bad_step = at::full({}, -1.0, fopts);

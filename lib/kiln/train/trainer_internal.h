@@ -111,7 +111,6 @@ struct Trainer::Run {
   Trainer& t;
   State& st;
   TrainResult result;
-  std::vector<at::Tensor> params;
   at::TensorOptions fopts;
   optim::ScheduleConfig sched;
   std::optional<ProgressBar> bar;
