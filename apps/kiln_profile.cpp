@@ -23,7 +23,6 @@
 #include "kiln/profile/plan_report.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
-#include "kiln/train/recomputation.h"
 
 namespace {
 
@@ -106,24 +105,13 @@ int explain(const kiln::profile::Overrides& overrides) {
   const auto settings = kiln::profile::read_explain_settings(overrides);
   const std::string& model_name = settings.model;
   const kiln::model::LlamaConfig model = kiln::model::load_llama_config(model_name);
-  cost::TrafficOptions o;
-  o.seq_len = settings.cutoff_len;
-  o.batch = settings.per_device_train_batch_size;
-  o.grad_accum = settings.gradient_accumulation_steps;
-  o.dtype = settings.dtype;
-  o.world_size = static_cast<int>(settings.world_size);
-  o.zero_stage = static_cast<int>(settings.zero_stage);
-  // kiln-pretrain's and the sweep's rule (train/recomputation.h): explain models what they run.
-  kiln::profile::set_traffic_recomputation(
-      o, kiln::train::resolve_recomputation(settings.gradient_checkpointing, settings.gradient_checkpointing_policy,
-                                            settings.gradient_checkpointing_every));
   // The hardware row: a device of cost/hardware.h by name, this machine's GPU, or this CPU.
   const kiln::profile::ExplainDevice hw = kiln::profile::explain_device(settings);
-  // The kernels the step runs, from ops' own rules, as the sweep takes them (profile/sweep.h:
-  // train/kernel_choices.h for the fused ops; RoPE and attention from the spec and the device).
-  kiln::profile::set_traffic_kernels(o, settings.kernels, hw.cuda, &hw.hardware, model.resolved_head_dim());
-  const cost::TrafficReport r = cost::traffic_model(model, o);
-  cost::Roofline roof = cost::roofline(hw.hardware, o.dtype);
+  // The step as kiln-pretrain and the sweep describe theirs (train/run_description.h): the
+  // recomputation rule, the kernels that run on that device, the data parallelism.
+  const cost::RunDescription run = kiln::profile::explain_run(settings, model, hw);
+  const cost::TrafficReport r = cost::traffic_model(model, run);
+  cost::Roofline roof = cost::roofline(hw.hardware, run.dtype);
   if (settings.peak_tflops > 0) roof.gemm_flops_per_s = settings.peak_tflops * 1e12;
   if (settings.json) {
     std::string text = kiln::profile::explain_json(model_name, r, roof, hw.bandwidth_source);
@@ -144,23 +132,27 @@ int explain(const kiln::profile::Overrides& overrides) {
     return 0;
   }
 
+  const cost::RunDescription& o = run;
   const std::string policy = o.recompute == "every_n" ? fmt::format("every_{}", o.every) : o.recompute;
   fmt::print(
       "# kiln explain: {} ({} parameters), {}{}, micro-batch {} x cutoff_len {}, gradient_accumulation_steps {} "
       "({} tokens per step{}), recomputation {}, kernels {}, {}\n\n",
       model_name, r.num_parameters, o.dtype, o.dtype == "fp32" ? "" : " autocast over fp32 parameters", o.batch,
       o.seq_len, o.grad_accum, static_cast<int64_t>(r.tokens_per_step),
-      o.world_size > 1 ? fmt::format(" per rank, {} ranks, ZeRO stage {}", o.world_size, o.zero_stage) : "", policy,
-      settings.kernels, hw.hardware.name);
+      o.parallel.world_size > 1
+          ? fmt::format(" per rank, {} ranks, ZeRO stage {}", o.parallel.world_size, o.parallel.zero_stage)
+          : "",
+      policy, settings.kernels, hw.hardware.name);
   const bool autocast = o.dtype != "fp32";
   fmt::print("Ops: RMSNorm {}, SwiGLU {}, RoPE {}, attention {}, loss head {}.\n",
              o.kernels.fused_rmsnorm ? "kiln kernel" : "ATen composition",
              o.kernels.fused_swiglu ? "kiln kernel" : "ATen composition",
-             o.fused_rope && !autocast                        ? "kiln kernel (in place)"
-             : o.fused_rope && autocast && o.mixed_rope_fused ? "kiln mixed-dtype kernel (bf16/fp16 q, k into fp32)"
+             o.kernels.fused_rope && !autocast ? "kiln kernel (in place)"
+             : o.kernels.fused_rope && autocast && o.kernels.mixed_rope_fused
+                 ? "kiln mixed-dtype kernel (bf16/fp16 q, k into fp32)"
              : autocast ? "ATen composition (bf16/fp16 q, k with fp32 tables: ops/rope.cpp)"
                         : "ATen composition",
-             o.attention == "flash" ? "kiln flash kernels" : "ATen SDPA (" + o.attention + ")",
+             o.kernels.attention == "flash" ? "kiln flash kernels" : "ATen SDPA (" + o.kernels.attention + ")",
              o.kernels.fused_loss_head ? "kiln chunked linear + cross-entropy" : "full logits (ATen)");
   fmt::print(
       "Roofline: GEMMs {:.1f} TFLOP/s ({}), other ops {:.1f} TFLOP/s (FP32 units), {:.0f} GB/s; "

@@ -83,12 +83,12 @@ TEST_CASE("planner names and CUDA device names find the same hardware rows", "[p
 
 TEST_CASE("kernel choices for the memory model follow ops' rules", "[profile]") {
   namespace ops = kiln::ops;
-  const auto aten = kiln::train::kernel_choices("aten", 2, false);
+  const auto aten = kiln::train::kernel_choices("aten", "bf16", false);
   CHECK_FALSE(aten.fused_rmsnorm);
   CHECK_FALSE(aten.fused_swiglu);
   CHECK_FALSE(aten.fused_loss_head);
   CHECK_FALSE(aten.projections_fp32);
-  const auto mixed = kiln::train::kernel_choices("kiln,rmsnorm=aten", 2, true);
+  const auto mixed = kiln::train::kernel_choices("kiln,rmsnorm=aten", "bf16", true);
   CHECK_FALSE(mixed.fused_rmsnorm);
   CHECK(mixed.fused_swiglu);
   CHECK(mixed.fused_loss_head);
@@ -99,7 +99,7 @@ TEST_CASE("kernel choices for the memory model follow ops' rules", "[profile]") 
     CAPTURE(forced);
     ops::testing::force_cpu_head_fp32(forced);
     ops::testing::force_cpu_linear_fp32(forced);
-    const auto cpu = kiln::train::kernel_choices("kiln", 2, false);
+    const auto cpu = kiln::train::kernel_choices("kiln", "bf16", false);
     CHECK(cpu.loss_head_low_precision == (ops::linear_cross_entropy_matmul_dtype(at::kBFloat16, true) != at::kFloat));
     CHECK(cpu.loss_head_low_precision == (forced == 0));
     CHECK(cpu.projections_fp32 == ops::cpu_linear_uses_fp32_gemm(at::kBFloat16));
@@ -107,10 +107,33 @@ TEST_CASE("kernel choices for the memory model follow ops' rules", "[profile]") 
   }
   ops::testing::force_cpu_head_fp32(-1);
   ops::testing::force_cpu_linear_fp32(-1);
-  const auto cpu = kiln::train::kernel_choices("kiln", 4, false);
+  const auto cpu = kiln::train::kernel_choices("kiln", "fp32", false);
   REQUIRE(cpu.loss_chunk_tokens);
   for (const int64_t tokens : {1, 100, 8192, 1 << 20}) {
     CHECK(cpu.loss_chunk_tokens(tokens, 128256, 2048) == ops::auto_chunk_tokens(tokens, 128256, 2048, true));
     CHECK(mixed.loss_chunk_tokens(tokens, 128256, 2048) == ops::auto_chunk_tokens(tokens, 128256, 2048, false));
   }
+}
+
+TEST_CASE("kernel choices: RoPE and attention from the spec and the device", "[profile]") {
+  const auto a100 = kiln::cost::hardware_spec("A100-80GB"), v100 = kiln::cost::hardware_spec("V100-32GB");
+  REQUIRE(a100);
+  REQUIRE(v100);
+  using kiln::train::kernel_choices;
+  // RoPE: kiln's kernel where the spec chooses it; the mixed-dtype Function on a GPU, on the CPU in bf16 only.
+  CHECK(kernel_choices("kiln", "bf16", true, &*a100, 64).fused_rope);
+  CHECK_FALSE(kernel_choices("kiln,rope=aten", "bf16", true, &*a100, 64).fused_rope);
+  CHECK(kernel_choices("kiln", "fp16", true).mixed_rope_fused);
+  CHECK(kernel_choices("kiln", "bf16", false).mixed_rope_fused);
+  CHECK_FALSE(kernel_choices("kiln", "fp16", false).mixed_rope_fused);
+  // Attention: kiln's flash kernels only where chosen and where cost::kiln_attention_path runs them.
+  CHECK(kernel_choices("kiln", "bf16", true, &*a100, 64).attention == "flash");
+  CHECK(kernel_choices("kiln,attention=aten", "bf16", true, &*a100, 64).attention == "sdpa");
+  CHECK(kernel_choices("kiln", "fp32", true, &*a100, 64).attention == "sdpa");
+  CHECK(kernel_choices("kiln", "bf16", true, &*a100, 96).attention == "sdpa");
+  CHECK(kernel_choices("kiln", "bf16", true, &*v100, 64).attention == "sdpa");
+  CHECK(kernel_choices("kiln", "fp16", true, &*v100, 64).attention == "flash");
+  CHECK(kernel_choices("kiln", "bf16", true, nullptr, 64).attention == "sdpa");  // a GPU the table lacks
+  CHECK(kernel_choices("kiln", "bf16", false, &*a100, 64).attention == "sdpa");  // the CPU
+  CHECK_THROWS_WITH(kernel_choices("kiln", "int8", false), Catch::Matchers::Contains("'int8'"));
 }

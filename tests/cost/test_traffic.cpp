@@ -31,7 +31,7 @@
 namespace {
 
 using kiln::cost::Pass;
-using kiln::cost::TrafficOptions;
+using kiln::cost::RunDescription;
 using kiln::cost::TrafficReport;
 
 // vocab 1000, hidden 64, MLP 128, 2 layers, 4 heads of 16 (q = 64), 2 KV heads (kv = 32), untied.
@@ -50,15 +50,15 @@ kiln::model::LlamaConfig small_config() {
 }
 
 // kiln's CUDA step in bf16 with every fused op, the loss head's chunks fixed at 64 rows.
-TrafficOptions small_options() {
-  TrafficOptions o;
+RunDescription small_options() {
+  RunDescription o;
   o.batch = 2;
   o.seq_len = 128;  // N = 256 tokens
   o.dtype = "bf16";
   o.kernels.fused_rmsnorm = o.kernels.fused_swiglu = o.kernels.fused_loss_head = true;
   o.kernels.loss_head_low_precision = true;
   o.kernels.loss_chunk_tokens = [](int64_t, int64_t, int64_t) { return int64_t{64}; };
-  o.attention = "flash";
+  o.kernels.attention = "flash";
   return o;
 }
 
@@ -133,15 +133,15 @@ TEST_CASE("traffic: the rows' matmul FLOPs add up to cost/flops.h's totals", "[t
     const auto config = kiln::model::load_llama_config(preset);
     for (const std::string recompute : {"none", "full", "selective", "every_n"}) {
       for (const std::string dtype : {"bf16", "fp32"}) {
-        TrafficOptions o;
+        RunDescription o;
         o.batch = 4;
         o.seq_len = 512;
         o.grad_accum = 3;
         o.dtype = dtype;
         o.recompute = recompute;
         o.every = 2;
-        o.attention = dtype == "fp32" ? "sdpa" : "flash";
-        o.kernels = kiln::train::kernel_choices("kiln", dtype == "fp32" ? 4 : 2, /*cuda=*/true);
+        o.kernels = kiln::train::kernel_choices("kiln", dtype, /*cuda=*/true);
+        o.kernels.attention = dtype == "fp32" ? "sdpa" : "flash";
         const TrafficReport r = kiln::cost::traffic_model(config, o);
         const auto per_token = kiln::cost::flops_per_token(config, o.seq_len);
         const double tokens = 4.0 * 512 * 3;
@@ -284,13 +284,13 @@ void check_traced_gemm_flops(const std::string& preset) {
   REQUIRE(traced["mlp"] > 0);
   REQUIRE(traced["head"] > 0);
 
-  TrafficOptions o;
+  RunDescription o;
   o.batch = batch;
   o.seq_len = seq;
   o.dtype = "fp32";
-  o.kernels = kiln::train::kernel_choices("kiln", 4, /*cuda=*/false);
+  o.kernels = kiln::train::kernel_choices("kiln", "fp32", /*cuda=*/false);
   // ATen's CPU SDPA: its fused flash kernel when the trace shows it, else the math backend's bmm.
-  o.attention = sdpa_fwd > 0 ? "sdpa" : "math";
+  o.kernels.attention = sdpa_fwd > 0 ? "sdpa" : "math";
   const TrafficReport r = kiln::cost::traffic_model(config, o);
   auto model_gemm = [&](std::initializer_list<const char*> components) {
     double total = 0;
@@ -343,10 +343,10 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
   CHECK(n_star == Approx(254.4).margin(0.05));
   const auto config = kiln::model::load_llama_config("llama-100m");
   auto q_proj_bound = [&](int64_t batch, int64_t seq) {
-    TrafficOptions o;
+    RunDescription o;
     o.batch = batch;
     o.seq_len = seq;
-    o.attention = "sdpa";
+    o.kernels.attention = "sdpa";
     const TrafficReport r = kiln::cost::traffic_model(config, o);
     return roof.memory_bound(r.find("q_proj", Pass::kForward)->kiln);
   };
@@ -359,10 +359,10 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
   CHECK(q_proj_bound(15, 16));
   CHECK_FALSE(q_proj_bound(16, 16));
   // The modelled time is the larger of the two: FLOPs at the peak, bytes at the bandwidth.
-  TrafficOptions o;
+  RunDescription o;
   o.batch = 1;
   o.seq_len = 1024;
-  o.attention = "sdpa";
+  o.kernels.attention = "sdpa";
   const TrafficReport report = kiln::cost::traffic_model(config, o);  // the row points into it
   const auto* row = report.find("q_proj", Pass::kForward);
   REQUIRE(row);
@@ -372,10 +372,11 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
 
 TEST_CASE("traffic: gradient accumulation repeats the micro-batch rows, the optimizer runs once", "[traffic]") {
   const auto config = kiln::model::load_llama_config("llama-100m");
-  TrafficOptions o;
+  RunDescription o;
   o.batch = 8;
   o.seq_len = 1024;
-  o.kernels = kiln::train::kernel_choices("kiln", 2, /*cuda=*/true);
+  o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
+  o.kernels.attention = "flash";
   const TrafficReport one = kiln::cost::traffic_model(config, o);
   o.grad_accum = 8;
   const TrafficReport eight = kiln::cost::traffic_model(config, o);
@@ -397,10 +398,11 @@ TEST_CASE("traffic: gradient accumulation repeats the micro-batch rows, the opti
 
 TEST_CASE("traffic: modelled utilisation of a measured step", "[traffic]") {
   const auto config = kiln::model::load_llama_config("llama-100m");
-  TrafficOptions o;
+  RunDescription o;
   o.batch = 8;
   o.seq_len = 1024;
-  o.kernels = kiln::train::kernel_choices("kiln", 2, /*cuda=*/true);
+  o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
+  o.kernels.attention = "flash";
   const TrafficReport r = kiln::cost::traffic_model(config, o);
   const kiln::cost::Roofline roof = kiln::cost::roofline(*kiln::cost::hardware_spec("A100-80GB"), "bf16");
   const auto u = kiln::cost::modelled_utilisation(r, roof, 0.5);

@@ -175,14 +175,14 @@ TEST_CASE("plan's device: auto is the GPU device_memory names, else this machine
     return kiln::profile::plan_config(kiln::profile::read_plan_settings(cli(Command::kPlan, all)));
   };
   // A size: this machine's device (on a machine without a GPU the CPU: it was read as CUDA once).
-  CHECK(plan({"--device-memory", "80GB"}).cuda == torch::cuda::is_available());
+  CHECK(plan({"--device-memory", "80GB"}).run.cuda == torch::cuda::is_available());
   CHECK(plan({"--device-memory", "80GB"}).device_memory_bytes == 80e9);
   // A GPU by name, or cuda: a GPU plan, with or without a GPU here (nothing runs).
   const auto named = plan({"--device-memory", "A100-80GB"});
-  CHECK(named.cuda);
+  CHECK(named.run.cuda);
   CHECK(named.device_name == "A100-80GB");
-  CHECK(plan({"--device-memory", "80GB", "--device", "cuda"}).cuda);
-  CHECK_FALSE(plan({"--device-memory", "80GB", "--device", "cpu"}).cuda);
+  CHECK(plan({"--device-memory", "80GB", "--device", "cuda"}).run.cuda);
+  CHECK_FALSE(plan({"--device-memory", "80GB", "--device", "cpu"}).run.cuda);
   CHECK_THAT(error_of([&] {
                plan({"--device-memory", "A100-80GB", "--device", "cpu"});
              }),

@@ -171,19 +171,23 @@ TEST_CASE("counting CPU allocator under bf16 matmul, linear and their backward",
 TEST_CASE("memory model: components and phases", "[profile]") {
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double n = 1235814400.0;
-  const auto m = kiln::cost::estimate_training_memory(c, 16, 1024, 2);
+  using kiln::cost::RunDescription;
+  const auto m = kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "bf16"});
   CHECK(m.component("parameters (fp32)") == 4.0 * n);
   CHECK(m.component("optimizer (AdamW, fp32)") == 8.0 * n);
   CHECK(m.peak_phase == "forward/backward boundary");
   // Head: final norm (8 + 2) H plus 16 bytes per vocabulary entry, per token.
   CHECK(m.component("logits and loss") == Approx(16.0 * 1024 * (10.0 * 2048 + 16.0 * 128256)));
   // A single token: the gradients at the end of backward dominate (tied: one extra fp32 copy).
-  const auto one = kiln::cost::estimate_training_memory(c, 1, 1, 2);
+  const auto one = kiln::cost::estimate_training_memory(c, RunDescription{.batch = 1, .seq_len = 1, .dtype = "bf16"});
   CHECK(one.peak_phase == "end of backward");
   CHECK(one.total() == Approx(16.0 * n + 4.0 * 128256 * 2048));
   // Checkpointing keeps less; fp32 keeps more.
-  CHECK(kiln::cost::estimate_training_memory(c, 16, 1024, 2, true).total() < m.total());
-  CHECK(kiln::cost::estimate_training_memory(c, 16, 1024, 4).total() > m.total());
+  CHECK(kiln::cost::estimate_training_memory(
+            c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "bf16", .recompute = "full"})
+            .total() < m.total());
+  CHECK(kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "fp32"}).total() >
+        m.total());
 }
 
 namespace {
@@ -282,16 +286,16 @@ TEST_CASE("an out-of-memory point is marked OOM and the sweep goes on", "[profil
 
 TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[profile]") {
   using kiln::cost::estimate_training_memory;
-  using kiln::cost::MemoryOptions;
+  using kiln::cost::RunDescription;
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double n = static_cast<double>(c.num_parameters());
   auto est = [&](bool dp, int world, int stage) {
-    return estimate_training_memory(c, 1, 2048,
-                                    MemoryOptions{.compute_bytes = 2,
-                                                  .kernels = kiln::train::kernel_choices("kiln", 2, false),
-                                                  .data_parallel = dp,
-                                                  .world_size = world,
-                                                  .zero_stage = stage});
+    return estimate_training_memory(
+        c, RunDescription{.batch = 1,
+                          .seq_len = 2048,
+                          .dtype = "bf16",
+                          .kernels = kiln::train::kernel_choices("kiln", "bf16", false),
+                          .parallel = {.data_parallel = dp, .world_size = world, .zero_stage = stage}});
   };
   // bf16 matmuls (as on a GPU or an AMX CPU): autocast's weight copies keep the forward side the peak.
   kiln::ops::testing::force_cpu_head_fp32(0);
@@ -336,26 +340,26 @@ TEST_CASE("memory model within 15% of the counted CPU peak: selective recomputat
 
 TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]") {
   using kiln::cost::estimate_training_memory;
-  using kiln::cost::MemoryOptions;
+  using kiln::cost::RunDescription;
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double h = 2048, q = 2048, kv = 512, f = 8192, layers = 16, tokens = 4.0 * 2048;
-  auto est = [&](bool checkpointing, bool selective, int every) {
-    return estimate_training_memory(c, 4, 2048,
-                                    MemoryOptions{.compute_bytes = 2,
-                                                  .activation_checkpointing = checkpointing,
-                                                  .checkpoint_every = every,
-                                                  .selective = selective,
-                                                  .kernels = kiln::train::kernel_choices("kiln", 2, false)});
+  auto est = [&](const std::string& recompute) {
+    return estimate_training_memory(c, RunDescription{.batch = 4,
+                                                      .seq_len = 2048,
+                                                      .dtype = "bf16",
+                                                      .recompute = recompute,
+                                                      .kernels = kiln::train::kernel_choices("kiln", "bf16", false)});
   };
-  const auto none = est(false, false, 1), selective = est(true, true, 1), full = est(true, false, 1);
+  const auto none = est("none"), selective = est("selective"), full = est("full");
   // Two fp32 residuals, q/k/v and the attention output in bf16, gate and up in bf16; once the
   // top layer's F-sized backward temporary.
   CHECK(selective.component("activations") ==
         Approx(tokens * (layers * (8 * h + 2 * (2 * q + 2 * kv + 2 * f)) + 2 * f)));
   CHECK(full.total() < selective.total());
   CHECK(selective.total() < none.total());
-  // `selective` is a policy of its own: without activation_checkpointing it changes nothing.
-  CHECK(est(false, true, 1).total() == Approx(none.total()));
+  // (`selective` without gradient_checkpointing, which MemoryOptions could say and was checked
+  // to change nothing, is no description now: RunDescription has one recompute field, and
+  // train::resolve_recomputation refuses the policy without gradient_checkpointing.)
   const auto flops = kiln::cost::flops_per_token(c, 2048);
   CHECK(flops.train_selective() > flops.train());
   CHECK(flops.train_selective() < flops.train() * 1.001);  // no matmul is recomputed

@@ -40,7 +40,8 @@ kiln::profile::SweepReport made_up_report() {
   row.tokens_per_second = 128 / 0.01;
   const profile::SweepPoint point = row.point;
   const cost::TrafficReport traffic = cost::traffic_model(
-      report.model, profile::traffic_options(report.config, report.model, point, true, &*report.hardware, 1));
+      report.model, profile::point_run(report.config, report.model, point,
+                                       kiln::train::RunTarget{.cuda = true, .hardware = report.hardware}));
   row.components = profile::component_rows(traffic, *report.roofline);
   row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
   row.executed_flops = traffic.kiln_step().flops();

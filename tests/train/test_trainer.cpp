@@ -428,13 +428,15 @@ TEST_CASE("a dry run under a launcher plans the per-rank memory of the job's ZeR
   const std::string one = Trainer::plan_only(c)->banner();
   const auto per_rank = [&](int stage, int world) {
     const auto m = kiln::cost::estimate_training_memory(
-        kiln::model::load_llama_config("tiny"), c.per_device_train_batch_size, c.cutoff_len,
-        kiln::cost::MemoryOptions{.compute_bytes = 4,
-                                  .kernels = kiln::train::kernel_choices(c.kernels, 4, false),
-                                  .data_parallel = world > 1,
-                                  .world_size = world,
-                                  .zero_stage = stage,
-                                  .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20});
+        kiln::model::load_llama_config("tiny"),
+        kiln::cost::RunDescription{.batch = c.per_device_train_batch_size,
+                                   .seq_len = c.cutoff_len,
+                                   .dtype = "fp32",
+                                   .kernels = kiln::train::kernel_choices(c.kernels, "fp32", false),
+                                   .parallel = {.data_parallel = world > 1,
+                                                .world_size = world,
+                                                .zero_stage = stage,
+                                                .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20}});
     return kiln::human_bytes(m.total());
   };
   for (const int stage : {0, 2}) {

@@ -7,12 +7,6 @@
 
 namespace kiln::cost {
 
-int compute_dtype_bytes(std::string_view dtype) {
-  if (dtype == "fp32") return 4;
-  if (dtype == "bf16" || dtype == "fp16") return 2;
-  throw std::invalid_argument("compute dtype '" + std::string(dtype) + "' is not fp32, bf16 or fp16");
-}
-
 double MemoryEstimate::total() const {
   double t = 0;
   for (const auto& [name, bytes] : components) t += bytes;
@@ -26,16 +20,17 @@ double MemoryEstimate::component(const std::string& name) const {
   return 0;
 }
 
-MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t batch, int64_t seq_len,
-                                        const MemoryOptions& o) {
+MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, const RunDescription& o) {
+  o.validate();
+  const int64_t batch = o.batch, seq_len = o.seq_len;
   const double n = static_cast<double>(c.num_parameters());
   const double tokens = static_cast<double>(batch * seq_len);
   const double layers = static_cast<double>(c.num_hidden_layers), h = static_cast<double>(c.hidden_size);
   const double ffn = static_cast<double>(c.intermediate_size), vocab = static_cast<double>(c.vocab_size);
   const double q = static_cast<double>(c.num_attention_heads * c.resolved_head_dim());
   const double kv = static_cast<double>(c.kv_heads() * c.resolved_head_dim());
-  const double cb = o.compute_bytes;
-  const bool autocast = o.compute_bytes < 4;
+  const double cb = o.compute_bytes();
+  const bool autocast = o.compute_bytes() < 4;
 
   // Which ops run kiln's fused implementations: they save other tensors than the ATen
   // composition autograd differentiates (RoPE works in place either way: no term).
@@ -66,7 +61,7 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // SwiGLU product, saved and counted at the boundary, is freed before gate's and up's gradients
   // are formed; recomputed, it has nothing to give back.
   double selective_layer = 8.0 * h + cb * (2.0 * q + 2.0 * kv + 2.0 * ffn);
-  if (o.attention == "math") {
+  if (o.kernels.attention == "math") {
     // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
     per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
     selective_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
@@ -76,10 +71,9 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   // of what the layers below it still hold, which passes the forward/backward boundary's total
   // only when the last layer itself is recomputed (always for full; for every_n when
   // (L - 1) % n == 0); otherwise the kept layers above it were freed first.
-  const int every = std::max(o.checkpoint_every, 1);
-  const bool selective = o.activation_checkpointing && o.selective;
-  const double recomputed =
-      o.activation_checkpointing && !selective ? std::ceil(layers / static_cast<double>(every)) : 0.0;
+  const int every = std::max(o.recomputed_stride(), 1);
+  const bool selective = o.recompute == "selective";
+  const double recomputed = o.recomputed_stride() > 0 ? std::ceil(layers / static_cast<double>(every)) : 0.0;
   const bool top_recomputed = recomputed > 0 && (c.num_hidden_layers - 1) % every == 0;
   const double activations =
       selective
@@ -130,16 +124,17 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   double backward_end = 4.0 * n + tied_extra;
   MemoryEstimate e;
   double optimizer = 8.0 * n, persistent_grads = 0.0;
-  if (o.data_parallel) {
-    const double world = std::max(o.world_size, 1);
-    if (o.zero_stage >= 1) optimizer /= world;
-    if (o.zero_stage == 2) {
+  const Parallelism& dp = o.parallel;
+  if (dp.data_parallel) {
+    const double world = std::max(dp.world_size, 1);
+    if (dp.zero_stage >= 1) optimizer /= world;
+    if (dp.zero_stage == 2) {
       // The shard lives throughout; at the end of backward also the staged buckets in flight, the
       // one filling (a bucket closes past the cap, so it can hold the largest parameter beyond
       // it), and that parameter's gradient before it is copied in.
       persistent_grads = 4.0 * n / world;
       const double largest = 4.0 * std::max(embed, h * std::max(ffn, q));
-      backward_end = static_cast<double>(o.max_in_flight + 1) * static_cast<double>(o.bucket_cap_bytes) +
+      backward_end = static_cast<double>(dp.max_in_flight + 1) * static_cast<double>(dp.bucket_cap_bytes) +
                      2.0 * largest + tied_extra;
     } else {
       persistent_grads = 4.0 * n;  // the flat gradient buffer, allocated once
@@ -147,7 +142,7 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
     }
   }
   e.components = {{"parameters (fp32)", 4.0 * n}, {"optimizer (AdamW, fp32)", optimizer}};
-  if (o.data_parallel) e.components.emplace_back("gradient buffer (data parallel)", persistent_grads);
+  if (dp.data_parallel) e.components.emplace_back("gradient buffer (data parallel)", persistent_grads);
   if (forward_side >= backward_end) {
     e.peak_phase = "forward/backward boundary";
     e.components.emplace_back("gradients (fp32)", 0.0);
@@ -163,14 +158,6 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, int64_t bat
   }
   if (o.cuda) e.allocator_overhead = 0.05 * e.total() + 64.0 * 1024 * 1024;
   return e;
-}
-
-MemoryEstimate estimate_training_memory(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
-                                        int compute_bytes, bool activation_checkpointing) {
-  MemoryOptions o;
-  o.compute_bytes = compute_bytes;
-  o.activation_checkpointing = activation_checkpointing;
-  return estimate_training_memory(config, batch, seq_len, o);
 }
 
 }  // namespace kiln::cost

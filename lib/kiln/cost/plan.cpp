@@ -42,6 +42,7 @@ void PlanConfig::validate() const {
   for (int64_t t : cutoff_lens) {
     if (t < 1) fail("cutoff_len", fmt::format("{} is not positive", t));
   }
+  const std::string& dtype = run.dtype;
   if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
     fail("dtype", fmt::format("'{}' is not bf16, fp16 or fp32", dtype));
   if (!(device_memory_bytes > 0)) fail("device_memory", "give the device's memory (e.g. 80GB) or a device name");
@@ -49,9 +50,9 @@ void PlanConfig::validate() const {
   if ((target_tokens > 0) == (target_sequences > 0)) {
     fail("target", "give exactly one of a target global batch in tokens or in sequences (> 0)");
   }
+  const int world_size = run.parallel.world_size, zero_stage = run.parallel.zero_stage;
   if (world_size < 1) fail("world_size", fmt::format("must be >= 1, got {}", world_size));
   if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("must be 0, 1 or 2, got {}", zero_stage));
-  if (world_size == 1 && zero_stage > 0) fail("zero_stage", "ZeRO needs a world size above 1");
 }
 
 const PlanRow* PlanReport::recommended(int64_t cutoff_len) const {
@@ -71,7 +72,7 @@ PlanReport make_plan(const PlanConfig& c) {
     report.peak_tflops = c.peak_tflops;
     report.peak_source = "--peak-tflops";
   } else if (const auto d = hardware_spec(c.device_name)) {
-    report.peak_tflops = d->peak_tflops(c.dtype);
+    report.peak_tflops = d->peak_tflops(c.run.dtype);
     report.peak_source = d->name + " datasheet";
   }
   const int layers = static_cast<int>(report.model.num_hidden_layers);
@@ -92,33 +93,30 @@ PlanReport make_plan(const PlanConfig& c) {
     const int64_t target = c.target_sequences > 0 ? c.target_sequences : (c.target_tokens + t - 1) / t;
     const FlopsPerToken flops = flops_per_token(report.model, t);
     std::vector<PlanRow> rows;
-    for (int64_t b = 1; b * c.world_size <= std::max<int64_t>(target, c.world_size); b *= 2) {
+    const int64_t world = c.run.parallel.world_size;
+    for (int64_t b = 1; b * world <= std::max<int64_t>(target, world); b *= 2) {
       for (const auto& [name, every] : policies) {
         PlanRow r;
         r.cutoff_len = t;
         r.micro_batch = b;
-        r.grad_accum = std::max<int64_t>((target + b * c.world_size - 1) / (b * c.world_size), 1);
-        r.global_sequences = b * r.grad_accum * c.world_size;
+        r.grad_accum = std::max<int64_t>((target + b * world - 1) / (b * world), 1);
+        r.global_sequences = b * r.grad_accum * world;
         const bool selective = name == "selective";
         r.policy = name;
         r.every = every;
-        r.predicted = estimate_training_memory(report.model, b, t,
-                                               MemoryOptions{.compute_bytes = compute_dtype_bytes(c.dtype),
-                                                             .activation_checkpointing = every > 0 || selective,
-                                                             .checkpoint_every = std::max(every, 1),
-                                                             .selective = selective,
-                                                             .cuda = c.cuda,
-                                                             .kernels = c.kernel_choices,
-                                                             .data_parallel = c.world_size > 1,
-                                                             .world_size = c.world_size,
-                                                             .zero_stage = c.zero_stage,
-                                                             .bucket_cap_bytes = c.ddp_bucket_cap_mb << 20});
+        RunDescription run = c.run;
+        run.batch = b;
+        run.seq_len = t;
+        run.grad_accum = r.grad_accum;
+        run.recompute = selective ? "selective" : every == 0 ? "none" : every == 1 ? "full" : "every_n";
+        run.every = std::max(every, 1);
+        r.predicted = estimate_training_memory(report.model, run);
         r.needed_bytes = r.predicted.total() + r.predicted.allocator_overhead;
         r.fits = r.needed_bytes <= c.device_memory_bytes;
         const double fraction = every > 0 ? std::ceil(layers / static_cast<double>(every)) / layers : 0.0;
         const double hardware = selective ? flops.train_selective() : flops.train_recomputing(fraction);
         if (report.peak_tflops > 0) {
-          r.tokens_per_second = c.world_size * report.peak_tflops * 1e12 * c.mfu / hardware;
+          r.tokens_per_second = world * report.peak_tflops * 1e12 * c.mfu / hardware;
         } else {
           r.tokens_per_second = 1.0 / hardware;  // relative only (no peak known)
         }

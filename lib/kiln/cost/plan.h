@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/cost/memory.h"
+#include "kiln/cost/run.h"
 #include "kiln/model/llama_config.h"
 
 namespace kiln::cost {
@@ -29,19 +30,17 @@ struct PlanConfig {
   std::string model = "tiny";                      // preset or model YAML
   std::optional<model::LlamaConfig> model_config;  // instead of `model` (e.g. an HF directory's config.json)
   std::vector<int64_t> cutoff_lens{1024};
-  std::string dtype = "bf16";                   // bf16 | fp16 | fp32 compute
   std::string kernels = "kiln,attention=aten";  // the ops spec, as shown (ops::kDefaultKernels; cost/ includes no ops/)
-  KernelChoices kernel_choices;                 // what that spec runs (train/kernel_choices.h fills it)
-  bool cuda = true;                             // plan for a GPU (adds the allocator's allowance)
-  double device_memory_bytes = 0;               // > 0
-  std::string device_name;                      // for the peak TFLOP/s (a cost/hardware.h name), or empty
-  double peak_tflops = 0;                       // > 0 overrides the device's
-  double mfu = 0.4;                             // assumed model FLOPs utilisation, (0, 1]
-  int64_t target_tokens = 0;                    // global batch in tokens per optimizer step, or
-  int64_t target_sequences = 0;                 // in sequences (one of the two, > 0)
-  int world_size = 1;
-  int zero_stage = 0;
-  int64_t ddp_bucket_cap_mb = 25;
+  // The run being planned: its dtype, kernels (what `kernels` runs), device and parallelism, as
+  // train::describe_run gives them; the planner varies its micro-batch, accumulation and
+  // recomputation and takes the rest as it is.
+  RunDescription run;
+  double device_memory_bytes = 0;  // > 0
+  std::string device_name;         // for the peak TFLOP/s (a cost/hardware.h name), or empty
+  double peak_tflops = 0;          // > 0 overrides the device's
+  double mfu = 0.4;                // assumed model FLOPs utilisation, (0, 1]
+  int64_t target_tokens = 0;       // global batch in tokens per optimizer step, or
+  int64_t target_sequences = 0;    // in sequences (one of the two, > 0)
 
   void validate() const;  // throws config::ConfigError naming the key
 };

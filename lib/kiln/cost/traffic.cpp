@@ -45,25 +45,6 @@ Cost Cost::scaled(double times) const {
   return {gemm_flops * times, other_flops * times, bytes * times};
 }
 
-void TrafficOptions::validate() const {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("traffic model: " + what); };
-  if (batch < 1) fail(fmt::format("batch must be >= 1, got {}", batch));
-  if (seq_len < 1) fail(fmt::format("seq_len must be >= 1, got {}", seq_len));
-  if (grad_accum < 1) fail(fmt::format("grad_accum must be >= 1, got {}", grad_accum));
-  if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32") fail("dtype '" + dtype + "' is not bf16, fp16 or fp32");
-  if (attention != "flash" && attention != "sdpa" && attention != "math")
-    fail("attention '" + attention + "' is not flash, sdpa or math");
-  // kiln's kernels take the autocast dtype only (kiln_attention_path).
-  if (attention == "flash" && dtype == "fp32") fail("attention 'flash' needs bf16 or fp16 (kiln's kernels)");
-  if (recompute != "none" && recompute != "full" && recompute != "every_n" && recompute != "selective")
-    fail("recompute '" + recompute + "' is not none, full, every_n or selective");
-  if (every < 1) fail(fmt::format("every must be >= 1, got {}", every));
-  if (world_size < 1) fail(fmt::format("world_size must be >= 1, got {}", world_size));
-  if (zero_stage < 0 || zero_stage > 2) fail(fmt::format("zero_stage must be 0, 1 or 2, got {}", zero_stage));
-  if (kernels.fused_loss_head && !kernels.loss_chunk_tokens)
-    fail("a fused loss head needs KernelChoices::loss_chunk_tokens");
-}
-
 namespace {
 
 Cost rw(double read, double write) {
@@ -256,7 +237,7 @@ Passes attention_eager(const AttentionShape& s, double c, bool autocast) {
 
 }  // namespace
 
-TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptions& o) {
+TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& o) {
   o.validate();
   const model::LlamaConfig& m = config;
   const double b = static_cast<double>(o.batch), t = static_cast<double>(o.seq_len);
@@ -269,13 +250,13 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   const bool autocast = o.dtype != "fp32";
   const double c = compute_dtype_bytes(o.dtype);
   const double p = static_cast<double>(m.num_parameters());
-  const double world = static_cast<double>(o.world_size);
+  const double world = static_cast<double>(o.parallel.world_size);
   const KernelChoices& k = o.kernels;
   const FlopsPerToken per_token = flops_per_token(m, o.seq_len);
 
   TrafficReport r;
   r.model = m;
-  r.options = o;
+  r.run = o;
   r.num_parameters = m.num_parameters();
   r.tokens_per_step = n * a;
   auto add = [&](const std::string& name, Pass pass, double repeats, const Cost& kiln, const Cost& eager,
@@ -318,7 +299,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   add_passes("v_proj", per_layer, kv_proj, kv_proj, true);
 
   // RoPE on q and k. The projections' outputs are c bytes; tables fp32.
-  const bool rope_kernel = o.fused_rope && !autocast, rope_mixed = o.fused_rope && o.mixed_rope_fused && autocast;
+  const bool rope_kernel = k.fused_rope && !autocast, rope_mixed = k.fused_rope && k.mixed_rope_fused && autocast;
   Passes rope_kiln, rope_eager;
   for (const double e : {n * q, n * kv}) {
     const Passes kp = rope_kernel  ? rope_fused(e, nd)
@@ -332,8 +313,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   AttentionShape as;
   as.n = n, as.eq = n * q, as.ekv = n * kv, as.rows = n * heads, as.d = d, as.gqa = kv_heads < heads;
   as.causal = b * heads * t * (t + 1) / 2, as.full = b * heads * t * t, as.mask = b * t * t, as.tt = t * t;
-  const Passes attn_kiln = o.attention == "flash"  ? attention_flash(as)
-                           : o.attention == "sdpa" ? attention_sdpa(as, c, autocast)
+  const Passes attn_kiln = k.attention == "flash"  ? attention_flash(as)
+                           : k.attention == "sdpa" ? attention_sdpa(as, c, autocast)
                                                    : attention_math(as, c, autocast);
   const Passes attn_eager = attention_eager(as, c, autocast);
   // Model FLOPs: flops.h's causal count, forward and twice it for backward, whatever runs.
@@ -435,7 +416,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   // ---- Gradient accumulation: the first micro-batch's gradients become .grad (stolen, no copy;
   // zero_grad sets them to None), every later one is added in, R 8 W 4 per parameter. Under ZeRO-2
   // each rank accumulates its shard only.
-  const bool sharded_grads = o.world_size > 1 && o.zero_stage == 2;
+  const bool sharded_grads = o.parallel.world_size > 1 && o.parallel.zero_stage == 2;
   if (o.grad_accum > 1) {
     const double elems = sharded_grads ? p / world : p;
     const Cost acc = other(elems, 8 * elems, 4 * elems);
@@ -447,9 +428,9 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
   // to send or reduce, the result written once, and what arrives from the other ranks written
   // (ring: 2 (W - 1) / W of the buffer for an all-reduce, (W - 1) / W for a reduce-scatter or an
   // all-gather).
-  if (o.world_size > 1) {
+  if (o.parallel.world_size > 1) {
     const double share = (world - 1) / world;
-    if (o.zero_stage < 2) {
+    if (o.parallel.zero_stage < 2) {
       const Cost ar = other(p * share, 4 * p + 8 * p * share, 4 * p);
       add("gradient all-reduce", Pass::kStep, 1, ar, ar, 0, false);
     } else {
@@ -458,7 +439,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
       const Cost rs = other(p * share, 4 * p + 4 * p + 4 * p * share, 4 * p + 4 * p / world);
       add("gradient reduce-scatter (ZeRO-2)", Pass::kBackward, a, rs, rs, 0, false);
     }
-    if (o.zero_stage >= 1) {
+    if (o.parallel.zero_stage >= 1) {
       const Cost ag = rw(4 * p / world, 4 * p * share);
       add("parameter all-gather (ZeRO)", Pass::kStep, 1, ag, ag, 0, false);
     }
@@ -484,7 +465,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptio
     // correction (R W 4); + eps (R W 4); params.addcdiv_ (R 12 W 4): 80 bytes.
     // FLOPs per parameter: decay 1, first moment 3, second 4, bias corrections 2, sqrt, eps and
     // divide 3, update 2: 15.
-    const double elems = o.world_size > 1 && o.zero_stage >= 1 ? p / world : p;
+    const double elems = o.parallel.world_size > 1 && o.parallel.zero_stage >= 1 ? p / world : p;
     add("AdamW", Pass::kStep, 1, other(15 * elems, 16 * elems, 12 * elems), other(15 * elems, 52 * elems, 28 * elems),
         0, false);
   }

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "kiln/cost/hardware.h"
-#include "kiln/cost/memory.h"
+#include "kiln/cost/run.h"
 #include "kiln/model/llama_config.h"
 
 namespace kiln::cost {
@@ -53,37 +53,6 @@ struct Cost {
   Cost scaled(double times) const;
 };
 
-struct TrafficOptions {
-  int64_t batch = 1;    // micro-batch, sequences
-  int64_t seq_len = 1;  // cutoff_len
-  int64_t grad_accum = 1;
-  std::string dtype = "bf16";  // compute: bf16 | fp16 (autocast over fp32 parameters) | fp32
-  // kiln's fused ops (train/kernel_choices.h fills them: fused_rmsnorm, fused_swiglu,
-  // fused_loss_head, loss_head_low_precision, loss_chunk_tokens).
-  KernelChoices kernels;
-  // The spec runs RoPE with kiln's kernel. It rotates in place when activations and tables share
-  // a dtype, i.e. in fp32. Under autocast (bf16/fp16 projections, fp32 tables) the result is fp32:
-  // with mixed_rope_fused kiln's mixed Function (ops/rope.cpp: the CUDA kernel in bf16 and fp16,
-  // the CPU loop in bf16) writes it in one pass, else ATen's composition.
-  bool fused_rope = false;
-  bool mixed_rope_fused = false;
-  // "flash": kiln's flash-attention kernels (kiln_attention_path); "sdpa": ATen's SDPA with a
-  // fused backend (flash or memory-efficient: no T x T tensor); "math": SDPA's math backend
-  // (scores and probabilities materialised in the compute dtype).
-  std::string attention = "flash";
-  // Recomputation (gradient_checkpointing_policy): none | full | every_n (layers 0, n, 2n, ...
-  // with n = every) | selective (per layer the RMSNorms, SwiGLU and the merged attention output).
-  std::string recompute = "none";
-  int every = 1;
-  // Data parallelism: gradient all-reduce (stages 0, 1) or reduce-scatter (stage 2), sharded
-  // AdamW (stages 1, 2) and the parameters' all-gather after it.
-  int world_size = 1;
-  int zero_stage = 0;
-  bool clip_grad_norm = true;  // max_grad_norm > 0 (HF's default 1.0)
-
-  void validate() const;  // throws std::invalid_argument naming the field
-};
-
 struct TrafficRow {
   std::string component;  // "q_proj", "attention core", "AdamW", ...
   Pass pass = Pass::kForward;
@@ -97,7 +66,7 @@ struct TrafficRow {
 
 struct TrafficReport {
   model::LlamaConfig model;
-  TrafficOptions options;
+  RunDescription run;
   int64_t num_parameters = 0;
   double tokens_per_step = 0;  // batch x seq_len x grad_accum (per rank)
   std::vector<TrafficRow> rows;
@@ -109,7 +78,9 @@ struct TrafficReport {
   const TrafficRow* find(const std::string& component, Pass pass) const;
 };
 
-TrafficReport traffic_model(const model::LlamaConfig& config, const TrafficOptions& options);
+// One optimizer step of `run` (cost/run.h): per micro-batch its shapes, dtype, recomputation and
+// kernels; per step its accumulation, clipping and data parallelism.
+TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& run);
 
 // The roofline of a device for a compute dtype.
 struct Roofline {

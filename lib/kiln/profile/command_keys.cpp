@@ -12,8 +12,10 @@
 #include "kiln/cost/cpu_peak.h"
 #include "kiln/cost/memory.h"
 #include "kiln/train/kernel_choices.h"
+#include "kiln/train/pretrain_config.h"
 #include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
+#include "kiln/train/run_description.h"
 
 namespace kiln::profile {
 
@@ -320,16 +322,22 @@ cost::PlanConfig plan_config(const PlanSettings& s) {
   c.source = s.source;
   c.model = s.model;
   c.cutoff_lens = s.cutoff_lens;
-  c.dtype = s.dtype;
   c.kernels = s.kernels;
   check_device(s.source, s.device);
+  if (s.dtype != "bf16" && s.dtype != "fp16" && s.dtype != "fp32")
+    fail(s.source, "dtype", fmt::format("'{}' is not bf16, fp16 or fp32", s.dtype));
+  if (s.world_size == 1 && s.zero_stage > 0) fail(s.source, "zero_stage", "ZeRO needs a world size above 1");
   const std::optional<cost::HardwareSpec> named =
       s.device_memory.empty() ? std::nullopt : cost::hardware_spec(s.device_memory);
   if (named && s.device == "cpu") {
     fail(s.source, "device_memory",
          fmt::format("'{}' is a GPU but device is cpu: give the CPU's memory as a size (e.g. 64GB)", s.device_memory));
   }
-  c.cuda = s.device == "cuda" || (s.device == "auto" && (named || device::resolve("auto").is_cuda()));
+  train::RunTarget target;
+  target.cuda = s.device == "cuda" || (s.device == "auto" && (named || device::resolve("auto").is_cuda()));
+  if (target.cuda) target.hardware = named;
+  target.world_size = static_cast<int>(s.world_size);
+  target.data_parallel = s.world_size > 1;
   if (named) {
     c.device_memory_bytes = named->memory_bytes;
     c.device_name = named->name;
@@ -339,21 +347,26 @@ cost::PlanConfig plan_config(const PlanSettings& s) {
     } catch (const std::invalid_argument& e) {
       throw ConfigError(fmt::format("{}: {}", s.source, e.what()));
     }
-  } else if (c.cuda && torch::cuda::is_available()) {
+  } else if (target.cuda && torch::cuda::is_available()) {
     c.device_memory_bytes = device::device_memory_bytes(at::Device(at::kCUDA, 0));
   } else {
     fail(s.source, "device_memory",
          fmt::format("missing: give the {} memory (e.g. 80GB) or a device name (e.g. H100-80GB){}",
-                     c.cuda ? "GPU's" : "CPU's", c.cuda ? ": no GPU here to ask" : ""));
+                     target.cuda ? "GPU's" : "CPU's", target.cuda ? ": no GPU here to ask" : ""));
   }
   c.target_tokens = s.target_tokens;
   c.target_sequences = s.target_sequences;
-  c.world_size = static_cast<int>(s.world_size);
-  c.zero_stage = static_cast<int>(s.zero_stage);
-  c.ddp_bucket_cap_mb = s.ddp_bucket_cap_mb;
   c.mfu = s.mfu;
   c.peak_tflops = s.peak_tflops;
-  c.kernel_choices = train::kernel_choices(c.kernels, cost::compute_dtype_bytes(c.dtype), c.cuda);
+  // The run the planner varies: the plan's keys as kiln-pretrain's (its batch, accumulation and
+  // recomputation are the planner's to choose).
+  train::PretrainConfig t;
+  t.source = s.source;
+  train::set_compute_dtype(t, s.dtype);
+  t.kernels = s.kernels;
+  t.zero_stage = s.zero_stage;
+  t.ddp_bucket_cap_mb = s.ddp_bucket_cap_mb;
+  c.run = train::describe_run(t, model::load_llama_config(s.model), target);
   return c;
 }
 
@@ -426,6 +439,27 @@ ExplainDevice explain_device(const ExplainSettings& s) {
   out.hardware = cost::cpu_hardware_spec(*peak, bandwidth, device::device_memory_bytes(at::Device(at::kCPU)));
   out.bandwidth_source = fmt::format("measured: STREAM-like copy of 64 MiB fp32, {:.1f} GB/s", bandwidth / 1e9);
   return out;
+}
+
+cost::RunDescription explain_run(const ExplainSettings& s, const model::LlamaConfig& model,
+                                 const ExplainDevice& device) {
+  train::PretrainConfig t;
+  t.source = s.source;
+  train::set_compute_dtype(t, s.dtype);
+  t.kernels = s.kernels;
+  t.cutoff_len = s.cutoff_len;
+  t.per_device_train_batch_size = s.per_device_train_batch_size;
+  t.gradient_accumulation_steps = s.gradient_accumulation_steps;
+  t.gradient_checkpointing = s.gradient_checkpointing;
+  t.gradient_checkpointing_policy = s.gradient_checkpointing_policy;
+  t.gradient_checkpointing_every = s.gradient_checkpointing_every;
+  t.zero_stage = s.zero_stage;
+  train::RunTarget target;
+  target.cuda = device.cuda;
+  if (device.cuda) target.hardware = device.hardware;
+  target.world_size = static_cast<int>(s.world_size);
+  target.data_parallel = s.world_size > 1;
+  return train::describe_run(t, model, target);
 }
 
 }  // namespace kiln::profile

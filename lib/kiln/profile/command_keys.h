@@ -23,6 +23,8 @@
 #include "kiln/config/key_table.h"
 #include "kiln/cost/hardware.h"
 #include "kiln/cost/plan.h"
+#include "kiln/cost/run.h"
+#include "kiln/model/llama_config.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/profile/sweep.h"
 
@@ -93,5 +95,9 @@ struct ExplainDevice {
   std::string bandwidth_source;
 };
 ExplainDevice explain_device(const ExplainSettings& settings);
+// The step explain models: its keys as kiln-pretrain's, described as every program describes a
+// run (train::describe_run) on `device` for a job of world_size ranks.
+cost::RunDescription explain_run(const ExplainSettings& settings, const model::LlamaConfig& model,
+                                 const ExplainDevice& device);
 
 }  // namespace kiln::profile

@@ -58,9 +58,10 @@ std::string title(const PlanReport& r) {
   return fmt::format(
       "kiln plan: {} ({} parameters), {}, {} GB per device{}, {} rank{}{}, target {} {} per step, MFU assumed {:.0f}% "
       "of {}",
-      c.model, r.num_parameters, c.dtype, gb(c.device_memory_bytes),
-      c.device_name.empty() ? "" : " (" + c.device_name + ")", c.world_size, c.world_size == 1 ? "" : "s",
-      c.zero_stage > 0 ? fmt::format(", ZeRO stage {}", c.zero_stage) : "",
+      c.model, r.num_parameters, c.run.dtype, gb(c.device_memory_bytes),
+      c.device_name.empty() ? "" : " (" + c.device_name + ")", c.run.parallel.world_size,
+      c.run.parallel.world_size == 1 ? "" : "s",
+      c.run.parallel.zero_stage > 0 ? fmt::format(", ZeRO stage {}", c.run.parallel.zero_stage) : "",
       c.target_sequences > 0 ? c.target_sequences : c.target_tokens, c.target_sequences > 0 ? "sequences" : "tokens",
       c.mfu * 100,
       r.peak_tflops > 0 ? fmt::format("{:.4g} TFLOP/s ({})", r.peak_tflops, r.peak_source)
@@ -146,17 +147,17 @@ std::string plan_json(const PlanReport& r) {
   }
   const json doc = {{"model", c.model},
                     {"num_parameters", r.num_parameters},
-                    {"dtype", c.dtype},
+                    {"dtype", c.run.dtype},
                     {"kernels", c.kernels},
                     {"device_memory_bytes", c.device_memory_bytes},
                     {"device_name", c.device_name},
-                    {"cuda", c.cuda},
+                    {"cuda", c.run.cuda},
                     {"peak_tflops", r.peak_tflops > 0 ? json(r.peak_tflops) : json(nullptr)},
                     {"mfu_assumed", c.mfu},
                     {"target_tokens", c.target_tokens},
                     {"target_sequences", c.target_sequences},
-                    {"world_size", c.world_size},
-                    {"zero_stage", c.zero_stage},
+                    {"world_size", c.run.parallel.world_size},
+                    {"zero_stage", c.run.parallel.zero_stage},
                     {"rows", rows}};
   return doc.dump(2) + "\n";
 }

@@ -53,7 +53,7 @@ using namespace report_detail;
 
 std::string explain_json(const std::string& model_name, const cost::TrafficReport& traffic, const cost::Roofline& roof,
                          const std::string& bandwidth_source) {
-  const cost::TrafficOptions& o = traffic.options;
+  const cost::RunDescription& o = traffic.run;
   const cost::Cost k = traffic.kiln_step(), e = traffic.eager_step();
   const json doc = {{"model", model_name},
                     {"num_parameters", traffic.num_parameters},
@@ -61,7 +61,7 @@ std::string explain_json(const std::string& model_name, const cost::TrafficRepor
                     {"batch_size", o.batch},
                     {"gradient_accumulation_steps", o.grad_accum},
                     {"dtype", o.dtype},
-                    {"attention", o.attention},
+                    {"attention", o.kernels.attention},
                     {"recompute", o.recompute},
                     {"tokens_per_step", traffic.tokens_per_step},
                     {"roofline", roofline_json(roof, bandwidth_source)},

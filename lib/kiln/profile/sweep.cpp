@@ -43,6 +43,7 @@
 #include "kiln/profile/counters.h"
 #include "kiln/profile/cpu_allocator.h"
 #include "kiln/train/kernel_choices.h"
+#include "kiln/train/run_description.h"
 #include "kiln/train/step.h"
 #include "kiln/train/training_step.h"
 
@@ -122,11 +123,6 @@ void SweepConfig::validate() const {
   t.validate();
 }
 
-void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation) {
-  o.recompute = recomputation.policy;
-  if (recomputation.policy == "every_n") o.every = recomputation.every;
-}
-
 train::Recomputation SweepConfig::recomputation_choice() const {
   return train::resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy,
                                       gradient_checkpointing_every);
@@ -156,34 +152,6 @@ std::string ProfileRow::speed() const {
   if (status != "ok" || seconds_per_step <= 0) return status;
   const double its = 1.0 / seconds_per_step;
   return its >= 1.0 ? fmt::format("{:.2f} it/s", its) : fmt::format("{:.2f} s/it", seconds_per_step);
-}
-
-void set_traffic_kernels(cost::TrafficOptions& o, const std::string& kernels, bool cuda,
-                         const cost::HardwareSpec* hardware, int64_t head_dim) {
-  using ops::Backend, ops::Op;
-  o.kernels = train::kernel_choices(kernels, cost::compute_dtype_bytes(o.dtype), cuda);
-  o.fused_rope = ops::backend_in_spec(kernels, Op::kRope) == Backend::kKiln;
-  // Under autocast the mixed Function: CUDA's kernel (bf16, fp16), the CPU's loop (bf16 only).
-  o.mixed_rope_fused = cuda || o.dtype == "bf16";
-  const bool kiln_attention = ops::backend_in_spec(kernels, Op::kAttention) == Backend::kKiln;
-  // kiln's flash kernels are CUDA kernels; on the CPU (and on a GPU the table does not know)
-  // attention is ATen's SDPA with a fused backend: no T x T tensor.
-  o.attention = cuda && hardware ? cost::kiln_attention_path(kiln_attention, *hardware, o.dtype, head_dim) : "sdpa";
-}
-
-cost::TrafficOptions traffic_options(const SweepConfig& config, const model::LlamaConfig& model,
-                                     const SweepPoint& point, bool cuda, const cost::HardwareSpec* hardware,
-                                     int world_size) {
-  cost::TrafficOptions o;
-  o.batch = point.batch_size;
-  o.seq_len = point.cutoff_len;
-  o.grad_accum = point.grad_accum;
-  o.dtype = config.dtype;
-  set_traffic_kernels(o, config.kernels, cuda, hardware, model.resolved_head_dim());
-  set_traffic_recomputation(o, config.recomputation_choice());
-  o.world_size = world_size;
-  o.zero_stage = world_size > 1 ? static_cast<int>(config.zero_stage) : 0;
-  return o;
 }
 
 std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof) {
@@ -240,6 +208,28 @@ std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps) {
   return out;
 }
 
+train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& p) {
+  train::PretrainConfig t = config.training;
+  train::set_compute_dtype(t, config.dtype);
+  t.gradient_checkpointing = config.gradient_checkpointing;
+  t.gradient_checkpointing_policy = config.gradient_checkpointing_policy;
+  t.gradient_checkpointing_every = config.gradient_checkpointing_every;
+  t.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
+  t.zero_stage = config.zero_stage;
+  t.kernels = config.kernels;
+  t.seed = static_cast<int64_t>(config.seed);
+  t.cutoff_len = p.cutoff_len;
+  t.per_device_train_batch_size = p.batch_size;
+  t.gradient_accumulation_steps = p.grad_accum;
+  t.max_steps = config.steps_per_point();
+  return t;
+}
+
+cost::RunDescription point_run(const SweepConfig& config, const model::LlamaConfig& model, const SweepPoint& point,
+                               const train::RunTarget& target) {
+  return train::describe_run(point_training_config(config, point), model, target);
+}
+
 namespace {
 
 std::optional<at::ScalarType> autocast_dtype(const std::string& dtype) {
@@ -273,26 +263,6 @@ void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step)
   const fs::path tmp = path.string() + ".tmp";
   trace.save(tmp.string());
   fs::rename(tmp, path);
-}
-
-// The trainer's settings for one point: the sweep's optimisation keys, dtype, recomputation and
-// data parallelism with the point's shapes (what train::stack_options and train::schedule_of read).
-train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& p) {
-  train::PretrainConfig t = config.training;
-  t.bf16 = config.dtype == "bf16";
-  t.fp16 = config.dtype == "fp16";
-  t.gradient_checkpointing = config.gradient_checkpointing;
-  t.gradient_checkpointing_policy = config.gradient_checkpointing_policy;
-  t.gradient_checkpointing_every = config.gradient_checkpointing_every;
-  t.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
-  t.zero_stage = config.zero_stage;
-  t.kernels = config.kernels;
-  t.seed = static_cast<int64_t>(config.seed);
-  t.cutoff_len = p.cutoff_len;
-  t.per_device_train_batch_size = p.batch_size;
-  t.gradient_accumulation_steps = p.grad_accum;
-  t.max_steps = config.steps_per_point();
-  return t;
 }
 
 void measure_point(const PointContext& ctx, ProfileRow& row) {
@@ -461,10 +431,10 @@ std::string counted_steps_text(const SweepConfig& config) {
 }
 
 // The model's three columns at the measured step time, the components, and the counted columns.
-void fill_utilisation(const SweepReport& report, const SweepConfig& config, bool cuda, ProfileRow& row) {
-  const cost::TrafficReport traffic = cost::traffic_model(
-      report.model, traffic_options(config, report.model, row.point, cuda,
-                                    report.hardware ? &*report.hardware : nullptr, report.world_size));
+void fill_utilisation(const SweepReport& report, const SweepConfig& config, const train::RunTarget& target,
+                      ProfileRow& row) {
+  const cost::TrafficReport traffic =
+      cost::traffic_model(report.model, point_run(config, report.model, row.point, target));
   row.executed_flops = traffic.kiln_step().flops();
   row.traffic_bytes = traffic.kiln_step().bytes;
   if (report.roofline) {
@@ -591,6 +561,13 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.counters_note = "not counted (run with --counters): the columns show the traffic model's values";
   }
 
+  // Where the points run, for the cost models' description of each (train/run_description.h).
+  train::RunTarget target;
+  target.cuda = device.is_cuda();
+  if (target.cuda) target.hardware = report.hardware;
+  target.world_size = report.world_size;
+  target.data_parallel = comm != nullptr;
+
   // The run's kernels, for this thread only (the sweep may run inside a larger program).
   const ops::BackendScope backends(config.kernels);
 
@@ -619,20 +596,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
       for (int64_t accum : config.grad_accums) {
         ProfileRow row;
         row.point = {batch, accum, cutoff};
-        row.predicted = cost::estimate_training_memory(
-            report.model, batch, cutoff,
-            cost::MemoryOptions{.compute_bytes = cost::compute_dtype_bytes(config.dtype),
-                                .activation_checkpointing = config.gradient_checkpointing,
-                                .checkpoint_every = std::max(config.recomputation_choice().every, 1),
-                                .selective = config.recomputation() == "selective",
-                                .attention = config.attention,
-                                .cuda = device.is_cuda(),
-                                .kernels = train::kernel_choices(
-                                    config.kernels, cost::compute_dtype_bytes(config.dtype), device.is_cuda()),
-                                .data_parallel = comm != nullptr,
-                                .world_size = report.world_size,
-                                .zero_stage = static_cast<int>(config.zero_stage),
-                                .bucket_cap_bytes = config.ddp_bucket_cap_mb << 20});
+        row.predicted =
+            cost::estimate_training_memory(report.model, point_run(config, report.model, row.point, target));
         const PointContext ctx{config,  report.model,       device, counter.get(),
                                dataset, report.peak_tflops, comm,   counters.get()};
         try {
@@ -653,7 +618,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
         device::release_cached_memory(device);
         row.peak_rss_bytes = static_cast<double>(device::peak_rss_bytes());
         if (row.status == "ok") {
-          fill_utilisation(report, config, device.is_cuda(), row);
+          fill_utilisation(report, config, target, row);
           if (config.counters && !counters) {
             for (Utilisation* u : {&row.memory_bandwidth, &row.tensor_core, &row.fp_engine})
               u->counted_reason = report.counters_note;

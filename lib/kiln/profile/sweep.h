@@ -35,6 +35,7 @@
 #include "kiln/profile/counters.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
+#include "kiln/train/run_description.h"
 
 namespace kiln::train {
 struct MicroBatch;
@@ -106,9 +107,6 @@ struct SweepConfig {
   std::string recomputation() const { return recomputation_choice().name(); }
 };
 
-// o.recompute and o.every for a resolved recomputation (train/recomputation.h).
-void set_traffic_recomputation(cost::TrafficOptions& o, const train::Recomputation& recomputation);
-
 // Reads a configs/profile/*.yaml (`path`; "" = none), then `--key value` overrides as (key, value)
 // pairs (config::parse_overrides), through the sweep's key table (profile/command_keys.h):
 // lists as YAML sequences or "128,256" strings, the same keys and errors in both; validates.
@@ -127,15 +125,15 @@ struct SweepPoint {
 std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& point,
                                                  uint64_t seed);
 
-// The traffic model's options for one point of `config` (cost/traffic.h): the kernels the step
-// runs (train/kernel_choices.h, RoPE and attention from the spec and the device: kiln's flash
-// kernels only on a GPU that runs them, SDPA on the CPU), recomputation, data parallelism.
-// kiln-profile explain builds its options with the same kernel rules (set_traffic_kernels).
-cost::TrafficOptions traffic_options(const SweepConfig& config, const model::LlamaConfig& model,
-                                     const SweepPoint& point, bool cuda, const cost::HardwareSpec* hardware,
-                                     int world_size);
-void set_traffic_kernels(cost::TrafficOptions& options, const std::string& kernels, bool cuda,
-                         const cost::HardwareSpec* hardware, int64_t head_dim);
+// The trainer's settings for one point: the sweep's optimisation keys (`training`), dtype,
+// kernels, recomputation and data parallelism with the point's shapes, and as many steps as the
+// point runs (what train::stack_options and train::schedule_of read).
+train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& point);
+// What one point runs, as the memory and traffic models price it: train::describe_run of its
+// trainer settings on `target` (the kernels the step runs: kiln's flash kernels only on a GPU that
+// runs them, SDPA on the CPU; recomputation; data parallelism).
+cost::RunDescription point_run(const SweepConfig& config, const model::LlamaConfig& model, const SweepPoint& point,
+                               const train::RunTarget& target);
 
 // One row of the traffic model (cost::TrafficRow) at a point, per step, against the roofline.
 struct ComponentRow {

@@ -1,5 +1,6 @@
 #include "kiln/train/kernel_choices.h"
 
+#include "kiln/cost/traffic.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
@@ -10,11 +11,11 @@ std::string trainer_kernels(const std::string& kernels, bool full_determinism) {
   return full_determinism && kernels == ops::kDefaultKernels ? "kiln" : kernels;
 }
 
-cost::KernelChoices kernel_choices(const std::string& kernels, int compute_bytes, bool cuda) {
+cost::KernelChoices kernel_choices(const std::string& kernels, const std::string& dtype, bool cuda,
+                                   const cost::HardwareSpec* hardware, int64_t head_dim) {
   auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(kernels, op) == ops::Backend::kKiln; };
-  // compute_bytes 2 is taken as bf16 (the rules differ between bf16 and fp16 only on the CPU,
-  // where fp16 autocast is not offered).
-  const at::ScalarType compute = compute_bytes == 2 ? at::kBFloat16 : at::kFloat;
+  cost::compute_dtype_bytes(dtype);  // throws naming a dtype that is none of the three
+  const at::ScalarType compute = dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
   cost::KernelChoices k;
   k.fused_rmsnorm = kiln_op(ops::Op::kRmsNorm);
   k.fused_swiglu = kiln_op(ops::Op::kSwiGlu);
@@ -26,6 +27,14 @@ cost::KernelChoices kernel_choices(const std::string& kernels, int compute_bytes
   k.loss_chunk_tokens = [cuda](int64_t tokens, int64_t vocab, int64_t hidden) {
     return ops::auto_chunk_tokens(tokens, vocab, hidden, !cuda);
   };
+  k.fused_rope = kiln_op(ops::Op::kRope);
+  // Under autocast the mixed Function: CUDA's kernel (bf16, fp16), the CPU's loop (bf16 only).
+  k.mixed_rope_fused = cuda || dtype == "bf16";
+  // kiln's flash kernels are CUDA kernels; on the CPU (and on a GPU the table does not know)
+  // attention is ATen's SDPA with a fused backend: no T x T tensor.
+  k.attention = cuda && hardware != nullptr
+                    ? cost::kiln_attention_path(kiln_op(ops::Op::kAttention), *hardware, dtype, head_dim)
+                    : "sdpa";
   return k;
 }
 

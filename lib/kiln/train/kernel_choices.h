@@ -4,15 +4,20 @@
 // (docs/architecture.md, "Layers"); this is the one place that asks ops for it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
-#include "kiln/cost/memory.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/run.h"
 
 namespace kiln::train {
 
-// `kernels`: an ops spec ("kiln", "aten", "rmsnorm=kiln,..."; ops/dispatch.h); `compute_bytes`
-// 2 (bf16/fp16 autocast) or 4 (fp32); `cuda`: the step runs on a GPU.
-cost::KernelChoices kernel_choices(const std::string& kernels, int compute_bytes, bool cuda);
+// `kernels`: an ops spec ("kiln", "aten", "rmsnorm=kiln,..."; ops/dispatch.h); `dtype`: the
+// compute dtype ("bf16", "fp16" autocast, or "fp32"); `cuda`: the step runs on a GPU. Attention
+// is kiln's flash kernels where the spec chooses them and `hardware` (the GPU's row) and
+// `head_dim` let them run (cost::kiln_attention_path); otherwise, and on the CPU, SDPA.
+cost::KernelChoices kernel_choices(const std::string& kernels, const std::string& dtype, bool cuda,
+                                   const cost::HardwareSpec* hardware = nullptr, int64_t head_dim = 0);
 
 // The spec a trainer runs: `kernels`, except that under full_determinism the default spec
 // (ops::kDefaultKernels, SDPA's attention) becomes "kiln": SDPA's flash and memory-efficient

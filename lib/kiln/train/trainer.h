@@ -20,6 +20,7 @@
 
 #include "kiln/model/llama.h"
 #include "kiln/train/pretrain_config.h"
+#include "kiln/train/run_description.h"
 #include "kiln/train/step.h"
 #include "kiln/train/step_math.h"
 #include "kiln/train/training_step.h"
@@ -164,6 +165,8 @@ class Trainer {
   void setup_shard_data();
   std::string prepare_data_main_first();  // the shard folder: rank 0 tokenizes, the others wait
   void apply_auto_fit();
+  // Where this run runs, as the cost models' description takes it (train/run_description.h).
+  RunTarget run_target() const;
   void setup_optimizer();
   EvalOptions eval_options();
   // The step's parts (training_step.h) after comm_: data parallelism's hooks and collectives go

@@ -17,8 +17,8 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
-#include "kiln/train/kernel_choices.h"
 #include "kiln/train/loss_plot.h"
+#include "kiln/train/run_description.h"
 #include "kiln/train/run_outputs.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
@@ -27,19 +27,8 @@
 namespace kiln::train {
 
 std::string Trainer::banner() const {
-  const auto memory = cost::estimate_training_memory(
-      model_->config(), config_.per_device_train_batch_size, config_.cutoff_len,
-      cost::MemoryOptions{.compute_bytes = cost::compute_dtype_bytes(compute_dtype(config_)),
-                          .activation_checkpointing = config_.gradient_checkpointing,
-                          .checkpoint_every = std::max(config_.checkpoint_every(), 1),
-                          .selective = config_.selective_recomputation(),
-                          .cuda = device_.is_cuda(),
-                          .kernels = kernel_choices(config_.kernels, cost::compute_dtype_bytes(compute_dtype(config_)),
-                                                    device_.is_cuda()),
-                          .data_parallel = data_parallel() != nullptr || (plan_only_ && env_launcher_ != "none"),
-                          .world_size = world_size(),
-                          .zero_stage = zero_stage_,
-                          .bucket_cap_bytes = config_.ddp_bucket_cap_mb << 20});
+  const auto memory =
+      cost::estimate_training_memory(model_->config(), describe_run(config_, model_->config(), run_target()));
   std::string out = training_banner(plan_, model_->num_parameters());
   out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
                      autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",

@@ -24,6 +24,7 @@
 #include "kiln/optim/grad.h"
 #include "kiln/train/activation_checkpoint.h"
 #include "kiln/train/kernel_choices.h"
+#include "kiln/train/run_description.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
 #include "kiln/train/training_data.h"
@@ -138,15 +139,23 @@ void Trainer::init() {
   if (!plan_only_) setup_optimizer();
 }
 
+RunTarget Trainer::run_target() const {
+  RunTarget t;
+  t.cuda = device_.is_cuda();
+  if (t.cuda) t.hardware = cost::hardware_for_device_name(device::name(device_), device::device_memory_bytes(device_));
+  t.world_size = world_size();
+  // A plan under a launcher describes the job it would join.
+  t.data_parallel = data_parallel() != nullptr || (plan_only_ && env_launcher_ != "none");
+  return t;
+}
+
 void Trainer::apply_auto_fit() {
   cost::PlanConfig p;
   p.source = config_.source;
   p.model_config = model_->config();
   p.cutoff_lens = {config_.cutoff_len};
-  p.dtype = compute_dtype(config_);
   p.kernels = config_.kernels;
-  p.cuda = device_.is_cuda();
-  p.kernel_choices = kernel_choices(config_.kernels, cost::compute_dtype_bytes(p.dtype), p.cuda);
+  p.run = describe_run(config_, model_->config(), run_target());
   const std::string& m = config_.auto_fit_memory;
   try {
     if (m.empty()) {
@@ -161,9 +170,6 @@ void Trainer::apply_auto_fit() {
     throw config::ConfigError(config::config_message(config_.source, "auto_fit_memory", e.what()));
   }
   p.target_sequences = config_.per_device_train_batch_size * config_.gradient_accumulation_steps * world_size();
-  p.world_size = world_size();
-  p.zero_stage = world_size() > 1 ? zero_stage_ : 0;
-  p.ddp_bucket_cap_mb = config_.ddp_bucket_cap_mb;
   const cost::PlanReport plan = cost::make_plan(p);
   const cost::PlanRow* best = plan.recommended(config_.cutoff_len);
   if (!best) {
