@@ -16,6 +16,7 @@
 #include "kiln/dist/comm.h"
 #include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/train/run_plan.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer.h"
 
@@ -122,10 +123,12 @@ int main(int argc, char** argv) {
     if (!dump_path.empty() && !dry_run) throw std::invalid_argument("--dump-data needs --dry-run");
     const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
     if (config.full_determinism) kiln::set_cublas_deterministic_workspace();
-    if (dry_run) {  // a plan: the model on the meta device, nothing allocated, no process group
-      const auto plan = kiln::train::Trainer::plan_only(config);
-      if (plan->rank() == 0) fmt::print("{}\n", plan->banner());
-      if (!dump_path.empty() && plan->rank() == 0) kiln::io::write_file_atomic(dump_path, plan->examples_json() + "\n");
+    if (dry_run) {  // a plan (train/run_plan.h): nothing allocated, no process group
+      const kiln::train::RunPlan plan = kiln::train::plan_run(config);
+      if (plan.env.rank == 0) fmt::print("{}\n", kiln::train::run_banner(plan));
+      if (!dump_path.empty() && plan.env.rank == 0) {
+        kiln::io::write_file_atomic(dump_path, kiln::train::examples_json(plan) + "\n");
+      }
       return 0;
     }
     // What this run has: the LibTorch build, the CUDA runtime and driver, every GPU (README.md,

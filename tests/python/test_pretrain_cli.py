@@ -247,8 +247,8 @@ def test_kill_9_at_random_moments_never_loses_a_checkpoint(kiln_bin, run_kiln, t
 
 
 def test_dry_run_of_the_1b_preset_allocates_no_weights(kiln_bin, tmp_path):
-    """The banner and the prediction of a Llama-3.2-1B run on a laptop: the model is built on the
-    meta device, so the peak RSS stays well under 1 GB (it was 14.8 GB with real fp32 weights and
+    """The banner and the prediction of a Llama-3.2-1B run on a laptop: the plan reads the model's
+    config and builds no model (train::plan_run), so the peak RSS stays well under 1 GB (it was 14.8 GB with real fp32 weights and
     AdamW state) and it takes seconds (it took 40 s)."""
     start = time.time()
     proc = subprocess.Popen([str(kiln_bin("kiln-pretrain")), "--dry-run", "--model", "llama-3.2-1b", "--cutoff_len",

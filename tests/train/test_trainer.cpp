@@ -422,10 +422,10 @@ TEST_CASE("a dry run under a launcher plans the per-rank memory of the job's ZeR
   std::map<int, std::string> banners;
   for (const int stage : {0, 2}) {
     c.zero_stage = stage;
-    banners[stage] = Trainer::plan_only(c)->banner();
+    banners[stage] = kiln::train::run_banner(kiln::train::plan_run(c));
   }
   for (const auto& [k, v] : vars) ::unsetenv(k.c_str());
-  const std::string one = Trainer::plan_only(c)->banner();
+  const std::string one = kiln::train::run_banner(kiln::train::plan_run(c));
   const auto per_rank = [&](int stage, int world) {
     const auto m = kiln::cost::estimate_training_memory(
         kiln::model::load_llama_config("tiny"),

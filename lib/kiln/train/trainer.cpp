@@ -90,11 +90,11 @@ bool Trainer::stop_requested() const {
 }
 
 int Trainer::rank() const {
-  return comm_ ? comm_->rank() : env_rank_;
+  return comm_ ? comm_->rank() : plan_.env.rank;
 }
 
 int Trainer::world_size() const {
-  return comm_ ? comm_->world_size() : env_world_;
+  return comm_ ? comm_->world_size() : plan_.env.world_size;
 }
 
 int64_t Trainer::optimizer_state_bytes() const {
@@ -120,26 +120,16 @@ Trainer::Trainer(PretrainConfig config, BatchSource source)
   init();
 }
 
-Trainer::Trainer(PretrainConfig config, BatchSource source, PlanOnly)
-    : config_(std::move(config)), state_(std::make_unique<State>()), source_(std::move(source)), plan_only_(true) {
-  init();
-}
-
-std::unique_ptr<Trainer> Trainer::plan_only(PretrainConfig config) {
-  return std::unique_ptr<Trainer>(new Trainer(std::move(config), BatchSource(), PlanOnly{}));
-}
-
 Trainer::~Trainer() = default;
 
 // ---- The loop ---------------------------------------------------------------------------------
 
 TrainResult Trainer::train() {
-  if (plan_only_) throw std::logic_error("Trainer::train: this trainer only plans (Trainer::plan_only)");
   const ops::BackendScope kernels(config_.kernels);  // this trainer's kernels, on this thread only
   prepare_output_dir();
   Run run(*this);
   State& st = *state_;
-  while (st.global_step < plan_.total_steps) {
+  while (st.global_step < plan_.steps.total_steps) {
     if (stop_requested()) {
       run.stop(fmt::format("at step {}", st.global_step));
       break;
@@ -163,12 +153,13 @@ TrainResult Trainer::train() {
       break;
     }
     const int64_t step = st.global_step;
-    if (step % config_.logging_steps == 0 || step == plan_.total_steps) run.log_window(step);
-    if (run.evals.every > 0 && step % run.evals.every == 0 && step != plan_.total_steps && !run.evaluate_at(step)) {
+    if (step % config_.logging_steps == 0 || step == plan_.steps.total_steps) run.log_window(step);
+    if (run.evals.every > 0 && step % run.evals.every == 0 && step != plan_.steps.total_steps &&
+        !run.evaluate_at(step)) {
       run.stop(fmt::format("during the evaluation at step {} (the partial evaluation is dropped)", step));
       break;
     }
-    if (config_.save_steps > 0 && step % config_.save_steps == 0 && step != plan_.total_steps) {
+    if (config_.save_steps > 0 && step % config_.save_steps == 0 && step != plan_.steps.total_steps) {
       run.result.last_checkpoint = save_checkpoint(step);
     }
   }
@@ -192,8 +183,8 @@ Trainer::Run::Run(Trainer& trainer) : t(trainer), st(*trainer.state_) {
   fopts = at::TensorOptions().device(t.device_).dtype(at::kFloat);
   reset_window();
   st.first_bad_step = at::full({}, -1.0, fopts);
-  sched = schedule_of(c, t.plan_.total_steps);
-  bar.emplace(t.plan_.total_steps, st.global_step, t.is_main() && t.progress_bar_ ? stderr : nullptr);
+  sched = schedule_of(c, t.plan_.steps.total_steps);
+  bar.emplace(t.plan_.steps.total_steps, st.global_step, t.is_main() && t.progress_bar_ ? stderr : nullptr);
   t.model_->train();
   // This call's share, for the summary entry (HF's speed metrics and train_loss).
   train_start = std::chrono::steady_clock::now();
@@ -235,7 +226,7 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
     // LLaMA-Factory's datasets: transformers' num_items_in_batch, every label that is not -100
     // before the shift (trainer.py, get_batch_samples); kiln's own: the scored targets.
     const at::Tensor labels = b.micro.back().labels.cpu();
-    b.targets += t.state_->ignored_label_id >= 0 ? labels.ne(-100).sum().item<int64_t>() : count_targets(labels);
+    b.targets += t.plan_.data.ignored_label_id >= 0 ? labels.ne(-100).sum().item<int64_t>() : count_targets(labels);
     b.tokens += b.micro.back().input_ids.numel();
   }
   if (t.comm_) {
@@ -266,7 +257,7 @@ bool Trainer::Run::train_step(StepBatches& batches) {
   // Book-keeping on the device: a skipped step contributes no loss, and the first bad step is kept.
   // The logged loss of kiln's shard folders is the window's loss per target; of LLaMA-Factory's
   // datasets, HF's: the mean of the steps' losses (each normalised by its own num_items_in_batch).
-  const bool per_step = st.ignored_label_id >= 0;
+  const bool per_step = t.plan_.data.ignored_label_id >= 0;
   const double weight = per_step ? 1.0 : static_cast<double>(batches.targets);
   const at::Tensor step_loss = per_step ? r.loss_sum / static_cast<double>(batches.targets) : r.loss_sum;
   st.window_loss_sum.add_(at::where(bad, at::zeros_like(step_loss), step_loss));

@@ -20,7 +20,7 @@
 
 #include "kiln/model/llama.h"
 #include "kiln/train/pretrain_config.h"
-#include "kiln/train/run_description.h"
+#include "kiln/train/run_plan.h"
 #include "kiln/train/step.h"
 #include "kiln/train/step_math.h"
 #include "kiln/train/training_step.h"
@@ -82,21 +82,14 @@ class Trainer {
   // Trains on the host's batches; config.max_steps must be > 0, dataset_dir and val_size are not
   // used, and checkpoints hold no data position (the host keeps its own).
   Trainer(PretrainConfig config, BatchSource source);
-  // Plans only (kiln-pretrain --dry-run): the model on the meta device (no weights, no optimizer
-  // state, no process group), the data's arithmetic and the memory prediction; banner() works,
-  // train() and evaluate() do not. Costs what reading the config and opening the shards cost.
-  static std::unique_ptr<Trainer> plan_only(PretrainConfig config);
   ~Trainer();
 
-  const StepPlan& plan() const { return plan_; }
+  const StepPlan& plan() const { return plan_.steps; }
+  // The run as planned before set-up (train/run_plan.h: what kiln-pretrain --dry-run prints).
+  const RunPlan& run_plan() const { return plan_; }
   const model::LlamaForCausalLM& model() const { return model_; }
   // The HF-style banner plus kiln's run facts (device, dtype, data, predicted memory).
   std::string banner() const;
-  // The examples the run trains and evaluates on, as JSON (kiln-pretrain --dry-run --dump-data):
-  // per split the number of examples, their tokens and lengths, and the first `limit` examples'
-  // input_ids and labels (-1: all); the banner's figures; the first epochs' sample order. The
-  // layout is tests/python/llamafactory_reference.py's, so the two compare key by key.
-  std::string examples_json(int64_t limit = -1) const;
 
   // Trains until the planned step count, a signal, or an error.
   TrainResult train();
@@ -148,30 +141,20 @@ class Trainer {
   at::Device device_ = at::kCPU;
   std::optional<at::ScalarType> autocast_dtype_;
   model::LlamaForCausalLM model_{nullptr};
-  std::shared_ptr<const data::PackedDataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> loader_;
-  StepPlan plan_;
+  RunPlan plan_;  // the settings, data and arithmetic (plan_run); config_ is plan_.config
   std::unique_ptr<State> state_;
   std::function<bool()> stop_check_;
   TrainerCallbacks callbacks_;
   BatchSource source_;
   bool progress_bar_ = false;
-  bool plan_only_ = false;
-  int env_rank_ = 0, env_world_ = 1;  // the launcher's, for a plan without a process group
-  std::string env_launcher_ = "none";
-  struct PlanOnly {};
-  Trainer(PretrainConfig config, BatchSource source, PlanOnly);
   void init();
-  void setup_shard_data();
   std::string prepare_data_main_first();  // the shard folder: rank 0 tokenizes, the others wait
-  void apply_auto_fit();
-  // Where this run runs, as the cost models' description takes it (train/run_description.h).
-  RunTarget run_target() const;
   void setup_optimizer();
   EvalOptions eval_options();
   // The step's parts (training_step.h) after comm_: data parallelism's hooks and collectives go
   // first, then the last reference to the groups, whose destructor aborts them during an
-  // exception's unwinding and shuts them down otherwise. Null when planning only.
+  // exception's unwinding and shuts them down otherwise.
   std::shared_ptr<dist::Comm> comm_;
   std::unique_ptr<TrainingStack> stack_;
   int zero_stage_ = 0;
@@ -183,10 +166,5 @@ class Trainer {
 
 // "output/checkpoint-1200" for the highest N in `output_dir`, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
-
-// The config's compute dtype on a GPU of compute capability major.minor: bf16 needs 8.0 (Ampere);
-// a V100 (7.0) or a Turing card (7.5) has no bf16 arithmetic, so `bf16: true` there is refused when
-// the config is read, naming the GPU and pointing at fp16 with loss scaling. Throws ConfigError.
-void check_dtype_for_gpu(const PretrainConfig& config, const std::string& gpu_name, int major, int minor);
 
 }  // namespace kiln::train

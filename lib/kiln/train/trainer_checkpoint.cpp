@@ -27,8 +27,8 @@ namespace kiln::train {
 // HF's state.epoch: the batches consumed so far over the batches per epoch. An epoch's last
 // window may be shorter than gradient_accumulation_steps (step_math.h).
 double Trainer::epoch_of(int64_t step) const {
-  const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
-  const int64_t batches = std::max<int64_t>(plan_.batches_per_epoch, 1);
+  const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
+  const int64_t batches = std::max<int64_t>(plan_.steps.batches_per_epoch, 1);
   const int64_t consumed =
       (step / per_epoch) * batches + std::min(step % per_epoch * config_.gradient_accumulation_steps, batches);
   return static_cast<double>(consumed) / static_cast<double>(batches);
@@ -38,19 +38,20 @@ HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
   HfTrainerState s;
   s.global_step = step;
   s.epoch = epoch_of(step);
-  s.max_steps = plan_.total_steps;
+  s.max_steps = plan_.steps.total_steps;
   s.logging_steps = config_.logging_steps;
   s.eval_steps = config_.eval_steps > 0 ? config_.eval_steps : config_.logging_steps;
   s.save_steps = config_.save_steps;
   s.train_batch_size = config_.per_device_train_batch_size;
-  const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
-  s.num_train_epochs = (plan_.total_steps + per_epoch - 1) / per_epoch;
+  const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
+  s.num_train_epochs = (plan_.steps.total_steps + per_epoch - 1) / per_epoch;
   s.total_flos = state_->total_flos;
   s.log_history = state_->log_history;
   return s;
 }
 
-const ModelFolderFiles& Trainer::State::folder_files(const PretrainConfig& config, const model::LlamaConfig& mc) {
+const ModelFolderFiles& Trainer::State::folder_files(const PretrainConfig& config, const model::LlamaConfig& mc,
+                                                     const data::TokenShards* shards) {
   if (model_files) return *model_files;
   // The tokenizer the training data was made with (shards record it); the model's own when the
   // host supplies the batches, or when the shards were tokenized where their path no longer leads.
@@ -172,8 +173,8 @@ std::string Trainer::save_checkpoint(int64_t step) {
   const std::vector<HfParamState> hf_state =
       gather_hf_state(model_, stack_->optimizer(), stack_->data_parallel(), is_main());
   if (is_main()) {
-    const optim::ScheduleConfig sched = schedule_of(config_, plan_.total_steps);
-    const double next_lr = config_.learning_rate * optim::lr_multiplier(sched, std::min(step, plan_.total_steps));
+    const optim::ScheduleConfig sched = schedule_of(config_, plan_.steps.total_steps);
+    const double next_lr = config_.learning_rate * optim::lr_multiplier(sched, std::min(step, plan_.steps.total_steps));
     const HfAdamWHyper hyper{.lr = next_lr,
                              .initial_lr = config_.learning_rate,
                              .beta1 = config_.adam_beta1,
@@ -194,14 +195,14 @@ std::string Trainer::save_checkpoint(int64_t step) {
   if (is_main()) {
     // The model folder as LLaMA-Factory's checkpoints hold it: the tokenizer files, chat template,
     // generation config and the run's arguments (training_args.json for HF's pickled .bin).
-    const ModelFolderFiles& files = st.folder_files(config_, model_->config());
+    const ModelFolderFiles& files = st.folder_files(config_, model_->config(), plan_.data.shards.get());
     model::save_pretrained(model_, tmp.string(), save_options_for(files));
     write_model_folder_files(files, tmp.string());
     io::write_file_atomic((tmp / "training_args.json").string(), pretrain_config_json(config_));
     if (loader_) {  // a host's batches have no position kiln could restore
       io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
       io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
-                            data::DataRecord::of(state_->data_dir, state_->shards->meta()).to_json());
+                            data::DataRecord::of(plan_.data.dir, plan_.data.shards->meta()).to_json());
     }
     // HF's trainer_state.json (TrainerState.load_from_json reads it); kiln's own facts beside it.
     io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state_text(hf_trainer_state(step)));
@@ -340,17 +341,17 @@ void Trainer::resume(const std::string& dir) {
                                            e.what_without_backtrace()));
     }
   }
-  if (loader_ && state_->shards) {
+  if (loader_ && plan_.data.shards) {
     // The checkpoint's data position applies to the data it was written for: the same tokenizer
     // (a position in other tokens would silently train on a different stream).
     if (const auto record = data::DataRecord::read(dir)) {
-      const auto& meta = state_->shards->meta();
+      const auto& meta = plan_.data.shards->meta();
       if (record->tokenizer_fingerprint != meta.tokenizer_fingerprint || record->vocab_size != meta.vocab_size) {
         throw std::runtime_error(fmt::format(
             "{}: the checkpoint was trained on data of tokenizer {} (vocab_size {}, fingerprint {:016x}); this run's "
             "data {} has tokenizer {} (vocab_size {}, fingerprint {:016x}): resume on the same data",
             (d / data::DataRecord::kFile).string(), record->tokenizer, record->vocab_size,
-            record->tokenizer_fingerprint, state_->data_dir, meta.tokenizer, meta.vocab_size,
+            record->tokenizer_fingerprint, plan_.data.dir, meta.tokenizer, meta.vocab_size,
             meta.tokenizer_fingerprint));
       }
     }
@@ -365,9 +366,10 @@ void Trainer::resume(const std::string& dir) {
       throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
     }
   }
-  if (state_->global_step > plan_.total_steps) {
+  if (state_->global_step > plan_.steps.total_steps) {
     throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps",
-                                         (d / "trainer_state.json").string(), state_->global_step, plan_.total_steps));
+                                         (d / "trainer_state.json").string(), state_->global_step,
+                                         plan_.steps.total_steps));
   }
 }
 
@@ -376,16 +378,16 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   const std::string state_file = (d / "trainer_state.json").string();
   // The schedule: its length from trainer_state.json, its type and warmup from the learning rate
   // that scheduler.pt holds for the saved step (LambdaLR keeps no more of it).
-  const optim::ScheduleConfig sched = schedule_of(config_, plan_.total_steps);
-  if (saved_max_steps >= 0 && saved_max_steps != plan_.total_steps) {
+  const optim::ScheduleConfig sched = schedule_of(config_, plan_.steps.total_steps);
+  if (saved_max_steps >= 0 && saved_max_steps != plan_.steps.total_steps) {
     throw std::runtime_error(fmt::format(
         "{}: max_steps {} differs from this run's {} steps ({}): the learning-rate schedule would not continue; set "
         "max_steps: {} (or the same epochs and data)",
-        state_file, saved_max_steps, plan_.total_steps, config_.source, saved_max_steps));
+        state_file, saved_max_steps, plan_.steps.total_steps, config_.source, saved_max_steps));
   }
-  if (state_->global_step > plan_.total_steps) {
+  if (state_->global_step > plan_.steps.total_steps) {
     throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps", state_file,
-                                         state_->global_step, plan_.total_steps));
+                                         state_->global_step, plan_.steps.total_steps));
   }
   const std::string sched_file = (d / "scheduler.pt").string();
   const HfSchedulerState s = read_hf_lambda_lr(io::load_torch_pickle(sched_file), sched_file);
@@ -429,16 +431,16 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   if (loader_) {
     // transformers' position: the epochs done and the batches of this epoch to skip, from the step.
     data::LoaderState ls = loader_->state();
-    const int64_t per_epoch = std::max<int64_t>(plan_.updates_per_epoch, 1);
+    const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
     ls.epoch = state_->global_step / per_epoch;
     ls.position = state_->global_step % per_epoch * config_.gradient_accumulation_steps;
     loader_->restore(ls);
   }
   if (is_main()) {
-    logger()->info(
-        "kiln-pretrain: resuming transformers' checkpoint {} at step {} (epoch {}, {} batches into it)", dir,
-        state_->global_step, state_->global_step / std::max<int64_t>(plan_.updates_per_epoch, 1),
-        state_->global_step % std::max<int64_t>(plan_.updates_per_epoch, 1) * config_.gradient_accumulation_steps);
+    logger()->info("kiln-pretrain: resuming transformers' checkpoint {} at step {} (epoch {}, {} batches into it)", dir,
+                   state_->global_step, state_->global_step / std::max<int64_t>(plan_.steps.updates_per_epoch, 1),
+                   state_->global_step % std::max<int64_t>(plan_.steps.updates_per_epoch, 1) *
+                       config_.gradient_accumulation_steps);
   }
 }
 

@@ -46,12 +46,6 @@ struct Trainer::State {
   json log_history = json::array();
   cost::FlopsPerToken flops;
   std::optional<cost::DevicePeak> peak;
-  std::shared_ptr<data::TokenShards> shards;
-  std::string data_dir;
-  // LLaMA-Factory datasets: the id whose labels are -100 (the pad token, which its tokenizer
-  // fix-up makes EOS when the tokenizer has none); -1 for kiln's shard folders.
-  int64_t ignored_label_id = -1;
-  data::LoaderOptions loader_options;  // the train loader's (examples_json draws its orders)
   // Device-side accumulators of the current logging window.
   at::Tensor window_loss_sum, window_good_targets, first_bad_step;
   int64_t window_steps = 0, window_tokens = 0;  // tokens of every rank
@@ -59,14 +53,15 @@ struct Trainer::State {
   std::chrono::steady_clock::time_point window_start;
   std::optional<EvalResult> last_eval;
   std::string resumed_from;                  // the checkpoint this run started from (never rotated away)
-  std::string auto_fit;                      // what --auto-fit chose, for the banner
   int64_t last_saved_step = -1;              // a stop request right after a save does not save again
   double total_flos = 0;                     // model FLOPs of every step trained (HF's total_flos), kept across resumes
   std::unique_ptr<EventWriter> tensorboard;  // report_to: tensorboard, rank 0
   // What is saved beside every model of the run (tokenizer, chat template, generation config)
   // and config.json's aligned special tokens (run_outputs.h); made on first use, rank 0.
   std::shared_ptr<const ModelFolderFiles> model_files;
-  const ModelFolderFiles& folder_files(const PretrainConfig& config, const model::LlamaConfig& model_config);
+  // `shards`: the run's training data (its tokenizer and special tokens), or null.
+  const ModelFolderFiles& folder_files(const PretrainConfig& config, const model::LlamaConfig& model_config,
+                                       const data::TokenShards* shards);
 };
 
 // save_pretrained's options for a model saved with `files` beside it (the aligned special tokens).

@@ -27,49 +27,7 @@
 namespace kiln::train {
 
 std::string Trainer::banner() const {
-  const auto memory =
-      cost::estimate_training_memory(model_->config(), describe_run(config_, model_->config(), run_target()));
-  std::string out = training_banner(plan_, model_->num_parameters());
-  out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", device_.str(),
-                     autocast_dtype_ ? (config_.bf16 ? "bf16 (autocast)" : "fp16 (autocast, loss scaling)") : "fp32",
-                     config_.kernels);
-  if (comm_) {
-    out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
-                       world_size(), comm_->env().launcher, comm_->backend(), rank(), zero_stage_,
-                       config_.ddp_bucket_cap_mb);
-  } else if (plan_only_ && env_launcher_ != "none") {
-    out += fmt::format(
-        "\n  Distributed = {} processes ({}; planned, not joined; this is rank {}), ZeRO stage {}, "
-        "buckets of {} MB",
-        env_world_, env_launcher_, env_rank_, zero_stage_, config_.ddp_bucket_cap_mb);
-  }
-  const bool per_rank = comm_ || (plan_only_ && env_launcher_ != "none");
-  if (source_) {
-    out += "\n  Data = batches supplied by the host program";
-  } else if (config_.llamafactory_data()) {
-    const auto docs = state_->shards->split("train");
-    out += fmt::format(
-        "\n  Data = {} ({} documents of {}, {} tokens; train {} examples of {}{} tokens, {} tokens dropped; {})",
-        state_->data_dir, with_commas(docs->num_documents()), config_.dataset, with_commas(docs->num_tokens()),
-        with_commas(train_set_->num_blocks()), train_set_->fixed_length() ? "" : "up to ", train_set_->cutoff_len(),
-        with_commas(train_set_->dropped_tokens()),
-        val_set_ ? fmt::format("eval {} examples of held-out documents", with_commas(val_set_->num_blocks()))
-                 : "no eval split");
-  } else {
-    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", state_->data_dir,
-                       with_commas(state_->shards->split("train")->num_tokens()), with_commas(train_set_->num_blocks()),
-                       config_.cutoff_len, with_commas(train_set_->dropped_tokens()),
-                       val_set_ ? fmt::format("val {} blocks{}", with_commas(val_set_->num_blocks()),
-                                              config_.val_size > 0 ? " held out by val_size" : "")
-                                : "no val split");
-  }
-  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", per_rank ? " per rank" : "",
-                     human_bytes(memory.total()), memory.peak_phase);
-  for (const auto& [name, bytes] : memory.components) {
-    if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
-  }
-  out.back() = ')';
-  if (!state_->auto_fit.empty()) out += "\n  Auto-fit = " + state_->auto_fit;
+  std::string out = run_banner(plan_, comm_.get());
   if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
   return out;
 }
@@ -80,7 +38,7 @@ EvalOptions Trainer::eval_options() {
   o.device = device_;
   o.autocast_dtype = autocast_dtype_;
   o.neat_packing = config_.neat_packing;
-  o.ignore_label_id = state_->ignored_label_id;
+  o.ignore_label_id = plan_.data.ignored_label_id;
   o.should_stop = [this] { return stop_requested(); };
   o.rank = rank();
   o.world_size = world_size();
@@ -92,20 +50,18 @@ EvalOptions Trainer::eval_options() {
 }
 
 EvalResult Trainer::evaluate() {
-  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
-  if (!val_set_) {
+  if (!plan_.data.val) {
     throw std::runtime_error(source_ ? "evaluate: this trainer's batches come from the host; pass an evaluation source"
                                      : "evaluate: the dataset has no 'val' split");
   }
   const ops::BackendScope kernels(config_.kernels);
   const bool training = model_->is_training();
-  EvalResult r = evaluate_dataset(model_, val_set_, eval_options());
+  EvalResult r = evaluate_dataset(model_, plan_.data.val, eval_options());
   model_->train(training);
   return r;
 }
 
 EvalResult Trainer::evaluate(const BatchSource& source) {
-  if (plan_only_) throw std::logic_error("Trainer::evaluate: this trainer only plans (Trainer::plan_only)");
   const ops::BackendScope kernels(config_.kernels);
   const bool training = model_->is_training();
   EvalResult r = evaluate_batches(
@@ -153,7 +109,8 @@ void Trainer::prepare_output_dir_on_main() {
     logger()->info("kiln-pretrain: {}: previous trainer log deleted (overwrite_output_dir)", log.string());
     fs::remove(log);
   }
-  state_->folder_files(config_, model_->config());  // a bad tokenizer folder fails now, not at the first save
+  state_->folder_files(config_, model_->config(),
+                       plan_.data.shards.get());  // a bad tokenizer folder fails now, not at the first save
   const SetAside aside =
       set_aside_later_checkpoints(out, state_->global_step, state_->resumed_from, config_.overwrite_output_dir);
   if (!aside.checkpoints.empty()) {
@@ -187,7 +144,7 @@ void Trainer::Run::record(const json& entry, bool to_metrics) {
     // call's start, as its on_train_begin.
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
     append_line((fs::path(t.config_.output_dir) / "trainer_log.jsonl").string(),
-                trainer_log_line(entry, entry.at("step").get<int64_t>(), t.plan_.total_steps, elapsed));
+                trainer_log_line(entry, entry.at("step").get<int64_t>(), t.plan_.steps.total_steps, elapsed));
   }
   if (st.tensorboard) st.tensorboard->add_scalars(entry.at("step").get<int64_t>(), tensorboard_scalars(entry));
 }
@@ -243,7 +200,7 @@ void Trainer::Run::log_window(int64_t step) {
 
 json Trainer::Run::eval_entry(const EvalResult& ev, double seconds, int64_t step) const {
   // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
-  const double samples = static_cast<double>(t.val_set_->num_blocks());
+  const double samples = static_cast<double>(t.plan_.data.val->num_blocks());
   const double batches =
       std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
   return {{"eval_loss", ev.loss},
@@ -258,7 +215,7 @@ json Trainer::Run::eval_entry(const EvalResult& ev, double seconds, int64_t step
 
 EvalSchedule Trainer::Run::schedule() const {
   const EvalSchedule s = eval_schedule(t.config_);
-  if (s.required && !t.val_set_) {
+  if (s.required && !t.plan_.data.val) {
     // LLaMA-Factory refuses the same YAML (hparams/parser.py: "Please make sure eval_dataset be
     // provided or val_size >1e-6").
     throw std::runtime_error(fmt::format("{}: {} needs evaluation data: set val_size{}", t.config_.source,
@@ -270,10 +227,10 @@ EvalSchedule Trainer::Run::schedule() const {
 }
 
 bool Trainer::Run::evaluate_at(int64_t step) {
-  if (!t.val_set_) return true;
+  if (!t.plan_.data.val) return true;
   if (t.is_main()) {
     bar->clear();
-    logger()->info("{}", evaluation_banner(t.val_set_->num_blocks(), t.config_.per_device_eval_batch_size));
+    logger()->info("{}", evaluation_banner(t.plan_.data.val->num_blocks(), t.config_.per_device_eval_batch_size));
   }
   const auto eval_start = std::chrono::steady_clock::now();
   const EvalResult ev = t.evaluate();
@@ -304,7 +261,7 @@ TrainResult Trainer::Run::finish() {
   bar->finish();
   const double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
   const int64_t steps_trained = st.global_step - start_step;
-  const double samples = static_cast<double>(steps_trained * t.plan_.total_batch_size());
+  const double samples = static_cast<double>(steps_trained * t.plan_.steps.total_batch_size());
   json summary = {{"train_runtime", std::round(runtime * 1e4) / 1e4},
                   {"train_samples_per_second", runtime > 0 ? std::round(samples / runtime * 1e3) / 1e3 : 0.0},
                   {"train_steps_per_second", runtime > 0 ? std::round(steps_trained / runtime * 1e3) / 1e3 : 0.0},
@@ -323,7 +280,7 @@ TrainResult Trainer::Run::finish() {
                           trainer_state_text(t.hf_trainer_state(st.global_step)));
     if (c.plot_loss) {
       std::vector<std::string> keys = {"loss"};
-      if (t.val_set_) keys.push_back("eval_loss");
+      if (t.plan_.data.val) keys.push_back("eval_loss");
       plot_loss(c.output_dir, st.log_history, keys);
     }
   }
@@ -331,11 +288,12 @@ TrainResult Trainer::Run::finish() {
   // trainer_state.json is written); an evaluation of this very step is not repeated.
   json card_history = st.log_history;
   std::optional<json> final_entry;
-  if (complete && evals.after_training && t.val_set_) {
+  if (complete && evals.after_training && t.plan_.data.val) {
     if (session_eval && last_eval_step == st.global_step) {
       final_entry = last_eval_entry;
     } else {
-      if (t.is_main()) logger()->info("{}", evaluation_banner(t.val_set_->num_blocks(), c.per_device_eval_batch_size));
+      if (t.is_main())
+        logger()->info("{}", evaluation_banner(t.plan_.data.val->num_blocks(), c.per_device_eval_batch_size));
       const auto eval_start = std::chrono::steady_clock::now();
       const EvalResult ev = t.evaluate();
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
@@ -400,14 +358,14 @@ TrainResult Trainer::Run::finish() {
 
 void Trainer::Run::save_final_model() {
   const std::string dir = t.config_.output_dir;
-  const ModelFolderFiles& files = st.folder_files(t.config_, t.model_->config());
+  const ModelFolderFiles& files = st.folder_files(t.config_, t.model_->config(), t.plan_.data.shards.get());
   model::save_pretrained(t.model_, dir, save_options_for(files));
   write_model_folder_files(files, dir);
   io::write_file_atomic((fs::path(dir) / "training_args.json").string(), pretrain_config_json(t.config_));
   // kiln-generate and kiln-eval read the tokenizer and BOS convention from it, as in a checkpoint.
-  if (t.loader_ && st.shards) {
+  if (t.loader_ && t.plan_.data.shards) {
     io::write_file_atomic((fs::path(dir) / data::DataRecord::kFile).string(),
-                          data::DataRecord::of(st.data_dir, st.shards->meta()).to_json());
+                          data::DataRecord::of(t.plan_.data.dir, t.plan_.data.shards->meta()).to_json());
   }
 }
 

@@ -1,4 +1,4 @@
-// Trainer::examples_json: what the run would train and evaluate on, without training (see trainer.h).
+// examples_json: what a planned run would train and evaluate on, without training (run_plan.h).
 #include <algorithm>
 #include <set>
 
@@ -6,9 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/data/loader.h"
-#include "kiln/train/trainer_internal.h"
+#include "kiln/train/run_plan.h"
 
 namespace kiln::train {
+
+using json = nlohmann::json;
 
 namespace {
 
@@ -45,12 +47,13 @@ json split_json(const data::PackedDataset& set, const data::LoaderOptions& train
 
 }  // namespace
 
-std::string Trainer::examples_json(int64_t limit) const {
-  if (!train_set_) throw std::logic_error("Trainer::examples_json: this trainer's batches come from the host");
+std::string examples_json(const RunPlan& plan, int64_t limit) {
+  const RunData& d = plan.data;
+  if (!d.train) throw std::logic_error("examples_json: this run's batches come from the host");
   json out;
-  out["train"] = split_json(*train_set_, state_->loader_options, limit);
-  out["eval"] = val_set_ ? split_json(*val_set_, state_->loader_options, limit) : json(nullptr);
-  const StepPlan& p = plan_;
+  out["train"] = split_json(*d.train, d.loader, limit);
+  out["eval"] = d.val ? split_json(*d.val, d.loader, limit) : json(nullptr);
+  const StepPlan& p = plan.steps;
   json trainer = {{"num_examples", p.num_examples},
                   {"num_epochs", static_cast<int64_t>(std::ceil(p.num_epochs))},
                   {"per_device_train_batch_size", p.batch_size_per_device},
@@ -60,15 +63,15 @@ std::string Trainer::examples_json(int64_t limit) const {
                   {"max_steps", p.total_steps},
                   {"batches_per_epoch", p.batches_per_epoch},
                   {"last_window_batches", p.last_window_batches()},
-                  {"eval_num_examples", val_set_ ? json(val_set_->num_blocks()) : json(nullptr)}};
+                  {"eval_num_examples", d.val ? json(d.val->num_blocks()) : json(nullptr)}};
   // The sampler's first epochs (as many as the run has, at most 3), each its first 100 indices
   // for large sets.
-  data::LoaderOptions o = state_->loader_options;
+  data::LoaderOptions o = d.loader;
   o.prefetch = 0;
   o.batch_size = 1;
   o.rank = 0;
   o.world_size = 1;
-  data::DataLoader loader(train_set_, o);
+  data::DataLoader loader(d.train, o);
   json orders = json::object();
   const int64_t epochs = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(std::ceil(p.num_epochs)), 1), 3);
   for (int64_t e = 0; e < epochs; ++e) {

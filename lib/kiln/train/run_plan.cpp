@@ -1,0 +1,351 @@
+// plan_run: a run's settings, data, step arithmetic and predicted memory before anything is
+// allocated (run_plan.h); its banner. The trainer's set-up (trainer_setup.cpp) starts from it.
+#include "kiln/train/run_plan.h"
+
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "kiln/common/device.h"
+#include "kiln/common/format.h"
+#include "kiln/common/logger.h"
+#include "kiln/common/runtime_info.h"
+#include "kiln/config/yaml.h"
+#include "kiln/cost/hardware.h"
+#include "kiln/cost/plan.h"
+#include "kiln/data/lf_examples.h"
+#include "kiln/data/shards.h"
+#include "kiln/dist/comm.h"
+#include "kiln/model/hf.h"
+#include "kiln/train/kernel_choices.h"
+#include "kiln/train/run_description.h"
+#include "kiln/train/training_data.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+
+void check_dtype_for_gpu(const PretrainConfig& config, const std::string& gpu_name, int major, int minor) {
+  if (config.bf16 && major < 8) {
+    throw config::ConfigError(config::config_message(
+        config.source, "bf16",
+        fmt::format("true, but {} (compute capability {}.{}) has no bf16 arithmetic (it needs 8.0, an A100 or "
+                    "later): use fp16: true, which trains with a dynamic loss scaler as Hugging Face's fp16 runs do",
+                    gpu_name, major, minor)));
+  }
+}
+
+c10::Device run_device(const PretrainConfig& config, const dist::DistEnv& env) {
+  // auto, cpu or cuda: the one resolver (common/device.h); the GPU is LOCAL_RANK's.
+  c10::Device resolved(c10::kCPU);
+  try {
+    resolved = device::resolve(config.device);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(config.source, "device", e.what()));
+  }
+  if (!resolved.is_cuda()) return c10::Device(c10::kCPU);
+  // Launched by torchrun or srun: one process per device, LOCAL_RANK picks it (docs/distributed.md).
+  const int64_t devices = static_cast<int64_t>(torch::cuda::device_count());
+  if (env.local_rank >= devices) {
+    throw std::runtime_error(fmt::format("local rank {} ({}) has no GPU of its own: this node has {}", env.local_rank,
+                                         env.launcher, devices));
+  }
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  const GpuInfo gpu = gpu_info(device.index());
+  check_dtype_for_gpu(config, gpu.name, gpu.major, gpu.minor);
+  return device;
+}
+
+namespace {
+
+// The model's config alone: the preset or model YAML, or model_name_or_path's config.json.
+model::LlamaConfig model_config_of(const PretrainConfig& c) {
+  if (c.model_name_or_path.empty()) return model::load_llama_config(c.model);
+  return model::read_hf_config((fs::path(c.model_name_or_path) / "config.json").string()).config;
+}
+
+// auto_fit: the planner's recommendation for the run's cutoff_len and global batch, applied to
+// `c`; returns the banner's line.
+std::string apply_auto_fit(PretrainConfig& c, const model::LlamaConfig& model, const c10::Device& device,
+                           const RunTarget& target) {
+  cost::PlanConfig p;
+  p.source = c.source;
+  p.model_config = model;
+  p.cutoff_lens = {c.cutoff_len};
+  p.kernels = c.kernels;
+  p.run = describe_run(c, model, target);
+  const std::string& m = c.auto_fit_memory;
+  try {
+    if (m.empty()) {
+      p.device_memory_bytes = device::device_memory_bytes(device);
+    } else if (const auto spec = cost::hardware_spec(m)) {
+      p.device_memory_bytes = spec->memory_bytes;
+      p.device_name = spec->name;
+    } else {
+      p.device_memory_bytes = cost::parse_bytes(m, "auto_fit_memory");
+    }
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(config::config_message(c.source, "auto_fit_memory", e.what()));
+  }
+  const int world = target.world_size;
+  p.target_sequences = c.per_device_train_batch_size * c.gradient_accumulation_steps * world;
+  const cost::PlanReport plan = cost::make_plan(p);
+  const cost::PlanRow* best = plan.recommended(c.cutoff_len);
+  if (!best) {
+    throw config::ConfigError(config::config_message(
+        c.source, "auto_fit",
+        fmt::format("nothing fits {} GB at cutoff_len {}, not even micro-batch 1 with full recomputation",
+                    p.device_memory_bytes / 1e9, c.cutoff_len)));
+  }
+  c.per_device_train_batch_size = best->micro_batch;
+  c.gradient_accumulation_steps = best->grad_accum;
+  const bool selective = best->policy == "selective";
+  c.gradient_checkpointing = best->every > 0 || selective;
+  const bool every_n = c.gradient_checkpointing && !selective && best->every > 1;
+  c.gradient_checkpointing_policy = !c.gradient_checkpointing ? ""
+                                    : selective               ? "selective"
+                                    : every_n                 ? "every_n"
+                                                              : "full";
+  c.gradient_checkpointing_every = every_n ? best->every : 0;
+  return fmt::format(
+      "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
+      "of {:.2f} GB",
+      best->micro_batch, best->grad_accum, world, world == 1 ? "" : "s", best->global_sequences, p.target_sequences,
+      best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
+}
+
+// LLaMA-Factory 0.9.5's examples (data/lf_examples.h): the merged datasets' documents split into
+// train and eval before packing, each packed per preprocessing_batch_size documents.
+std::pair<std::shared_ptr<const data::PackedDataset>, std::shared_ptr<const data::PackedDataset>> llamafactory_examples(
+    const PretrainConfig& config_, const std::shared_ptr<const data::TokenSplit>& documents) {
+  const auto fail = [&](const char* key, const std::string& problem) {
+    throw config::ConfigError(config::config_message(config_.source, key, problem));
+  };
+  data::DocumentSplit split;
+  try {
+    split = data::split_documents(documents->num_documents(), config_.val_size, config_.val_size_is_count,
+                                  static_cast<uint64_t>(config_.seed));
+  } catch (const std::invalid_argument& e) {
+    fail("val_size", fmt::format("{} ({} documents in {})", e.what(), documents->num_documents(), config_.dataset));
+  }
+  const data::PackOptions po{.block_len = config_.block_len(),
+                             .packing = config_.packing != "false",
+                             .batch_documents = config_.preprocessing_batch_size,
+                             .workers = config_.preprocessing_num_workers};
+  const auto examples = [&](std::vector<int64_t> docs, const char* what) {
+    const int64_t n = static_cast<int64_t>(docs.size());
+    auto table = data::ExampleTable::build(std::move(docs), documents->document_starts(), po);
+    if (table->num_examples() == 0) {
+      fail("cutoff_len",
+           fmt::format("Cannot find sufficient samples, consider increasing dataset size. (LLaMA-Factory's words: the "
+                       "{} {} documents of {} pack into no block of {} tokens within one preprocessing_batch_size "
+                       "batch of {})",
+                       n, what, config_.dataset, po.block_len, po.batch_documents));
+    }
+    return std::make_shared<data::PackedDataset>(documents, table);
+  };
+  auto train = examples(std::move(split.train), "train");
+  return {train, split.eval.empty() ? nullptr : examples(std::move(split.eval), "eval")};
+}
+
+// kiln's shard folders: the train split packed into cutoff_len blocks in order; val_size holds
+// out random blocks, else the folder's val split is the evaluation data.
+std::pair<std::shared_ptr<const data::PackedDataset>, std::shared_ptr<const data::PackedDataset>> packed_blocks(
+    const PretrainConfig& config_, const data::TokenShards& shards,
+    const std::shared_ptr<const data::TokenSplit>& train_split) {
+  const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+  std::shared_ptr<const data::PackedDataset> train_set_, val_set_;
+  // Evaluation data: val_size > 0 holds out blocks of the train split chosen at random by the
+  // run's seed (a fraction, or a count; as LLaMA-Factory's split of its packed examples);
+  // otherwise the shard set's own val split, when it has one block or more.
+  int64_t held_out = 0;
+  if (config_.val_size > 0) {
+    held_out = config_.val_size < 1 ? static_cast<int64_t>(std::ceil(config_.val_size * static_cast<double>(blocks)))
+                                    : static_cast<int64_t>(config_.val_size);
+    if (held_out >= blocks) {
+      throw config::ConfigError(config::config_message(
+          config_.source, "val_size",
+          fmt::format("holds out {} of the {} blocks of cutoff_len {}; nothing is left to train on", held_out, blocks,
+                      config_.cutoff_len)));
+    }
+    const auto [train_blocks, val_blocks] = data::random_split(blocks, held_out, static_cast<uint64_t>(config_.seed));
+    val_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, val_blocks);
+    train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len, train_blocks);
+  } else if (shards.has_split("val")) {
+    const auto val_split = shards.split("val");
+    if (val_split->num_tokens() >= config_.cutoff_len) {
+      val_set_ = std::make_shared<data::PackedDataset>(val_split, config_.cutoff_len);
+    }
+  }
+  if (!train_set_) train_set_ = std::make_shared<data::PackedDataset>(train_split, config_.cutoff_len);
+  return {train_set_, val_set_};
+}
+
+// The data in the shard folder `dir`: packed blocks of its train split (its val split or blocks
+// held out by val_size for evaluation), or LLaMA-Factory's examples; the train loader's options.
+RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model, const dist::DistEnv& env,
+                  std::string dir) {
+  RunData d;
+  d.dir = std::move(dir);
+  d.shards = data::TokenShards::open(d.dir);
+  const auto& meta = d.shards->meta();
+  d.shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
+  if (meta.vocab_size > model.vocab_size) {
+    throw config::ConfigError(
+        config::config_message(config_.source, "dataset_dir",
+                               fmt::format("{}: tokenizer vocabulary {} is larger than the model's vocab_size {} ({})",
+                                           d.dir, meta.vocab_size, model.vocab_size, model.source)));
+  }
+  const auto train_split = d.shards->split("train");
+  data::LoaderOptions& lo = d.loader;
+  lo.batch_size = config_.per_device_train_batch_size;
+  // The sampler's seed is HF Trainer's: data_seed, else seed (for shard folders too; the held-out
+  // split keeps seed, as LLaMA-Factory's train_test_split does).
+  lo.seed = static_cast<uint64_t>(config_.data_seed >= 0 ? config_.data_seed : config_.seed);
+  lo.segment_ids = config_.neat_packing;
+  lo.rank = env.rank;
+  lo.world_size = env.world_size;
+  if (config_.llamafactory_data()) {
+    d.ignored_label_id = llamafactory_pad_id(config_, meta.eos_id);
+    std::tie(d.train, d.val) = llamafactory_examples(config_, train_split);
+    // HF Trainer's sampler (torch.randperm) and transformers' collator with pad = EOS.
+    lo.order = data::LoaderOptions::Order::kTorchRandperm;
+    lo.ignore_label_id = lo.pad_id = d.ignored_label_id;
+  } else {
+    const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
+    if (blocks == 0) {
+      throw config::ConfigError(
+          config::config_message(config_.source, "cutoff_len",
+                                 fmt::format("{} is longer than the whole train split of {} ({} tokens)",
+                                             config_.cutoff_len, d.dir, train_split->num_tokens())));
+    }
+    std::tie(d.train, d.val) = packed_blocks(config_, *d.shards, train_split);
+  }
+  return d;
+}
+
+}  // namespace
+
+RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
+  RunPlan plan;
+  PretrainConfig& c = plan.config;
+  c = config;
+  c.validate();
+  plan.host_batches = options.host_batches;
+  if (plan.host_batches && c.max_steps <= 0) {
+    throw config::ConfigError(config::config_message(
+        c.source, "max_steps", "must be > 0 when the host supplies the batches (there is no epoch to count)"));
+  }
+  plan.env = dist::read_dist_env();
+  const bool main = plan.env.rank == 0;
+  plan.device = run_device(c, plan.env);
+  if (c.full_determinism) {
+    if (const std::string k = trainer_kernels(c.kernels, true); k != c.kernels) {
+      if (main) {
+        logger()->info(
+            "kiln-pretrain: full_determinism: kernels {} instead of the default {}: kiln's flash-attention kernels "
+            "have a deterministic backward, SDPA's fused ones do not under warn-only determinism",
+            k, c.kernels);
+      }
+      c.kernels = k;
+    }
+  }
+  if (c.resolved_zero_stage() > 0 && plan.env.world_size == 1 && main) {
+    logger()->warn(
+        "kiln-pretrain: warning: ZeRO stage {} has no effect in a single process (it shards across the "
+        "ranks of torchrun or srun; docs/distributed.md)",
+        c.resolved_zero_stage());
+  }
+  plan.model = model_config_of(c);
+  if (c.cutoff_len > plan.model.max_position_embeddings && main) {
+    // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
+    logger()->warn(
+        "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
+        "positions past it were not trained",
+        c.source, c.cutoff_len, plan.model.max_position_embeddings, plan.model.source);
+  }
+
+  RunTarget target;
+  target.cuda = plan.device.is_cuda();
+  if (target.cuda) {
+    target.hardware =
+        cost::hardware_for_device_name(device::name(plan.device), device::device_memory_bytes(plan.device));
+  }
+  target.world_size = plan.env.world_size;
+  // Under a launcher the step runs data-parallel (also in a job of one process).
+  target.data_parallel = plan.env.distributed();
+  if (c.auto_fit) plan.auto_fit = apply_auto_fit(c, plan.model, plan.device, target);
+
+  const int world = plan.env.world_size;
+  if (plan.host_batches) {
+    // The host's batches: as many examples as max_steps consumes (for the banner's arithmetic).
+    plan.steps = plan_steps(c.max_steps * c.gradient_accumulation_steps * c.per_device_train_batch_size * world,
+                            c.per_device_train_batch_size, world, c.gradient_accumulation_steps, c.num_train_epochs,
+                            c.max_steps);
+  } else {
+    std::string dir = options.prepare_data ? options.prepare_data() : training_shard_dir(c, main);
+    plan.data = plan_data(c, plan.model, plan.env, std::move(dir));
+    plan.steps = plan_steps(plan.data.train->num_blocks(), c.per_device_train_batch_size, world,
+                            c.gradient_accumulation_steps, c.num_train_epochs, c.max_steps);
+  }
+  plan.run = describe_run(c, plan.model, target);
+  plan.memory = cost::estimate_training_memory(plan.model, plan.run);
+  return plan;
+}
+
+std::string run_banner(const RunPlan& plan, const dist::Comm* comm) {
+  const PretrainConfig& c = plan.config;
+  const RunData& d = plan.data;
+  const int zero_stage = c.resolved_zero_stage();
+  std::string out = training_banner(plan.steps, plan.model.num_parameters());
+  out += fmt::format("\n  Device = {}, compute dtype = {}, kernels = {}", plan.device.str(),
+                     c.bf16   ? "bf16 (autocast)"
+                     : c.fp16 ? "fp16 (autocast, loss scaling)"
+                              : "fp32",
+                     c.kernels);
+  const bool planned_job = comm == nullptr && plan.env.launcher != "none";
+  if (comm) {
+    out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
+                       comm->world_size(), comm->env().launcher, comm->backend(), comm->rank(), zero_stage,
+                       c.ddp_bucket_cap_mb);
+  } else if (planned_job) {
+    out += fmt::format(
+        "\n  Distributed = {} processes ({}; planned, not joined; this is rank {}), ZeRO stage {}, "
+        "buckets of {} MB",
+        plan.env.world_size, plan.env.launcher, plan.env.rank, zero_stage, c.ddp_bucket_cap_mb);
+  }
+  const bool per_rank = comm != nullptr || planned_job;
+  if (plan.host_batches) {
+    out += "\n  Data = batches supplied by the host program";
+  } else if (c.llamafactory_data()) {
+    const auto docs = d.shards->split("train");
+    out += fmt::format(
+        "\n  Data = {} ({} documents of {}, {} tokens; train {} examples of {}{} tokens, {} tokens dropped; {})", d.dir,
+        with_commas(docs->num_documents()), c.dataset, with_commas(docs->num_tokens()),
+        with_commas(d.train->num_blocks()), d.train->fixed_length() ? "" : "up to ", d.train->cutoff_len(),
+        with_commas(d.train->dropped_tokens()),
+        d.val ? fmt::format("eval {} examples of held-out documents", with_commas(d.val->num_blocks()))
+              : "no eval split");
+  } else {
+    out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", d.dir,
+                       with_commas(d.shards->split("train")->num_tokens()), with_commas(d.train->num_blocks()),
+                       c.cutoff_len, with_commas(d.train->dropped_tokens()),
+                       d.val ? fmt::format("val {} blocks{}", with_commas(d.val->num_blocks()),
+                                           c.val_size > 0 ? " held out by val_size" : "")
+                             : "no val split");
+  }
+  out += fmt::format("\n  Predicted peak memory{} = {} (at the {}:", per_rank ? " per rank" : "",
+                     human_bytes(plan.memory.total()), plan.memory.peak_phase);
+  for (const auto& [name, bytes] : plan.memory.components) {
+    if (bytes > 0) out += fmt::format(" {} {};", name, human_bytes(bytes));
+  }
+  out.back() = ')';
+  if (!plan.auto_fit.empty()) out += "\n  Auto-fit = " + plan.auto_fit;
+  return out;
+}
+
+}  // namespace kiln::train
