@@ -17,7 +17,7 @@
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/train/lf_keys.h"
+#include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
 
@@ -301,7 +301,7 @@ std::string pretrain_config_json(const PretrainConfig& c) {
   for (const auto& key : pretrain_key_table()) {
     std::visit([&](auto member) { j[key.name] = c.*member; }, key.field);
   }
-  j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (lf_keys.h), not fields()
+  j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (hf/lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
   if (!c.eval_strategy.empty()) j["eval_strategy"] = c.eval_strategy;
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

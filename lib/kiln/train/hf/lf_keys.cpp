@@ -1,5 +1,5 @@
 // The LLaMA-Factory / HF TrainingArguments key table: see lf_keys.h and docs/training.md.
-#include "kiln/train/lf_keys.h"
+#include "kiln/train/hf/lf_keys.h"
 
 #include <algorithm>
 #include <cctype>

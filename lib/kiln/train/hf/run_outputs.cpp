@@ -1,5 +1,5 @@
 // HF-layout output files: see run_outputs.h.
-#include "kiln/train/run_outputs.h"
+#include "kiln/train/hf/run_outputs.h"
 
 #include <algorithm>
 #include <cctype>
