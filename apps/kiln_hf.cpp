@@ -40,7 +40,7 @@
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/optim/adamw.h"
-#include "kiln/train/hf_optimizer_files.h"
+#include "kiln/train/hf/hf_optimizer_files.h"
 #include "kiln/train/step.h"
 
 namespace {

@@ -2,7 +2,10 @@
 """The include graph between lib/kiln's directories, and the check that it runs one way.
 
 kiln reads top-down (docs/architecture.md, "Layers"): each directory may include only from the
-directories below it in LAYERS. The script prints every edge (directory -> directory, with the
+directories below it in LAYERS. A layer is a path below lib/kiln, most often a top directory
+("ops"); a deeper path is a layer of its own inside its parent ("train/hf", the HF and
+LLaMA-Factory files, sits below "train", the loop), and a file belongs to the longest layer path
+that holds it. The script prints every edge (directory -> directory, with the
 files that make it) and fails, naming file and line, on an include that runs up a layer, sideways
 within one, or into a directory a rule keeps out (the cost models take kernel choices as data and
 never include ops/ or kernels/). A directory missing from LAYERS fails too, so a new one gets a
@@ -20,9 +23,11 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Bottom to top. "." is lib/kiln itself: export.h and version.h at the bottom; the umbrella header
-# kiln.h and api.cpp at the very top (the "api" pseudo-directory).
-LAYERS = ["base", "common", "config", "io", "kernels", "ops", "model", "cost", "data", "optim", "dist", "train",
-          "profile", "api"]
+# kiln.h and api.cpp at the very top (the "api" pseudo-directory). Inside train/: the settings
+# struct (its public header, which keeps its installed path kiln/train/pretrain_config.h), then the
+# HF / LLaMA-Factory file writers and key table (train/hf), then the training loop (the rest).
+LAYERS = ["base", "common", "config", "io", "kernels", "ops", "model", "cost", "data", "optim", "dist",
+          "train/pretrain_config.h", "train/hf", "train", "profile", "api"]
 # Edges the order would allow but the design does not: the cost models depend only on the model's
 # config (and common); ops fills in the kernel choices they take.
 FORBIDDEN = {("cost", "ops"), ("cost", "kernels"), ("cost", "data"), ("cost", "optim"), ("cost", "dist")}
@@ -32,10 +37,14 @@ SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".inc"}
 
 
 def layer_of(rel):
-    """The layer of a path relative to lib/kiln ("ops/rope.h" -> "ops", "kiln.h" -> "api")."""
+    """The layer of a path relative to lib/kiln ("ops/rope.h" -> "ops", "train/hf/tensorboard.h" ->
+    "train/hf", "kiln.h" -> "api"): the longest layer path holding it, else its top directory."""
     parts = pathlib.PurePosixPath(rel).parts
     if len(parts) == 1:
         return "api" if parts[0] in TOP_FILES else "base"
+    for n in range(len(parts), 1, -1):
+        if "/".join(parts[:n]) in LAYERS:
+            return "/".join(parts[:n])
     return parts[0]
 
 
@@ -77,7 +86,7 @@ def print_graph(edges):
     rank = {name: i for i, name in enumerate(LAYERS)}
     for src in sorted(by_src, key=lambda s: rank.get(s, len(LAYERS))):
         targets = sorted(by_src[src], key=lambda t: rank.get(t[0], len(LAYERS)))
-        print(f"  {src:8} -> " + ", ".join(f"{dst} ({n})" for dst, n in targets))
+        print(f"  {src:23} -> " + ", ".join(f"{dst} ({n})" for dst, n in targets))
 
 
 def self_test():
@@ -86,6 +95,8 @@ def self_test():
         "cost/y.cpp": '#include "kiln/ops/linear.h"\n',  # forbidden although below
         "common/z.cpp": '#include "kiln/kiln.h"\n',  # up to the umbrella
         "newdir/w.h": "int w;\n",  # unplaced directory
+        "train/hf/v.cpp": '#include "kiln/train/trainer_internal.h"\n',  # a writer reaching up into the loop
+        "train/pretrain_config.h": '#include "kiln/train/hf/run_outputs.h"\n',  # the settings up to the writers
     }
     with tempfile.TemporaryDirectory() as tmp:
         lib = pathlib.Path(tmp)
@@ -94,9 +105,14 @@ def self_test():
             (lib / rel).write_text(text)
         (lib / "model").mkdir()
         (lib / "model" / "ok.cpp").write_text('#include "kiln/ops/rope.h"\n#include "kiln/export.h"\n')
+        # Down the nested layers: the loop to the writers and the settings, the writers to the settings.
+        (lib / "train" / "ok.cpp").write_text('#include "kiln/train/hf/run_outputs.h"\n'
+                                              '#include "kiln/train/pretrain_config.h"\n')
+        (lib / "train" / "hf" / "ok.cpp").write_text('#include "kiln/train/pretrain_config.h"\n'
+                                                     '#include "kiln/optim/adamw.h"\n')
         _, problems = scan(lib)
-    missing = [rel for rel in plants if not any(f"lib/kiln/{rel}" in p for p in problems)]
-    wrong = [p for p in problems if "model/ok.cpp" in p]
+    missing = [rel for rel in plants if not any(f"lib/kiln/{rel}:" in p for p in problems)]
+    wrong = [p for p in problems if "/ok.cpp" in p]
     if missing or wrong:
         print(f"check_layers self-test failed: not reported {missing}, wrongly reported {wrong}")
         return False

@@ -79,7 +79,7 @@ else()
   target_link_libraries(kiln_pcre2 INTERFACE pcre2-8-static)
 endif()
 
-# Cairo draws plot_loss's figures (kiln/train/loss_plot.cpp); Debian libcairo2-dev, found by
+# Cairo draws plot_loss's figures (kiln/train/hf/loss_plot.cpp); Debian libcairo2-dev, found by
 # pkg-config. Optional: without it kiln builds and plot_loss: true warns that there is no figure.
 if(PkgConfig_FOUND)
   pkg_check_modules(KILN_CAIRO QUIET IMPORTED_TARGET cairo)

@@ -1,5 +1,5 @@
 // Coming from LLaMA-Factory: its keys are acted on, accepted with one info line, or refused
-// naming what kiln supports (train/lf_keys.h); its dataset_info.json resolves datasets by name and
+// naming what kiln supports (train/hf/lf_keys.h); its dataset_info.json resolves datasets by name and
 // they are tokenized into a cache keyed by content (data/named_datasets.h). References:
 // LLaMA-Factory's hparams and data/parser.py (key names, hub entries, file_name as a file or a
 // folder, columns.prompt), its pretraining preprocessing (text + EOS, no BOS, max_samples per
@@ -18,7 +18,7 @@
 #include "kiln/data/loader.h"
 #include "kiln/data/named_datasets.h"
 #include "kiln/data/shards.h"
-#include "kiln/train/lf_keys.h"
+#include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/pretrain_config.h"
 #include "support.h"
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/model/presets.h"
-#include "kiln/train/lf_keys.h"
+#include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
 #include "support.h"

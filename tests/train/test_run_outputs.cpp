@@ -1,4 +1,4 @@
-// The output files LLaMA-Factory's and HF's tools read (kiln/train/tensorboard.h, loss_plot.h,
+// The output files LLaMA-Factory's and HF's tools read (kiln/train/hf/tensorboard.h, loss_plot.h,
 // run_outputs.h). References: the CRC-32C check values of RFC 3720 (B.4) and of the CRC
 // catalogue ("123456789" -> 0xE3069283); an Event serialized by tensorboard's own protobuf
 // classes (tensorboard 2.21, event_pb2); LLaMA-Factory's smooth() formula; matplotlib's ticks
@@ -13,9 +13,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "kiln/train/loss_plot.h"
-#include "kiln/train/run_outputs.h"
-#include "kiln/train/tensorboard.h"
+#include "kiln/train/hf/loss_plot.h"
+#include "kiln/train/hf/run_outputs.h"
+#include "kiln/train/hf/tensorboard.h"
 #include "support.h"
 
 namespace fs = std::filesystem;

@@ -17,7 +17,7 @@
 #include "kiln/config/yaml.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/train/lf_keys.h"
+#include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
 
@@ -301,55 +301,10 @@ std::string pretrain_config_json(const PretrainConfig& c) {
   for (const auto& key : pretrain_key_table()) {
     std::visit([&](auto member) { j[key.name] = c.*member; }, key.field);
   }
-  j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (lf_keys.h), not fields()
+  j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (hf/lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
   if (!c.eval_strategy.empty()) j["eval_strategy"] = c.eval_strategy;
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
-std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std::set<std::string>& given) {
-  std::vector<std::string> out;
-  auto note = [&](const char* key, const std::string& why) {
-    if (given.count(key)) out.push_back(fmt::format("{}: {}", key, why));
-  };
-  if (!c.llamafactory_data()) {
-    for (const char* key :
-         {"max_samples", "overwrite_cache", "packing", "preprocessing_batch_size", "preprocessing_num_workers"}) {
-      note(key,
-           "has no effect without dataset: (it shapes LLaMA-Factory's datasets; a shard folder is already "
-           "tokenized and packed into cutoff_len blocks)");
-    }
-    if (!c.tokenized_path.empty()) note("dataset_dir", "ignored: without dataset:, tokenized_path names the shards");
-  }
-  if (!c.auto_fit) note("auto_fit_memory", "has no effect without auto_fit: true (--auto-fit)");
-  // HF's evaluation rules apply once a config speaks HF's language (dataset, do_eval or
-  // eval_strategy; train/run_outputs.h eval_schedule): there eval_steps needs eval_strategy steps.
-  const bool hf_evaluation = !c.dataset.empty() || c.do_eval >= 0 || !c.eval_strategy.empty();
-  if (hf_evaluation && c.eval_strategy != "steps") {
-    note("eval_steps", "has no effect without eval_strategy: steps (HF's default strategy is no)");
-    if (c.do_eval != 1) {
-      note("val_size",
-           "holds out examples that are neither trained on nor evaluated (no eval_strategy: steps or "
-           "do_eval: true)");
-    }
-  }
-  if (!c.report_to_tensorboard()) note("logging_dir", "has no effect without report_to: tensorboard");
-  if (c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "warmup_stable_decay") {
-    note("min_lr_ratio", fmt::format("has no effect with lr_scheduler_type {} (a floor of cosine and "
-                                     "warmup_stable_decay)",
-                                     c.lr_scheduler_type));
-  }
-  if (c.lr_scheduler_type != "warmup_stable_decay") {
-    note("decay_ratio", fmt::format("has no effect with lr_scheduler_type {} (warmup_stable_decay's decay share)",
-                                    c.lr_scheduler_type));
-  }
-  if (c.lr_scheduler_type == "constant") {
-    note("warmup_steps", "has no effect with lr_scheduler_type constant (constant_with_warmup warms up)");
-    note("warmup_ratio", "has no effect with lr_scheduler_type constant (constant_with_warmup warms up)");
-  } else if (c.warmup_steps > 0 && c.warmup_ratio > 0) {
-    note("warmup_ratio", fmt::format("ignored: warmup_steps {} wins, as in HF", c.warmup_steps));
-  }
-  return out;
 }
 
 PretrainConfig load_pretrain_config(const std::string& path,

@@ -106,7 +106,7 @@ struct KILN_API PretrainConfig {
   int64_t save_steps = 500;      // 0 = save only at the end
   int64_t save_total_limit = 0;  // 0 = keep every checkpoint
   int64_t eval_steps = 0;        // 0 = evaluate only at the end
-  // HF's evaluation switches, read from LLaMA-Factory's keys (run_outputs.h, eval_schedule):
+  // HF's evaluation switches, read from LLaMA-Factory's keys (hf/run_outputs.h, eval_schedule):
   // do_eval -1 (not written), 0 or 1; eval_strategy "" (not written), "steps" or "no".
   int64_t do_eval = -1;
   std::string eval_strategy;

@@ -24,7 +24,7 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/train/checkpoint_dir.h"
-#include "kiln/train/run_outputs.h"
+#include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
 

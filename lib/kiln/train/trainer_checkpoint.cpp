@@ -17,8 +17,8 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/train/checkpoint_dir.h"
-#include "kiln/train/hf_optimizer_files.h"
-#include "kiln/train/run_outputs.h"
+#include "kiln/train/hf/hf_optimizer_files.h"
+#include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/trainer_internal.h"
 #include "kiln/train/training_data.h"
 

@@ -18,9 +18,9 @@
 #include "kiln/data/loader.h"
 #include "kiln/model/hf.h"
 #include "kiln/optim/schedule.h"
+#include "kiln/train/hf/run_outputs.h"
+#include "kiln/train/hf/tensorboard.h"
 #include "kiln/train/progress.h"
-#include "kiln/train/run_outputs.h"
-#include "kiln/train/tensorboard.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::data {
@@ -57,7 +57,7 @@ struct Trainer::State {
   double total_flos = 0;                     // model FLOPs of every step trained (HF's total_flos), kept across resumes
   std::unique_ptr<EventWriter> tensorboard;  // report_to: tensorboard, rank 0
   // What is saved beside every model of the run (tokenizer, chat template, generation config)
-  // and config.json's aligned special tokens (run_outputs.h); made on first use, rank 0.
+  // and config.json's aligned special tokens (hf/run_outputs.h); made on first use, rank 0.
   std::shared_ptr<const ModelFolderFiles> model_files;
   // `shards`: the run's training data (its tokenizer and special tokens), or null.
   const ModelFolderFiles& folder_files(const PretrainConfig& config, const model::LlamaConfig& model_config,

@@ -54,6 +54,9 @@ struct EvalSchedule {
   bool required = false;        // do_eval was asked for: a run without evaluation data is an error
 };
 EvalSchedule eval_schedule(const PretrainConfig& config);
+// Whether HF's rules above apply (the config names `dataset` or writes do_eval or eval_strategy):
+// eval_schedule's and keys_without_effect's (lf_keys.h) one test.
+bool hf_evaluation_rules(const PretrainConfig& config);
 
 // ---- LLaMA-Factory's model folder --------------------------------------------------------------
 

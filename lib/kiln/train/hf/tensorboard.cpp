@@ -1,5 +1,5 @@
 // TensorBoard event files: see tensorboard.h for the record and protobuf layout.
-#include "kiln/train/tensorboard.h"
+#include "kiln/train/hf/tensorboard.h"
 
 #include <array>
 #include <cerrno>

@@ -1,6 +1,6 @@
 // plot_loss figures: see loss_plot.h. Sizes follow matplotlib's defaults at dpi 100 (a point is
 // 100/72 pixels): 10 pt labels, 12 pt title, 0.8 pt spines and ticks 3.5 pt long, 1.5 pt lines.
-#include "kiln/train/loss_plot.h"
+#include "kiln/train/hf/loss_plot.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "kiln/train/hf_optimizer_files.h"
+#include "kiln/train/hf/hf_optimizer_files.h"
 
 #include <cmath>
 #include <regex>

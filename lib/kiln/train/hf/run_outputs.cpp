@@ -1,5 +1,5 @@
 // HF-layout output files: see run_outputs.h.
-#include "kiln/train/run_outputs.h"
+#include "kiln/train/hf/run_outputs.h"
 
 #include <algorithm>
 #include <cctype>
@@ -70,9 +70,13 @@ std::string token_content(const json& config, const char* key) {
 
 }  // namespace
 
+bool hf_evaluation_rules(const PretrainConfig& c) {
+  return !c.dataset.empty() || c.do_eval >= 0 || !c.eval_strategy.empty();
+}
+
 EvalSchedule eval_schedule(const PretrainConfig& c) {
   EvalSchedule s;
-  if (c.dataset.empty() && c.do_eval < 0 && c.eval_strategy.empty()) {
+  if (!hf_evaluation_rules(c)) {
     s.every = c.eval_steps;  // kiln's own configs
     s.at_train_end = s.after_training = true;
     return s;
