@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/cost/flops.h"
+#include "kiln/io/safetensors.h"
 #include "kiln/profile/report_internal.h"
 
 namespace kiln::profile {
@@ -86,19 +87,6 @@ std::string csv_field(const std::string& s) {
   std::string out = "\"";
   for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
   return out + "\"";
-}
-
-void write_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(fmt::format("{}: cannot write", tmp.string()));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot rename into place: {}", path.string(), ec.message()));
 }
 
 std::string series_name(const ProfileRow& r) {
@@ -394,7 +382,7 @@ std::vector<std::string> write_report_files(const std::string& dir, const std::s
   std::vector<std::string> written;
   for (const auto& f : formats) {
     const fs::path path = fs::path(dir) / (stem + "." + f);
-    write_atomic(path, render(f));
+    io::write_file_atomic(path.string(), render(f));
     written.push_back(path.string());
   }
   return written;
@@ -410,7 +398,7 @@ std::vector<std::string> write_reports(const SweepReport& report, const std::str
   });
   if (std::find(formats.begin(), formats.end(), "csv") != formats.end()) {
     const fs::path path = fs::path(dir) / "profile_components.csv";
-    write_atomic(path, to_components_csv(report));
+    io::write_file_atomic(path.string(), to_components_csv(report));
     written.push_back(path.string());
   }
   return written;

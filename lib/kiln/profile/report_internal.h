@@ -30,8 +30,6 @@ std::string dtype_column(const SweepReport& r);
 std::string dtype_value(const SweepReport& r);
 std::string html_escape(const std::string& s);
 std::string csv_field(const std::string& s);
-// Written to a temp name beside `path`, then renamed into place.
-void write_atomic(const std::filesystem::path& path, const std::string& text);
 
 // The SVG charts (report_charts.cpp).
 inline constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",

@@ -1,7 +1,9 @@
 // The pretraining loop behind kiln-pretrain (docs/training.md). Its files by responsibility:
-// trainer.cpp (the loop and its step), trainer_setup.cpp (device, model, data, optimizer),
-// trainer_outputs.cpp (banner, evaluation, logs, end-of-run files), trainer_checkpoint.cpp (save,
-// resume, HF's trainer state); stop requests are stop_request.h, LLaMA-Factory's keys lf_keys.h.
+// trainer.cpp (the loop and its step), trainer_setup.cpp (device, process group, the plan of
+// run_plan.h, model, optimizer), trainer_outputs.cpp (banner, evaluation, logs, end-of-run
+// files), trainer_checkpoint.cpp (save, resume, HF's trainer state); stop requests are
+// stop_request.h; the HF and LLaMA-Factory files (trainer_state.json, trainer_log.jsonl, the loss
+// plot, TensorBoard, LLaMA-Factory's keys) are written by hf/, below the loop.
 //
 // One Trainer owns a run: device, model (fp32 master parameters; bf16/fp16 compute through
 // autocast), data (packed token shards, the embedded corpus by default), AdamW with HF's

@@ -78,10 +78,7 @@ EvalResult Trainer::evaluate(const BatchSource& source) {
 void Trainer::log_metrics(const std::string& json_line) {
   if (callbacks_.on_log) callbacks_.on_log(json_line);
   if (!is_main()) return;
-  const fs::path path = fs::path(config_.output_dir) / "metrics.jsonl";
-  std::ofstream out(path, std::ios::app);
-  out << json_line << "\n";
-  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path.string()));
+  append_line((fs::path(config_.output_dir) / "metrics.jsonl").string(), json_line);
 }
 
 void Trainer::prepare_output_dir() {
