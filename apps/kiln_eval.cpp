@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "cli.h"
-#include "settings.h"
 #include "kiln/common/format.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
@@ -16,6 +15,7 @@
 #include "kiln/model/hf.h"
 #include "kiln/train/evaluate.h"
 #include "kiln/train/trainer.h"
+#include "settings.h"
 
 int main(int argc, char** argv) {
   try {
@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
         tokenizer = kiln::data::load_tokenizer(shard_tok);
       }
     }
-    const auto bos_rule = kiln::data::block_bos(kiln::cli::bos_rule(s.add_bos), record, tokenizer.get(), shards->meta());
+    const auto bos_rule =
+        kiln::data::block_bos(kiln::cli::bos_rule(s.add_bos), record, tokenizer.get(), shards->meta());
     const int64_t bos = bos_rule.id;
     if (bos >= model->config().vocab_size)
       throw std::invalid_argument(

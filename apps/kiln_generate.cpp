@@ -7,12 +7,12 @@
 #include <fmt/ranges.h>
 
 #include "cli.h"
-#include "settings.h"
 #include "kiln/data/shards.h"
 #include "kiln/data/tokenize.h"
 #include "kiln/data/tokenizer.h"
 #include "kiln/model/generate.h"
 #include "kiln/model/hf.h"
+#include "settings.h"
 
 int main(int argc, char** argv) {
   try {
@@ -67,8 +67,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const std::vector<int32_t> out(ids.begin(), ids.end());
-    std::cout << s.prompt << kiln::data::decode_continuation(*tokenizer, encoded.ids, out)
-              << "\n";
+    std::cout << s.prompt << kiln::data::decode_continuation(*tokenizer, encoded.ids, out) << "\n";
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-generate: error: {}\n", kiln::cli::error_text(e));

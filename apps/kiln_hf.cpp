@@ -22,10 +22,10 @@
 // kiln's training step and transformers' compute the same loss on the same batch.
 // The keys (settings.h): each command's through one table, also from --config FILE; --model is the
 // key model for init (a preset, as kiln-pretrain's) and model_name_or_path for the others.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <algorithm>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -34,7 +34,6 @@
 #include <torch/optim/adamw.h>
 
 #include "cli.h"
-#include "settings.h"
 #include "kiln/common/format.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/model/hf.h"
@@ -43,6 +42,7 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/train/hf_optimizer_files.h"
 #include "kiln/train/step.h"
+#include "settings.h"
 
 namespace {
 

@@ -15,9 +15,9 @@
 #include <torch/optim/adamw.h>
 
 #include "cli.h"
-#include "settings.h"
 #include "kiln/common/format.h"
 #include "kiln/model/llama.h"
+#include "settings.h"
 
 namespace {
 
@@ -63,13 +63,11 @@ int main(int argc, char** argv) {
     kiln::model::LlamaForCausalLM model(config, at::TensorOptions().device(device).dtype(dtype));
     model->init_weights(seed);
     fmt::print("kiln-smoke: model {} ({} parameters), {} on {}, {} steps of {} x {} tokens\n", config.source,
-               kiln::with_commas(model->num_parameters()), s.dtype, device_name, steps, batch,
-               seq);
+               kiln::with_commas(model->num_parameters()), s.dtype, device_name, steps, batch, seq);
 
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
     const at::Tensor successor = at::randperm(config.vocab_size, gen, at::kLong);
-    torch::optim::AdamW optimizer(model->parameters(),
-                                  torch::optim::AdamWOptions(s.learning_rate).weight_decay(0.0));
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(s.learning_rate).weight_decay(0.0));
 
     const double uniform = std::log(static_cast<double>(config.vocab_size));
     double first = 0, last = 0;

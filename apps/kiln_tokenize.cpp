@@ -20,12 +20,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
-#include "settings.h"
 #include "kiln/common/format.h"
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/parquet_reader.h"
 #include "kiln/data/tokenize.h"
 #include "kiln/data/tokenizer.h"
+#include "settings.h"
 
 namespace {
 

@@ -79,7 +79,8 @@ const KeyTable<EvalSettings>& eval_table() {
       {"dataset_dir", &S::dataset_dir, "token shards from kiln-tokenize"},
       {"split", &S::split, "split to score (default: val when present, else train)"},
       {"cutoff_len", &S::cutoff_len, "tokens per packed block (default 1024)"},
-      {"per_device_eval_batch_size", &S::per_device_eval_batch_size, "blocks per forward pass (default 8) (--batch-size)"},
+      {"per_device_eval_batch_size", &S::per_device_eval_batch_size,
+       "blocks per forward pass (default 8) (--batch-size)"},
       {"bf16", &S::bf16, "compute in bf16 (autocast)"},
       {"add_bos", &S::add_bos, kBosHelp},
       {"device", &S::device, kDeviceHelp},
@@ -214,13 +215,15 @@ const KeyTable<BenchSettings>& bench_table() {
        "rmsnorm, swiglu, rope, linear_ce, linear, attention, comm (default: the first five; attention and comm only "
        "when named; comm under torchrun/srun); linear: tokens x hidden -> intermediate, fp32 weight under dtype "
        "autocast"},
-      {"comm_max_bytes", &S::comm_max_bytes, "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu"},
+      {"comm_max_bytes", &S::comm_max_bytes,
+       "comm: largest buffer, from 1 MiB up by x4; default 1 GiB on cuda, 64 MiB on cpu"},
       {"tokens", &S::tokens, "rows (batch x sequence); default 8192 on cuda, 1024 on cpu"},
       {"hidden", &S::hidden, "hidden size; default 4096 on cuda, 1024 on cpu"},
       {"intermediate", &S::intermediate, "MLP width; default 14336 on cuda, 2816 on cpu"},
       {"vocab", &S::vocab, "vocabulary for linear_ce; default 128256 on cuda, 32000 on cpu"},
       {"ce_hidden", &S::ce_hidden, "hidden size for linear_ce; default 2048 (Llama 3.2 1B's head) on cuda, 512 on cpu"},
-      {"seqlens", &S::seqlens, "attention: sequence lengths T; default 512,1024,2048,4096,8192 on cuda, 128,256 on cpu"},
+      {"seqlens", &S::seqlens,
+       "attention: sequence lengths T; default 512,1024,2048,4096,8192 on cuda, 128,256 on cpu"},
       {"head_dims", &S::head_dims, "attention: head dims D (default 64,128)"},
       {"batch", &S::batch, "attention: batch B; default 16384 tokens / T (at least 1) on cuda, 1 on cpu"},
       {"heads", &S::heads, "attention: query heads; default 16 on cuda, 4 on cpu"},
@@ -383,8 +386,8 @@ std::string TokenizeSettings::mode() const {
 }
 
 Spelling tokenize_spelling() {
-  return spelling_of(tokenize_table(),
-                     {{"output", "output_dir", std::nullopt}, {"no-progress", "progress", "false"}}, {}, {"input"});
+  return spelling_of(tokenize_table(), {{"output", "output_dir", std::nullopt}, {"no-progress", "progress", "false"}},
+                     {}, {"input"});
 }
 
 std::vector<KeyDoc> tokenize_keys() {
@@ -455,7 +458,8 @@ BenchSettings read_bench_settings(const CommandLine& line) {
     static const std::vector<std::string> known = {"rmsnorm", "swiglu",    "rope", "linear_ce",
                                                    "linear",  "attention", "comm"};
     if (std::find(known.begin(), known.end(), op) == known.end()) {
-      s.given.fail("ops", fmt::format("unknown op '{}' (rmsnorm, swiglu, rope, linear_ce, linear, attention, comm)", op));
+      s.given.fail("ops",
+                   fmt::format("unknown op '{}' (rmsnorm, swiglu, rope, linear_ce, linear, attention, comm)", op));
     }
   }
   // An op's sizes without the op would be silently ignored.
@@ -469,15 +473,15 @@ BenchSettings read_bench_settings(const CommandLine& line) {
   }
   // A size given: positive (left out, 0: the device's default).
   for (const auto& [key, value] : std::vector<std::pair<const char*, int64_t>>{{"comm_max_bytes", s.comm_max_bytes},
-                                                                             {"tokens", s.tokens},
-                                                                             {"hidden", s.hidden},
-                                                                             {"intermediate", s.intermediate},
-                                                                             {"vocab", s.vocab},
-                                                                             {"ce_hidden", s.ce_hidden},
-                                                                             {"batch", s.batch},
-                                                                             {"heads", s.heads},
-                                                                             {"kv_heads", s.kv_heads},
-                                                                             {"iters", s.iters}}) {
+                                                                               {"tokens", s.tokens},
+                                                                               {"hidden", s.hidden},
+                                                                               {"intermediate", s.intermediate},
+                                                                               {"vocab", s.vocab},
+                                                                               {"ce_hidden", s.ce_hidden},
+                                                                               {"batch", s.batch},
+                                                                               {"heads", s.heads},
+                                                                               {"kv_heads", s.kv_heads},
+                                                                               {"iters", s.iters}}) {
     check_positive(s.given, key, value);
   }
   for (const auto& [key, values] :

@@ -59,9 +59,9 @@ TEST_CASE("kiln-eval: a YAML file and the command line give the same settings", 
   // The flags kiln-eval took before (cxxopts): kebab case, --model, --batch-size, switches, --no-add-bos.
   const auto old = eval({"--model", "ckpt", "--dataset-dir", "shards", "--split", "train", "--cutoff-len", "32",
                          "--batch-size", "4", "--bf16", "--no-add-bos", "--device", "cpu"});
-  const auto snake = eval({"--model_name_or_path=ckpt", "--dataset_dir", "shards", "--split", "train", "--cutoff_len",
-                           "32", "--per_device_eval_batch_size", "4", "--bf16", "true", "--add_bos", "false",
-                           "--device", "cpu"});
+  const auto snake =
+      eval({"--model_name_or_path=ckpt", "--dataset_dir", "shards", "--split", "train", "--cutoff_len", "32",
+            "--per_device_eval_batch_size", "4", "--bf16", "true", "--add_bos", "false", "--device", "cpu"});
   const auto yaml = eval({"--config", file.path});
   for (const auto* s : {&old, &snake, &yaml}) {
     CHECK(s->model_name_or_path == "ckpt");
@@ -92,18 +92,26 @@ TEST_CASE("kiln-eval: a YAML file and the command line give the same settings", 
 
 TEST_CASE("kiln-eval: unknown, repeated and bad keys", "[config][apps]") {
   const YamlFile file("model_name_or_path: ckpt\ndataset_dir: shards\ncutof_len: 32\n");
-  CHECK_THAT(error_of([&] { eval({"--config", file.path}); }),
+  CHECK_THAT(error_of([&] {
+               eval({"--config", file.path});
+             }),
              Contains(file.path + ": key 'cutof_len': unknown key") && Contains("kiln-eval --help"));
-  CHECK_THAT(error_of([] { eval({"--model", "m", "--dataset-dir", "d", "--cutof-len", "3"}); }),
+  CHECK_THAT(error_of([] {
+               eval({"--model", "m", "--dataset-dir", "d", "--cutof-len", "3"});
+             }),
              Contains("command line: key 'cutof_len': unknown key"));
   // Repeated on the command line: the last wins, --no-add-bos after --add-bos too (one key).
   CHECK(eval({"--model", "m", "--dataset-dir", "d", "--cutoff-len", "16", "--cutoff-len", "48"}).cutoff_len == 48);
   CHECK(eval({"--model", "m", "--dataset-dir", "d", "--add-bos", "--no-add-bos"}).add_bos == "false");
   CHECK(eval({"--model", "m", "--dataset-dir", "d", "--no-add-bos", "--add-bos"}).add_bos == "true");
   // A bad value names its source and key.
-  CHECK_THAT(error_of([] { eval({"--model", "m", "--dataset-dir", "d", "--cutoff-len", "1"}); }),
+  CHECK_THAT(error_of([] {
+               eval({"--model", "m", "--dataset-dir", "d", "--cutoff-len", "1"});
+             }),
              Contains("command line: key 'cutoff_len': must be >= 2, got 1"));
-  CHECK_THAT(error_of([] { eval({"--model", "m", "--dataset-dir", "d", "--add-bos", "maybe"}); }),
+  CHECK_THAT(error_of([] {
+               eval({"--model", "m", "--dataset-dir", "d", "--add-bos", "maybe"});
+             }),
              Contains("command line: key 'add_bos'") && Contains("'maybe'"));
   CHECK_THAT(error_of([] { eval({"--dataset-dir", "d"}); }), Contains("key 'model_name_or_path': missing"));
   const YamlFile bad("model_name_or_path: ckpt\ndataset_dir: shards\ndevice: tpu\n");
@@ -114,10 +122,10 @@ TEST_CASE("kiln-eval: unknown, repeated and bad keys", "[config][apps]") {
 TEST_CASE("kiln-tokenize: --input adds up; the modes refuse each other's keys", "[config][apps]") {
   const YamlFile file("input: [a.txt, b.jsonl]\noutput_dir: out\nval_fraction: 0.25\nprogress: false\n");
   const auto yaml = tokenize({"--config", file.path});
-  const auto repeated = tokenize({"--input", "a.txt", "--input", "b.jsonl", "--output", "out", "--val-fraction",
-                                  "0.25", "--no-progress"});
-  const auto listed = tokenize({"--input", "a.txt,b.jsonl", "--output_dir=out", "--val_fraction", "0.25", "--progress",
-                                "false"});
+  const auto repeated = tokenize(
+      {"--input", "a.txt", "--input", "b.jsonl", "--output", "out", "--val-fraction", "0.25", "--no-progress"});
+  const auto listed =
+      tokenize({"--input", "a.txt,b.jsonl", "--output_dir=out", "--val_fraction", "0.25", "--progress", "false"});
   for (const auto* s : {&yaml, &repeated, &listed}) {
     CHECK(s->input == std::vector<std::string>{"a.txt", "b.jsonl"});
     CHECK(s->output_dir == "out");
@@ -129,23 +137,34 @@ TEST_CASE("kiln-tokenize: --input adds up; the modes refuse each other's keys", 
   CHECK(tokenize({"--config", file.path, "--input", "c.txt"}).input == std::vector<std::string>{"c.txt"});
   // Another key repeated: the last wins.
   CHECK(tokenize({"--input", "a", "--output", "o", "--threads", "2", "--threads", "3"}).threads == 3);
-  CHECK_THAT(error_of([] { tokenize({"--input", "a", "--output", "o", "--thread", "2"}); }),
+  CHECK_THAT(error_of([] {
+               tokenize({"--input", "a", "--output", "o", "--thread", "2"});
+             }),
              Contains("command line: key 'thread': unknown key"));
-  CHECK_THAT(error_of([] { tokenize({"--decode", "ids.jsonl", "--input", "a.txt"}); }),
+  CHECK_THAT(error_of([] {
+               tokenize({"--decode", "ids.jsonl", "--input", "a.txt"});
+             }),
              Contains("command line: key 'input': does not apply to decode"));
-  CHECK_THAT(error_of([] { tokenize({"--input", "a", "--output", "o", "--repeat", "3"}); }),
+  CHECK_THAT(error_of([] {
+               tokenize({"--input", "a", "--output", "o", "--repeat", "3"});
+             }),
              Contains("key 'repeat': does not apply to tokenizing"));
-  CHECK_THAT(error_of([] { tokenize({"--default-corpus", "--decode", "ids.jsonl"}); }),
+  CHECK_THAT(error_of([] {
+               tokenize({"--default-corpus", "--decode", "ids.jsonl"});
+             }),
              Contains("key 'decode': give default_corpus or decode, not both"));
-  CHECK_THAT(error_of([] { tokenize({"--input", "a", "--output", "o", "--txt-unit", "page"}); }),
+  CHECK_THAT(error_of([] {
+               tokenize({"--input", "a", "--output", "o", "--txt-unit", "page"});
+             }),
              Contains("key 'txt_unit': must be file or line, got 'page'"));
   CHECK_THAT(error_of([] { tokenize({"--input", "a"}); }), Contains("key 'output_dir': missing"));
   CHECK(tokenize({"--bench", "--input", "a", "--repeat", "2"}).mode() == "bench");
 }
 
 TEST_CASE("kiln-hf: each command's keys, --model by command", "[config][apps]") {
-  const YamlFile file("model_name_or_path: ckpt\nbatch: b.safetensors\nout: o.safetensors\nfused_loss: true\n"
-                      "autocast: bf16\nkernels: aten\n");
+  const YamlFile file(
+      "model_name_or_path: ckpt\nbatch: b.safetensors\nout: o.safetensors\nfused_loss: true\n"
+      "autocast: bf16\nkernels: aten\n");
   const auto yaml = hf("forward", {"--config", file.path});
   const auto flags = hf("forward", {"--model", "ckpt", "--batch", "b.safetensors", "--out", "o.safetensors",
                                     "--fused-loss", "--autocast", "bf16", "--kernels", "aten"});
@@ -164,15 +183,21 @@ TEST_CASE("kiln-hf: each command's keys, --model by command", "[config][apps]") 
   CHECK(init.model_name_or_path.empty());
   CHECK(init.seed == 3);
   // train: --steps and --lr are max_steps and learning_rate; repeated, the last wins.
-  const auto train = hf("train", {"--model", "m", "--batch", "b", "--out", "o", "--steps", "4", "--lr", "0.5",
-                                  "--steps", "2"});
+  const auto train =
+      hf("train", {"--model", "m", "--batch", "b", "--out", "o", "--steps", "4", "--lr", "0.5", "--steps", "2"});
   CHECK(train.max_steps == 2);
   CHECK(train.learning_rate == 0.5);
-  CHECK_THAT(error_of([] { hf("train", {"--model", "m", "--kernels", "aten"}); }),
+  CHECK_THAT(error_of([] {
+               hf("train", {"--model", "m", "--kernels", "aten"});
+             }),
              Contains("command line: key 'kernels': does not apply to train"));
-  CHECK_THAT(error_of([&] { hf("inspect", {"--config", file.path}); }),
+  CHECK_THAT(error_of([&] {
+               hf("inspect", {"--config", file.path});
+             }),
              Contains(file.path + ": key 'batch': does not apply to inspect"));
-  CHECK_THAT(error_of([] { hf("forward", {"--model", "m", "--autocast", "fp32"}); }),
+  CHECK_THAT(error_of([] {
+               hf("forward", {"--model", "m", "--autocast", "fp32"});
+             }),
              Contains("key 'autocast': must be bf16 or fp16, got 'fp32'"));
   CHECK_THAT(error_of([] { hf("forward", {"--model", "m", "--grad"}); }), Contains("key 'grad': unknown key"));
   CHECK_THAT(error_of([] { hf("inspect", {}).required("in"); }), Contains("key 'in': missing required key"));
@@ -196,32 +221,40 @@ TEST_CASE("kiln-bench: sizes, lists, and keys of ops not run", "[config][apps]")
   }
   CHECK(bench({}).ops == std::vector<std::string>{"rmsnorm", "swiglu", "rope", "linear_ce", "linear"});
   CHECK(bench({"--iters", "3", "--iters", "7"}).iters == 7);
-  CHECK_THAT(error_of([] { bench({"--ops", "rmsnorm", "--seqlens", "128"}); }),
+  CHECK_THAT(error_of([] {
+               bench({"--ops", "rmsnorm", "--seqlens", "128"});
+             }),
              Contains("key 'seqlens': applies to ops attention"));
-  CHECK_THAT(error_of([] { bench({"--ops", "attention", "--seqlens", "64,x"}); }),
+  CHECK_THAT(error_of([] {
+               bench({"--ops", "attention", "--seqlens", "64,x"});
+             }),
              Contains("command line: key 'seqlens'") && Contains("'x'"));
   CHECK_THAT(error_of([] { bench({"--ops", "rmsnorm,softmax"}); }), Contains("key 'ops': unknown op 'softmax'"));
-  CHECK_THAT(error_of([] { bench({"--ops", "attention", "--heads", "4", "--kv-heads", "3"}); }),
+  CHECK_THAT(error_of([] {
+               bench({"--ops", "attention", "--heads", "4", "--kv-heads", "3"});
+             }),
              Contains("key 'kv_heads': (3) must divide heads (4)"));
   CHECK_THAT(error_of([] { bench({"--tokens", "0"}); }), Contains("key 'tokens': must be positive, got 0"));
   CHECK_THAT(error_of([] { bench({"--token", "8"}); }), Contains("command line: key 'token': unknown key"));
 }
 
 TEST_CASE("kiln-smoke and kiln-generate: the older flags as aliases", "[config][apps]") {
-  const auto smoke = cli::read_smoke_settings(parse_command_line(
-      {"--steps", "5", "--batch-size", "2", "--seq-len", "16", "--lr", "0.01", "--dtype", "bf16"},
-      cli::smoke_spelling()));
+  const auto smoke = cli::read_smoke_settings(
+      parse_command_line({"--steps", "5", "--batch-size", "2", "--seq-len", "16", "--lr", "0.01", "--dtype", "bf16"},
+                         cli::smoke_spelling()));
   CHECK(smoke.max_steps == 5);
   CHECK(smoke.per_device_train_batch_size == 2);
   CHECK(smoke.cutoff_len == 16);
   CHECK(smoke.learning_rate == 0.01);
   CHECK(smoke.model == "tiny");
-  CHECK_THAT(error_of([] { cli::read_smoke_settings(parse_command_line({"--dtype", "fp8"}, cli::smoke_spelling())); }),
+  CHECK_THAT(error_of([] {
+               cli::read_smoke_settings(parse_command_line({"--dtype", "fp8"}, cli::smoke_spelling()));
+             }),
              Contains("command line: key 'dtype': must be fp32, bf16 or fp16, got 'fp8'"));
-  const auto gen = cli::read_generate_settings(parse_command_line(
-      {"--model", "m", "--prompt", "Once upon", "--max-new-tokens", "4", "--greedy", "--ids", "--top-k", "3",
-       "--top-p", "0.5", "--no-add-bos"},
-      cli::generate_spelling()));
+  const auto gen = cli::read_generate_settings(
+      parse_command_line({"--model", "m", "--prompt", "Once upon", "--max-new-tokens", "4", "--greedy", "--ids",
+                          "--top-k", "3", "--top-p", "0.5", "--no-add-bos"},
+                         cli::generate_spelling()));
   CHECK(gen.prompt == "Once upon");
   CHECK(gen.max_new_tokens == 4);
   CHECK(gen.greedy);
@@ -230,8 +263,8 @@ TEST_CASE("kiln-smoke and kiln-generate: the older flags as aliases", "[config][
   CHECK(gen.top_p == 0.5);
   CHECK(gen.add_bos == "false");
   CHECK_THAT(error_of([] {
-               cli::read_generate_settings(parse_command_line({"--model", "m", "--prompt", "x", "--max-new-tokens", "-1"},
-                                                              cli::generate_spelling()));
+               cli::read_generate_settings(parse_command_line(
+                   {"--model", "m", "--prompt", "x", "--max-new-tokens", "-1"}, cli::generate_spelling()));
              }),
              Contains("command line: key 'max_new_tokens': must be >= 0, got -1"));
 }
