@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     const auto line = kiln::config::parse_command_line(kiln::cli::arguments(argc, argv), kiln::cli::eval_spelling());
     if (line.help) {
       std::cout << kiln::cli::settings_help(
-          "Usage: kiln-eval --model DIR --dataset-dir DIR [--KEY VALUE ...]\n\n"
+          "Usage: kiln-eval --model_name_or_path DIR --dataset_dir DIR [--KEY VALUE ...]\n\n"
           "Mean loss and perplexity of a checkpoint over a token-shard split.",
           kiln::cli::eval_keys());
       return 0;

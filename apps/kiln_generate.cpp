@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
         kiln::config::parse_command_line(kiln::cli::arguments(argc, argv), kiln::cli::generate_spelling());
     if (line.help) {
       std::cout << kiln::cli::settings_help(
-          "Usage: kiln-generate --model DIR --prompt TEXT [--KEY VALUE ...]\n\n"
+          "Usage: kiln-generate --model_name_or_path DIR --prompt TEXT [--KEY VALUE ...]\n\n"
           "Generate text from a kiln or Hugging Face LLaMA checkpoint.",
           kiln::cli::generate_keys());
       return 0;

@@ -180,13 +180,14 @@ int run(const kiln::cli::HfSettings& args) {
 const char* const kUsage =
     "Usage: kiln-hf COMMAND [--KEY VALUE ...]\n\n"
     "Hugging Face checkpoints. COMMAND:\n"
-    "  init      --model PRESET|YAML --out DIR            a fresh model as an HF folder\n"
-    "  convert   --model DIR --out DIR                    load and save again\n"
-    "  forward   --model DIR --batch FILE --out FILE      logits, loss (and gradients) as safetensors\n"
-    "  train     --model DIR --batch FILE --out DIR       AdamW steps on the batch, then save\n"
-    "  inspect   --in FILE|DIR                            list tensors (name, dtype, shape) and metadata\n"
-    "  copy      --in FILE --out FILE                     read every tensor and write them all again\n"
-    "  optimizer --model DIR --out FILE                   DIR/optimizer.pt read as kiln-pretrain's resume reads it\n"
+    "  init      --model PRESET|YAML --out DIR                    a fresh model as an HF folder\n"
+    "  convert   --model_name_or_path DIR --out DIR               load and save again\n"
+    "  forward   --model_name_or_path DIR --batch FILE --out FILE logits, loss (and gradients) as safetensors\n"
+    "  train     --model_name_or_path DIR --batch FILE --out DIR  AdamW steps on the batch, then save\n"
+    "  inspect   --in FILE|DIR                                    list tensors (name, dtype, shape) and metadata\n"
+    "  copy      --in FILE --out FILE                             read every tensor and write them all again\n"
+    "  optimizer --model_name_or_path DIR --out FILE              DIR/optimizer.pt as kiln-pretrain's resume reads it\n"
+    "--model DIR is the older spelling of --model_name_or_path DIR (init: the key model).\n"
     "kiln-hf COMMAND --help lists the command's keys; all of them:";
 
 }  // namespace

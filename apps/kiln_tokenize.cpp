@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
         kiln::config::parse_command_line(kiln::cli::arguments(argc, argv), kiln::cli::tokenize_spelling());
     if (line.help) {
       std::cout << kiln::cli::settings_help(
-          fmt::format("Usage: kiln-tokenize --input PATH --output DIR [--KEY VALUE ...]\n"
-                      "       kiln-tokenize --default-corpus [--output DIR]\n"
+          fmt::format("Usage: kiln-tokenize --input PATH --output_dir DIR [--KEY VALUE ...]\n"
+                      "       kiln-tokenize --default_corpus [--output_dir DIR]\n"
                       "       kiln-tokenize --decode FILE [--tokenizer T]\n"
                       "       kiln-tokenize --bench --input PATH [--KEY VALUE ...]\n\n"
                       "Tokenize text files into kiln token shards. Inputs: .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json "

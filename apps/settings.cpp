@@ -32,6 +32,7 @@ Spelling spelling_of(const KeyTable<C>& table, std::vector<Spelling::Alias> alia
   s.switches = config::boolean_keys(table);
   s.switches.insert(s.switches.end(), extra_switches.begin(), extra_switches.end());
   s.accumulate = std::move(accumulate);
+  for (const auto& key : table) s.keys.push_back(key.name);
   return s;
 }
 
@@ -271,8 +272,8 @@ std::vector<KeyDoc> eval_keys() {
 EvalSettings read_eval_settings(const CommandLine& line) {
   EvalSettings s;
   s.given = config::read_settings(s, eval_table(), line.config_path, line.overrides, hint("kiln-eval"));
-  require(s.given, "model_name_or_path", s.model_name_or_path, "a checkpoint folder: --model DIR");
-  require(s.given, "dataset_dir", s.dataset_dir, "token shards from kiln-tokenize: --dataset-dir DIR");
+  require(s.given, "model_name_or_path", s.model_name_or_path, "a checkpoint folder: --model_name_or_path DIR");
+  require(s.given, "dataset_dir", s.dataset_dir, "token shards from kiln-tokenize: --dataset_dir DIR");
   if (s.cutoff_len < 2) s.given.fail("cutoff_len", fmt::format("must be >= 2, got {}", s.cutoff_len));
   if (s.per_device_eval_batch_size < 1) {
     s.given.fail("per_device_eval_batch_size", fmt::format("must be >= 1, got {}", s.per_device_eval_batch_size));
@@ -293,7 +294,7 @@ std::vector<KeyDoc> generate_keys() {
 GenerateSettings read_generate_settings(const CommandLine& line) {
   GenerateSettings s;
   s.given = config::read_settings(s, generate_table(), line.config_path, line.overrides, hint("kiln-generate"));
-  require(s.given, "model_name_or_path", s.model_name_or_path, "a checkpoint folder: --model DIR");
+  require(s.given, "model_name_or_path", s.model_name_or_path, "a checkpoint folder: --model_name_or_path DIR");
   if (!s.given.given("prompt")) s.given.fail("prompt", "missing required key (the text to continue: --prompt TEXT)");
   if (s.max_new_tokens < 0) s.given.fail("max_new_tokens", fmt::format("must be >= 0, got {}", s.max_new_tokens));
   if (s.top_k < 0) s.given.fail("top_k", fmt::format("must be >= 0, got {}", s.top_k));
@@ -432,7 +433,7 @@ TokenizeSettings read_tokenize_settings(const CommandLine& line) {
     s.given.fail("input", "missing required key (files or folders: --input PATH)");
   }
   if (mode.empty() && s.output_dir.empty()) {
-    s.given.fail("output_dir", "missing required key (folder for the shard set: --output DIR)");
+    s.given.fail("output_dir", "missing required key (folder for the shard set: --output_dir DIR)");
   }
   return s;
 }

@@ -191,15 +191,21 @@ TEST_CASE("kiln-hf: each command's keys, --model by command", "[config][apps]") 
                hf("train", {"--model", "m", "--kernels", "aten"});
              }),
              Contains("command line: key 'kernels': does not apply to train"));
+  // The first key (in sorted order, KeySources::keys) that inspect does not read.
   CHECK_THAT(error_of([&] {
                hf("inspect", {"--config", file.path});
              }),
-             Contains(file.path + ": key 'batch': does not apply to inspect"));
+             Contains(file.path + ": key 'autocast': does not apply to inspect"));
   CHECK_THAT(error_of([] {
                hf("forward", {"--model", "m", "--autocast", "fp32"});
              }),
              Contains("key 'autocast': must be bf16 or fp16, got 'fp32'"));
-  CHECK_THAT(error_of([] { hf("forward", {"--model", "m", "--grad"}); }), Contains("key 'grad': unknown key"));
+  // A misspelled flag is an unknown key, at the end of the line or before another key.
+  CHECK_THAT(error_of([] {
+               hf("forward", {"--model", "m", "--grad"});
+             }),
+             Contains("command line: key 'grad': unknown key") && Contains("kiln-hf forward --help"));
+  CHECK_THAT(error_of([] { hf("forward", {"--grad", "--model", "m"}); }), Contains("key 'grad': unknown key"));
   CHECK_THAT(error_of([] { hf("inspect", {}).required("in"); }), Contains("key 'in': missing required key"));
   CHECK_THAT(error_of([] { hf("push", {}); }), Contains("unknown command 'push'"));
 }
@@ -235,18 +241,35 @@ TEST_CASE("kiln-bench: sizes, lists, and keys of ops not run", "[config][apps]")
              }),
              Contains("key 'kv_heads': (3) must divide heads (4)"));
   CHECK_THAT(error_of([] { bench({"--tokens", "0"}); }), Contains("key 'tokens': must be positive, got 0"));
+  // --iters 0 ran one iteration under cxxopts (max(1, iters)); now it is refused, from a file too.
+  CHECK_THAT(error_of([] { bench({"--iters", "0"}); }), Contains("command line: key 'iters': must be positive, got 0"));
+  const YamlFile zero("iters: 0\n");
+  CHECK_THAT(error_of([&] {
+               bench({"--config", zero.path});
+             }),
+             Contains(zero.path + ": key 'iters': must be positive"));
+  CHECK(bench({"--config", zero.path, "--iters", "4"}).iters == 4);  // the command line wins before the check
   CHECK_THAT(error_of([] { bench({"--token", "8"}); }), Contains("command line: key 'token': unknown key"));
 }
 
 TEST_CASE("kiln-smoke and kiln-generate: the older flags as aliases", "[config][apps]") {
+  const YamlFile file(
+      "max_steps: 5\nper_device_train_batch_size: 2\ncutoff_len: 16\nlearning_rate: 0.01\ndtype: bf16\n");
   const auto smoke = cli::read_smoke_settings(
       parse_command_line({"--steps", "5", "--batch-size", "2", "--seq-len", "16", "--lr", "0.01", "--dtype", "bf16"},
                          cli::smoke_spelling()));
-  CHECK(smoke.max_steps == 5);
-  CHECK(smoke.per_device_train_batch_size == 2);
-  CHECK(smoke.cutoff_len == 16);
-  CHECK(smoke.learning_rate == 0.01);
-  CHECK(smoke.model == "tiny");
+  const auto smoke_yaml = cli::read_smoke_settings(parse_command_line({"--config", file.path}, cli::smoke_spelling()));
+  for (const auto* s : {&smoke, &smoke_yaml}) {
+    CHECK(s->max_steps == 5);
+    CHECK(s->per_device_train_batch_size == 2);
+    CHECK(s->cutoff_len == 16);
+    CHECK(s->learning_rate == 0.01);
+    CHECK(s->dtype == "bf16");
+    CHECK(s->model == "tiny");
+  }
+  // An alias and its key are one key: the last given wins.
+  CHECK(cli::read_smoke_settings(parse_command_line({"--max_steps", "9", "--steps", "3"}, cli::smoke_spelling()))
+            .max_steps == 3);
   CHECK_THAT(error_of([] {
                cli::read_smoke_settings(parse_command_line({"--dtype", "fp8"}, cli::smoke_spelling()));
              }),
@@ -267,4 +290,14 @@ TEST_CASE("kiln-smoke and kiln-generate: the older flags as aliases", "[config][
                    {"--model", "m", "--prompt", "x", "--max-new-tokens", "-1"}, cli::generate_spelling()));
              }),
              Contains("command line: key 'max_new_tokens': must be >= 0, got -1"));
+  // An unquoted prompt's other words are refused, not dropped.
+  CHECK_THAT(error_of([] {
+               cli::read_generate_settings(
+                   parse_command_line({"--model", "m", "--prompt", "Once", "upon"}, cli::generate_spelling()));
+             }),
+             Contains("unexpected argument 'upon'"));
+  // --add-bos alone is a switch, also before another key.
+  CHECK(cli::read_generate_settings(
+            parse_command_line({"--model", "m", "--add-bos", "--prompt", "x"}, cli::generate_spelling()))
+            .add_bos == "true");
 }

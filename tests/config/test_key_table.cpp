@@ -144,6 +144,15 @@ TEST_CASE("a program's command line: --config FILE, --help, accumulating lists, 
   // --help anywhere wins over whatever else the line holds.
   CHECK(kiln::config::parse_command_line({"--steps", "--nonsense", "stray", "-h"}).help);
   CHECK_THAT(error_of([] { kiln::config::parse_command_line({"--config"}); }), Contains("key 'config': missing value"));
+  // With the table's keys known, an unknown one takes no following key as its value, so the
+  // reader names it as unknown; without them, it takes the next argument.
+  kiln::config::Spelling known;
+  known.keys = {"steps", "fast"};
+  CHECK(kiln::config::parse_command_line({"--stepz", "--steps", "2"}, known).overrides ==
+        Pairs{{"stepz", "true"}, {"steps", "2"}});
+  CHECK(kiln::config::parse_command_line({"--stepz", "5"}, known).overrides == Pairs{{"stepz", "5"}});
+  CHECK_THAT(error_of([&] { from_cli({"--stepz"}, known); }), Contains("command line: key 'stepz': unknown key"));
+  CHECK_THAT(error_of([] { from_cli({"--stepz"}); }), Contains("key 'stepz': missing value"));
   // Where each key came from, and a later check naming it.
   Settings s;
   const auto sources = kiln::config::read_settings(s, table(), "", Pairs{{"steps", "9"}}, "see --help");

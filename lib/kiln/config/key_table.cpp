@@ -41,7 +41,8 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
     }
     if (!value) {
       const bool has_next = i + 1 < args.size();
-      if (contains(spelling.switches, key) && (!has_next || args[i + 1].rfind("--", 0) == 0)) {
+      const bool unknown = !spelling.keys.empty() && !contains(spelling.keys, key);
+      if ((contains(spelling.switches, key) || unknown) && (!has_next || args[i + 1].rfind("--", 0) == 0)) {
         value = "true";
       } else if (has_next) {
         value = args[++i];

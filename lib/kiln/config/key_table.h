@@ -119,6 +119,11 @@ struct Spelling {
   // List keys whose repeats add up (`--input a --input b` is `--input a,b`); every other key
   // repeated: the last wins.
   std::vector<std::string> accumulate;
+  // The table's keys, when given: a key not among them reads as a switch (it takes the next
+  // argument only when that does not start with "--"), so that a misspelled flag (`--grad` for
+  // `--grads`) is reported by the reader as an unknown key rather than as a key missing its
+  // value or one taking the next key as its value.
+  std::vector<std::string> keys;
 };
 
 // The switches of a table: its boolean keys.
