@@ -20,18 +20,18 @@
 // written) and --autocast bf16|fp16 runs the forward under autocast with the checkpoint's fp32
 // weights, as the trainer's mixed precision does: scripts/bench_vs_hf.py checks with them that
 // kiln's training step and transformers' compute the same loss on the same batch.
+// The keys (settings.h): each command's through one table, also from --config FILE; --model is the
+// key model for init (a preset, as kiln-pretrain's) and model_name_or_path for the others.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <map>
-#include <set>
 #include <string>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/optim/adamw.h>
-#include <cxxopts.hpp>
 
 #include "cli.h"
 #include "kiln/common/format.h"
@@ -42,23 +42,19 @@
 #include "kiln/optim/adamw.h"
 #include "kiln/train/hf/hf_optimizer_files.h"
 #include "kiln/train/step.h"
+#include "settings.h"
 
 namespace {
 
 using kiln::model::LlamaForCausalLM;
 
+// A dtype key's value (checked by read_hf_settings): fp32, bf16, fp16 or fp64; "" = none.
 std::optional<at::ScalarType> parse_dtype(const std::string& s) {
   if (s.empty()) return std::nullopt;
-  if (s == "fp32") return at::kFloat;
   if (s == "bf16") return at::kBFloat16;
   if (s == "fp16") return at::kHalf;
   if (s == "fp64") return at::kDouble;
-  throw std::invalid_argument(fmt::format("--dtype must be fp32, bf16, fp16 or fp64, got '{}'", s));
-}
-
-std::string required(const cxxopts::ParseResult& args, const char* key) {
-  if (!args.count(key)) throw std::invalid_argument(fmt::format("--{} is required", key));
-  return args[key].as<std::string>();
+  return at::kFloat;
 }
 
 struct Batch {
@@ -99,76 +95,55 @@ void inspect(const std::string& path) {
   for (const auto& [key, value] : file.metadata()) fmt::print("metadata\t{}\t{}\n", key, value);
 }
 
-// The options each command reads: one given to another command would be silently ignored.
-void check_command_options(const std::string& command, const cxxopts::ParseResult& args) {
-  static const std::map<std::string, std::set<std::string>> reads = {
-      {"inspect", {"in"}},
-      {"copy", {"in", "out"}},
-      {"init", {"model", "out", "dtype", "seed", "max-shard-bytes"}},
-      {"convert", {"model", "out", "dtype", "max-shard-bytes"}},
-      {"forward", {"model", "batch", "out", "dtype", "grads", "fused-loss", "autocast", "kernels"}},
-      {"train", {"model", "batch", "out", "dtype", "steps", "lr", "max-shard-bytes"}},
-      {"optimizer", {"model", "out"}}};
-  const auto it = reads.find(command);
-  if (it == reads.end()) return;  // run() names an unknown command
-  for (const auto& kv : args.arguments()) {
-    if (kv.key() != "command" && !it->second.count(kv.key())) {
-      throw std::invalid_argument(fmt::format("--{} does not apply to {} (kiln-hf --help)", kv.key(), command));
-    }
-  }
-}
-
-int run(const std::string& command, const cxxopts::ParseResult& args) {
-  check_command_options(command, args);
+int run(const kiln::cli::HfSettings& args) {
+  const std::string& command = args.command;
   if (command == "inspect") {
-    inspect(required(args, "in"));
+    inspect(args.required("in"));
     return 0;
   }
   if (command == "copy") {
-    kiln::io::SafetensorsFile file(required(args, "in"));
+    kiln::io::SafetensorsFile file(args.required("in"));
     kiln::io::NamedTensors tensors;
     for (const auto& name : file.names()) tensors.emplace_back(name, file.tensor(name));
-    kiln::io::save_safetensors(required(args, "out"), tensors, file.metadata());
+    kiln::io::save_safetensors(args.required("out"), tensors, file.metadata());
     return 0;
   }
-  const auto dtype = parse_dtype(kiln::cli::optional_string(args, "dtype"));
+  const auto dtype = parse_dtype(args.dtype);
   kiln::model::SaveOptions save_options;
-  save_options.max_shard_bytes = args["max-shard-bytes"].as<uint64_t>();
+  save_options.max_shard_bytes = static_cast<uint64_t>(args.max_shard_bytes);
   if (command == "init") {
-    LlamaForCausalLM model(kiln::model::load_llama_config(required(args, "model")),
+    LlamaForCausalLM model(kiln::model::load_llama_config(args.required("model")),
                            at::TensorOptions().dtype(dtype.value_or(at::kFloat)));
-    model->init_weights(args["seed"].as<uint64_t>());
-    kiln::model::save_pretrained(model, required(args, "out"), save_options);
+    model->init_weights(static_cast<uint64_t>(args.seed));
+    kiln::model::save_pretrained(model, args.required("out"), save_options);
     return 0;
   }
-  LlamaForCausalLM model = kiln::model::load_pretrained(required(args, "model"), {.dtype = dtype});
+  LlamaForCausalLM model = kiln::model::load_pretrained(args.required("model_name_or_path"), {.dtype = dtype});
   if (command == "convert") {
-    kiln::model::save_pretrained(model, required(args, "out"), save_options);
+    kiln::model::save_pretrained(model, args.required("out"), save_options);
     return 0;
   }
   if (command == "optimizer") {
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
     kiln::optim::AdamW optimizer(named, kiln::optim::AdamWConfig{});
-    const std::string dir = required(args, "model");
+    const std::string dir = args.required("model_name_or_path");
     kiln::train::load_hf_optimizer_file((std::filesystem::path(dir) / "optimizer.pt").string(), model, optimizer);
     kiln::io::NamedTensors tensors;
     for (const auto& [name, t] : optimizer.state_dict()) tensors.emplace_back(name, t);
-    kiln::io::save_safetensors(required(args, "out"), tensors);
+    kiln::io::save_safetensors(args.required("out"), tensors);
     return 0;
   }
-  const Batch batch = read_batch(required(args, "batch"));
+  const Batch batch = read_batch(args.required("batch"));
   if (command == "forward") {
-    const bool grads = args.count("grads") != 0;
-    const std::string autocast_name = kiln::cli::optional_string(args, "autocast");
-    std::optional<at::ScalarType> autocast;
-    if (!autocast_name.empty()) {
-      autocast = parse_dtype(autocast_name);
-      if (autocast != at::kBFloat16 && autocast != at::kHalf)
-        throw std::invalid_argument(fmt::format("--autocast must be bf16 or fp16, got '{}'", autocast_name));
+    const bool grads = args.grads;
+    const std::optional<at::ScalarType> autocast = parse_dtype(args.autocast);  // bf16 or fp16 (checked)
+    model->fused_lm_loss = args.fused_loss;
+    try {
+      kiln::ops::set_backends(args.kernels);  // throws naming a bad item
+    } catch (const std::invalid_argument& e) {
+      args.given.fail("kernels", e.what());
     }
-    model->fused_lm_loss = args.count("fused-loss") != 0;
-    kiln::ops::set_backends(args["kernels"].as<std::string>());  // throws naming a bad item
     at::AutoGradMode grad_mode(grads);
     kiln::model::CausalLMOutput out;
     {
@@ -182,14 +157,13 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
       for (const auto& item : model->named_parameters(true))
         tensors.emplace_back("grad." + item.key(), item.value().grad());
     }
-    kiln::io::save_safetensors(required(args, "out"), tensors);
+    kiln::io::save_safetensors(args.required("out"), tensors);
     return 0;
   }
   if (command == "train") {
-    const int64_t steps = args["steps"].as<int64_t>();
-    if (steps < 0) throw std::invalid_argument("--steps must be >= 0");
+    const int64_t steps = args.max_steps;
     torch::optim::AdamW optimizer(model->parameters(),
-                                  torch::optim::AdamWOptions(args["lr"].as<double>()).weight_decay(0.0));
+                                  torch::optim::AdamWOptions(args.learning_rate).weight_decay(0.0));
     for (int64_t step = 1; step <= steps; ++step) {
       optimizer.zero_grad();
       const auto out = model->forward(batch.input_ids, batch.labels);
@@ -197,47 +171,41 @@ int run(const std::string& command, const cxxopts::ParseResult& args) {
       optimizer.step();
       fmt::print("step {} loss {:.6f}\n", step, out.loss.item<double>());
     }
-    kiln::model::save_pretrained(model, required(args, "out"), save_options);
+    kiln::model::save_pretrained(model, args.required("out"), save_options);
     return 0;
   }
-  throw std::invalid_argument(
-      fmt::format("unknown command '{}' (init, convert, forward, train, inspect, copy, optimizer)", command));
+  throw std::logic_error("kiln-hf: command '" + command + "' has keys but no code");
 }
+
+const char* const kUsage =
+    "Usage: kiln-hf COMMAND [--KEY VALUE ...]\n\n"
+    "Hugging Face checkpoints. COMMAND:\n"
+    "  init      --model PRESET|YAML --out DIR                    a fresh model as an HF folder\n"
+    "  convert   --model_name_or_path DIR --out DIR               load and save again\n"
+    "  forward   --model_name_or_path DIR --batch FILE --out FILE logits, loss (and gradients) as safetensors\n"
+    "  train     --model_name_or_path DIR --batch FILE --out DIR  AdamW steps on the batch, then save\n"
+    "  inspect   --in FILE|DIR                                    list tensors (name, dtype, shape) and metadata\n"
+    "  copy      --in FILE --out FILE                             read every tensor and write them all again\n"
+    "  optimizer --model_name_or_path DIR --out FILE              DIR/optimizer.pt as kiln-pretrain's resume reads it\n"
+    "--model DIR is the older spelling of --model_name_or_path DIR (init: the key model).\n"
+    "kiln-hf COMMAND --help lists the command's keys; all of them:";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  cxxopts::Options options(
-      "kiln-hf",
-      "Hugging Face checkpoints. COMMAND: init, convert, forward (+ gradients), train, inspect, copy or optimizer");
-  // clang-format off
-  options.add_options()
-    ("command", "init, convert, forward, train, inspect, copy or optimizer", cxxopts::value<std::string>())
-    ("model", "HF checkpoint directory (init: preset name or model YAML)", cxxopts::value<std::string>())
-    ("out", "output directory (init, convert, train) or safetensors file (forward)", cxxopts::value<std::string>())
-    ("in", "inspect, copy: safetensors file (inspect: or checkpoint directory)", cxxopts::value<std::string>())
-    ("batch", "safetensors file with input_ids [B, T] and optional labels", cxxopts::value<std::string>())
-    ("dtype", "fp32, bf16, fp16 or fp64 (default: the checkpoint's)", cxxopts::value<std::string>())
-    ("grads", "forward: also write every parameter's gradient of the loss")
-    ("fused-loss", "forward: the trainer's loss (chunked linear + cross-entropy; no logits written)")
-    ("autocast", "forward: bf16 or fp16 autocast over fp32 weights, as the trainer's mixed precision", cxxopts::value<std::string>())
-    ("kernels", "forward: ops backends as kiln-pretrain's key, e.g. kiln,linear=aten", cxxopts::value<std::string>()->default_value(kiln::ops::kDefaultKernels))
-    ("steps", "train: AdamW steps on the batch", cxxopts::value<int64_t>()->default_value("3"))
-    ("lr", "train: learning rate", cxxopts::value<double>()->default_value("1e-3"))
-    ("seed", "init: weight seed", cxxopts::value<uint64_t>()->default_value("0"))
-    ("max-shard-bytes", "largest safetensors file written before sharding",
-     cxxopts::value<uint64_t>()->default_value("5000000000"))
-    ("h,help", "print this help");
-  // clang-format on
-  options.parse_positional({"command"});
-  options.positional_help("COMMAND");
   try {
-    const auto args = kiln::cli::parse(options, argc, argv);
-    if (args.count("help") || !args.count("command")) {
-      std::cout << options.help() << "\n";
-      return args.count("help") ? 0 : 2;
+    const std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
+    const auto line = kiln::config::parse_command_line(kiln::cli::arguments(argc, argv, command.empty() ? 1 : 2),
+                                                       kiln::cli::hf_spelling(command));
+    if (line.help || command.empty()) {
+      const bool known = std::find(kiln::cli::hf_commands().begin(), kiln::cli::hf_commands().end(), command) !=
+                         kiln::cli::hf_commands().end();
+      const std::string usage =
+          known ? fmt::format("Usage: kiln-hf {} [--KEY VALUE ...]; its keys:", command) : std::string(kUsage);
+      std::cout << kiln::cli::settings_help(usage, kiln::cli::hf_keys(known ? command : ""));
+      return line.help ? 0 : 2;
     }
-    return run(args["command"].as<std::string>(), args);
+    return run(kiln::cli::read_hf_settings(command, line));
   } catch (const std::exception& e) {
     fmt::print(stderr, "kiln-hf: error: {}\n", kiln::cli::error_text(e));
     return 2;

@@ -13,19 +13,16 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
-#include <cxxopts.hpp>
 
 #include "cli.h"
 #include "kiln/common/format.h"
 #include "kiln/model/llama.h"
+#include "settings.h"
 
 namespace {
 
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "fp32") return at::kFloat;
-  if (s == "bf16") return at::kBFloat16;
-  if (s == "fp16") return at::kHalf;
-  throw std::invalid_argument(fmt::format("--dtype must be fp32, bf16 or fp16, got '{}'", s));
+at::ScalarType parse_dtype(const std::string& s) {  // checked by read_smoke_settings
+  return s == "bf16" ? at::kBFloat16 : s == "fp16" ? at::kHalf : at::kFloat;
 }
 
 // Token sequences where token t+1 = successor[token t] with probability 0.9, else uniform.
@@ -46,46 +43,31 @@ at::Tensor synthetic_batch(const at::Tensor& successor, int64_t batch, int64_t s
 }  // namespace
 
 int main(int argc, char** argv) {
-  cxxopts::Options options("kiln-smoke",
-                           "Train a LLaMA preset for a few steps on synthetic data and check the loss falls");
-  // clang-format off
-  options.add_options()
-    ("model", "preset name or model YAML", cxxopts::value<std::string>()->default_value("tiny"))
-    ("steps", "optimizer steps", cxxopts::value<int64_t>()->default_value("60"))
-    ("batch-size", "sequences per step", cxxopts::value<int64_t>()->default_value("8"))
-    ("seq-len", "tokens per sequence", cxxopts::value<int64_t>()->default_value("64"))
-    ("lr", "AdamW learning rate", cxxopts::value<double>()->default_value("3e-3"))
-    ("dtype", "fp32, bf16 or fp16 parameters and compute", cxxopts::value<std::string>()->default_value("fp32"))
-    ("device", "auto, cpu or cuda (auto: the GPU if there is one)", cxxopts::value<std::string>()->default_value("cpu"))
-    ("seed", "seed for weights and data", cxxopts::value<uint64_t>()->default_value("0"))
-    ("h,help", "print this help");
-  // clang-format on
   try {
-    const auto args = kiln::cli::parse(options, argc, argv);
-    if (args.count("help")) {
-      std::cout << options.help() << "\n";
+    const auto line = kiln::config::parse_command_line(kiln::cli::arguments(argc, argv), kiln::cli::smoke_spelling());
+    if (line.help) {
+      std::cout << kiln::cli::settings_help(
+          "Usage: kiln-smoke [--KEY VALUE ...]\n\n"
+          "Train a LLaMA preset for a few steps on synthetic data and check the loss falls.",
+          kiln::cli::smoke_keys());
       return 0;
     }
-    const auto config = kiln::model::load_llama_config(args["model"].as<std::string>());
-    const at::ScalarType dtype = parse_dtype(args["dtype"].as<std::string>());
-    const at::Device device = kiln::cli::device(args["device"].as<std::string>());
+    const kiln::cli::SmokeSettings s = kiln::cli::read_smoke_settings(line);
+    const auto config = kiln::model::load_llama_config(s.model);
+    const at::ScalarType dtype = parse_dtype(s.dtype);
+    const at::Device device = kiln::cli::device(s.given, s.device);
     const std::string device_name = device.is_cuda() ? "cuda" : "cpu";
-    const int64_t steps = args["steps"].as<int64_t>(), batch = args["batch-size"].as<int64_t>(),
-                  seq = args["seq-len"].as<int64_t>();
-    if (steps <= 0 || batch <= 0 || seq < 2)
-      throw std::invalid_argument("--steps, --batch-size must be > 0, --seq-len >= 2");
-    const uint64_t seed = args["seed"].as<uint64_t>();
+    const int64_t steps = s.max_steps, batch = s.per_device_train_batch_size, seq = s.cutoff_len;
+    const auto seed = static_cast<uint64_t>(s.seed);
 
     kiln::model::LlamaForCausalLM model(config, at::TensorOptions().device(device).dtype(dtype));
     model->init_weights(seed);
     fmt::print("kiln-smoke: model {} ({} parameters), {} on {}, {} steps of {} x {} tokens\n", config.source,
-               kiln::with_commas(model->num_parameters()), args["dtype"].as<std::string>(), device_name, steps, batch,
-               seq);
+               kiln::with_commas(model->num_parameters()), s.dtype, device_name, steps, batch, seq);
 
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
     const at::Tensor successor = at::randperm(config.vocab_size, gen, at::kLong);
-    torch::optim::AdamW optimizer(model->parameters(),
-                                  torch::optim::AdamWOptions(args["lr"].as<double>()).weight_decay(0.0));
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(s.learning_rate).weight_decay(0.0));
 
     const double uniform = std::log(static_cast<double>(config.vocab_size));
     double first = 0, last = 0;

@@ -1,4 +1,5 @@
-// kiln-tokenize: text corpus -> token shards (lib/kiln/data/tokenize.h), plus two extra modes:
+// kiln-tokenize: text corpus -> token shards (lib/kiln/data/tokenize.h), plus three extra modes
+// (keys: settings.h; each mode refuses the keys it does not read):
 //   --default-corpus  build (or find) the embedded corpus's shards and print their folder;
 //   --bench           time single- and multi-threaded encoding of the inputs (no output written),
 //                     printed as one JSON line that scripts/bench_tokenizer.py sets beside HF's;
@@ -10,14 +11,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
@@ -26,6 +25,7 @@
 #include "kiln/data/parquet_reader.h"
 #include "kiln/data/tokenize.h"
 #include "kiln/data/tokenizer.h"
+#include "settings.h"
 
 namespace {
 
@@ -76,82 +76,35 @@ double bench(const kiln::data::Tokenizer& tok, const std::vector<std::string>& d
 
 }  // namespace
 
-// Each mode reads its own options: one given to another mode, or two modes at once, would be
-// silently ignored, so each is an error naming the option and the mode.
-static void check_mode_options(const cxxopts::ParseResult& args) {
-  const std::vector<std::pair<std::string, std::set<std::string>>> modes = {
-      {"default-corpus", {"default-corpus", "output"}},
-      {"decode", {"decode", "tokenizer", "eos", "skip-special-tokens"}},
-      {"bench", {"bench", "repeat", "input", "tokenizer", "eos", "text-key", "txt-unit", "threads", "skip-bad-lines"}},
-  };
-  const std::set<std::string> not_tokenize = {"default-corpus", "decode", "skip-special-tokens", "bench", "repeat"};
-  std::string mode;
-  for (const auto& [name, reads] : modes) {
-    if (!args.count(name)) continue;
-    if (!mode.empty()) throw std::invalid_argument(fmt::format("give --{} or --{}, not both", mode, name));
-    mode = name;
-  }
-  for (const auto& kv : args.arguments()) {
-    const bool applies =
-        mode.empty() ? not_tokenize.count(kv.key()) == 0 : std::find_if(modes.begin(), modes.end(), [&](const auto& m) {
-                                                             return m.first == mode;
-                                                           })->second.count(kv.key()) > 0;
-    if (!applies) {
-      throw std::invalid_argument(fmt::format("--{} does not apply to {} (kiln-tokenize --help)", kv.key(),
-                                              mode.empty() ? "tokenizing" : "--" + mode));
-    }
-  }
-}
-
 int main(int argc, char** argv) {
   const std::string parquet = kiln::data::parquet_supported()
                                   ? fmt::format("read through Apache Arrow: {}", kiln::data::parquet_build_info())
                                   : fmt::format("NOT in this build: {}", kiln::data::parquet_build_info());
-  cxxopts::Options options(
-      "kiln-tokenize",
-      fmt::format("Tokenize text files into kiln token shards. Inputs: .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json "
-                  "(an array or JSON Lines) and .parquet (a string column; {})",
-                  parquet));
-  // clang-format off
-  options.add_options()
-    ("tokenizer", "'byte' or a tokenizer.json (or its folder): byte-level BPE (GPT-2, Llama-3 style) or SentencePiece-BPE (Llama-2, Mistral, TinyLlama layouts)", cxxopts::value<std::string>()->default_value("byte"))
-    ("eos", "EOS token content of an HF tokenizer (default: from tokenizer_config.json / well-known names)", cxxopts::value<std::string>())
-    ("input", "input .txt/.jsonl/.jsonl.gz/.jsonl.zst/.json/.parquet files or folders (repeat or comma-separate)", cxxopts::value<std::vector<std::string>>())
-    ("output", "output folder of the shard set", cxxopts::value<std::string>())
-    ("text-key", "JSON field (Parquet column) holding the text; a null is an empty document", cxxopts::value<std::string>()->default_value("text"))
-    ("txt-unit", "a .txt file is one document ('file') or each non-empty line is ('line')", cxxopts::value<std::string>()->default_value("file"))
-    ("val-fraction", "fraction of documents for the 'val' split (every 1/F-th document)", cxxopts::value<double>()->default_value("0"))
-    ("threads", "tokenizer threads (0 = all cores)", cxxopts::value<int>()->default_value("0"))
-    ("shard-tokens", "tokens per shard (shards end at document ends)", cxxopts::value<int64_t>()->default_value("268435456"))
-    ("add-special-tokens", "add the tokenizer's template tokens (e.g. BOS) to each document, as HF's add_special_tokens")
-    ("skip-bad-lines", "report malformed JSONL lines and skip them instead of failing")
-    ("overwrite", "replace an existing shard set in --output")
-    ("no-progress", "no progress bar")
-    ("default-corpus", "build (or find) the embedded default corpus's shards in a folder under --output (default: the cache) and print that folder")
-    ("bench", "time encoding of --input single- and multi-threaded; prints a JSON line")
-    ("repeat", "--bench: passes over the input", cxxopts::value<int>()->default_value("1"))
-    ("decode", "print the text of each line of FILE, a JSON list of ids, as one JSON string per line (invalid UTF-8 as U+FFFD)", cxxopts::value<std::string>())
-    ("skip-special-tokens", "--decode: leave special tokens out, as HF's decode(skip_special_tokens=True)")
-    ("h,help", "print this help");
-  // clang-format on
   try {
-    const auto args = kiln::cli::parse(options, argc, argv);
-    if (args.count("help")) {
-      std::cout << options.help() << "\n";
+    const auto line =
+        kiln::config::parse_command_line(kiln::cli::arguments(argc, argv), kiln::cli::tokenize_spelling());
+    if (line.help) {
+      std::cout << kiln::cli::settings_help(
+          fmt::format("Usage: kiln-tokenize --input PATH --output_dir DIR [--KEY VALUE ...]\n"
+                      "       kiln-tokenize --default_corpus [--output_dir DIR]\n"
+                      "       kiln-tokenize --decode FILE [--tokenizer T]\n"
+                      "       kiln-tokenize --bench --input PATH [--KEY VALUE ...]\n\n"
+                      "Tokenize text files into kiln token shards. Inputs: .txt, .jsonl, .jsonl.gz, .jsonl.zst, .json "
+                      "(an array or JSON Lines)\nand .parquet (a string column; {})",
+                      parquet),
+          kiln::cli::tokenize_keys());
       return 0;
     }
-    check_mode_options(args);
-    if (args.count("default-corpus")) {
-      const std::string cache = args.count("output") ? args["output"].as<std::string>() : "";
-      fmt::print("{}\n", kiln::data::default_corpus_shards(cache));
+    const kiln::cli::TokenizeSettings args = kiln::cli::read_tokenize_settings(line);
+    if (args.default_corpus) {
+      fmt::print("{}\n", kiln::data::default_corpus_shards(args.output_dir));
       return 0;
     }
-    if (args.count("decode")) {
-      const auto tokenizer =
-          kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), kiln::cli::optional_string(args, "eos"));
-      const auto path = args["decode"].as<std::string>();
+    if (!args.decode.empty()) {
+      const auto tokenizer = kiln::data::load_tokenizer(args.tokenizer, args.eos);
+      const std::string& path = args.decode;
       std::ifstream in(path);
-      if (!in) throw std::invalid_argument(fmt::format("--decode: cannot open '{}'", path));
+      if (!in) args.given.fail("decode", fmt::format("cannot open '{}'", path));
       std::string line;
       std::vector<int32_t> ids;
       for (int64_t n = 1; std::getline(in, line); ++n) {
@@ -164,39 +117,28 @@ int main(int argc, char** argv) {
             throw std::invalid_argument(fmt::format("{}:{}: {} is not a token id", path, n, v.dump()));
           ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
         }
-        const std::string text = tokenizer->decode(ids, args.count("skip-special-tokens") > 0);
+        const std::string text = tokenizer->decode(ids, args.skip_special_tokens);
         std::cout << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       }
       return 0;
     }
-    if (!args.count("input")) throw std::invalid_argument("--input: required (files or folders)");
     kiln::data::TokenizeOptions opt;
-    opt.inputs = args["input"].as<std::vector<std::string>>();
-    opt.text_key = args["text-key"].as<std::string>();
-    const auto unit = args["txt-unit"].as<std::string>();
-    if (unit != "file" && unit != "line")
-      throw std::invalid_argument(fmt::format("--txt-unit must be file or line, got '{}'", unit));
-    opt.txt_unit = unit == "file" ? kiln::data::TxtUnit::kFile : kiln::data::TxtUnit::kLine;
-    opt.val_fraction = args["val-fraction"].as<double>();
-    if (opt.val_fraction < 0 || opt.val_fraction >= 1)
-      throw std::invalid_argument(fmt::format("--val-fraction must be in [0, 1), got {}", opt.val_fraction));
-    opt.threads = args["threads"].as<int>();
-    if (opt.threads < 0) throw std::invalid_argument(fmt::format("--threads must be >= 0, got {}", opt.threads));
-    opt.shard_tokens = args["shard-tokens"].as<int64_t>();
-    if (opt.shard_tokens <= 0)
-      throw std::invalid_argument(fmt::format("--shard-tokens must be > 0, got {}", opt.shard_tokens));
-    opt.skip_bad_lines = args.count("skip-bad-lines") > 0;
-    opt.add_special_tokens = args.count("add-special-tokens") > 0;
-    opt.overwrite = args.count("overwrite") > 0;
-    const auto tokenizer =
-        kiln::data::load_tokenizer(args["tokenizer"].as<std::string>(), kiln::cli::optional_string(args, "eos"));
+    opt.inputs = args.input;
+    opt.text_key = args.text_key;
+    opt.txt_unit = args.txt_unit == "file" ? kiln::data::TxtUnit::kFile : kiln::data::TxtUnit::kLine;
+    opt.val_fraction = args.val_fraction;
+    opt.threads = static_cast<int>(args.threads);
+    opt.shard_tokens = args.shard_tokens;
+    opt.skip_bad_lines = args.skip_bad_lines;
+    opt.add_special_tokens = args.add_special_tokens;
+    opt.overwrite = args.overwrite;
+    const auto tokenizer = kiln::data::load_tokenizer(args.tokenizer, args.eos);
 
-    if (args.count("bench")) {
+    if (args.bench) {
       const auto docs = kiln::data::read_documents(opt);
       const int threads =
           opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      const int repeat = args["repeat"].as<int>();
-      if (repeat < 1) throw std::invalid_argument(fmt::format("--repeat must be >= 1, got {}", repeat));
+      const int repeat = static_cast<int>(args.repeat);
       int64_t bytes = 0, tokens = 0;
       for (const auto& d : docs) bytes += static_cast<int64_t>(d.size());
       bench(*tokenizer, docs, 1, 1, tokens);  // warm-up (word caches, page faults)
@@ -210,9 +152,8 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    if (!args.count("output")) throw std::invalid_argument("--output: required (folder for the shard set)");
-    opt.output_dir = args["output"].as<std::string>();
-    const bool progress = !args.count("no-progress") && ::isatty(fileno(stderr));
+    opt.output_dir = args.output_dir;
+    const bool progress = args.progress && ::isatty(fileno(stderr));
     if (progress) opt.on_progress = draw_progress;
     int64_t warned = 0;
     opt.on_warning = [&](const std::string& m) {

@@ -24,7 +24,7 @@ while (($#)); do
     *) echo "usage: scripts/bundle_deps.sh [--prebuilt BUILD_DIR] [--no-python] [--sanitizer]" >&2; exit 2 ;;
   esac
 done
-dev_packages=(libfmt-dev libspdlog-dev libyaml-cpp-dev libcxxopts-dev catch2 nlohmann-json3-dev libpcre2-dev
+dev_packages=(libfmt-dev libspdlog-dev libyaml-cpp-dev catch2 nlohmann-json3-dev libpcre2-dev
   libbenchmark-dev libgloo-dev)  # libgloo-dev: headers only (c10d Gloo, kiln/dist/comm.cpp)
 # The runtime libraries the -dev packages' .so links point to, and pkg-config itself.
 runtime_packages=(libfmt9 libspdlog1.10 libyaml-cpp0.7 libbenchmark1debian libpcre2-8-0 libpkgconf3 pkgconf-bin)

@@ -515,7 +515,7 @@ if ((!use_prebuilt)); then
     -DCMAKE_PREFIX_PATH="$deps" -DKILN_FETCH_MISSING=OFF -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${KILN_DEVICE_ARCH:-90}" \
     -DKILN_PTXAS_VERBOSE=ON -DKILN_PYTHON= -DPKG_CONFIG_EXECUTABLE="$deps/bin/pkgconf" \
     -Dfmt_DIR="$multi/cmake/fmt" -Dspdlog_DIR="$multi/cmake/spdlog" -Dyaml-cpp_DIR="$multi/cmake/yaml-cpp" \
-    -Dbenchmark_DIR="$multi/cmake/benchmark" -Dcxxopts_DIR="$deps/lib/cmake/cxxopts" \
+    -Dbenchmark_DIR="$multi/cmake/benchmark" \
     -DCatch2_DIR="$deps/lib/cmake/Catch2" -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json") >>"$log" 2>&1 ||
     { echo "device_check: configure failed (env.log)" | tee -a "$log"; exit 1; }
   if [[ "$call" == configure ]]; then

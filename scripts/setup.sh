@@ -30,7 +30,7 @@ say() { printf '[setup] %s\n' "$*"; }
 # --- Debian packages -------------------------------------------------------------------------
 debian_packages=(
   g++ cmake ninja-build ccache pkg-config
-  libfmt-dev libspdlog-dev libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev
+  libfmt-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
   libpcre2-dev libbenchmark-dev libgloo-dev zlib1g-dev
   libzstd-dev  # .jsonl.zst inputs
   libcairo2-dev fonts-dejavu-core  # plot_loss figures (optional in CMake); matplotlib's font

@@ -1,7 +1,7 @@
 # Finds kiln's C++ dependencies (Debian packages on the reference machine: see scripts/setup.sh).
 # A system that lacks one gets a pinned release through FetchContent when KILN_FETCH_MISSING is on.
 # Every dependency ends up as one target name used in the rest of the build:
-#   fmt::fmt  spdlog::spdlog  cxxopts::cxxopts  yaml-cpp  nlohmann_json::nlohmann_json
+#   fmt::fmt  spdlog::spdlog  yaml-cpp  nlohmann_json::nlohmann_json
 #   kiln::pcre2  Catch2::Catch2 (tests)  benchmark::benchmark (apps)
 include(FetchContent)
 
@@ -39,11 +39,6 @@ find_package(spdlog QUIET)
 if(NOT spdlog_FOUND)
   set(SPDLOG_FMT_EXTERNAL ON)
   kiln_fetch(spdlog https://github.com/gabime/spdlog.git v1.10.0)
-endif()
-
-find_package(cxxopts QUIET)
-if(NOT cxxopts_FOUND)
-  kiln_fetch(cxxopts https://github.com/jarro2783/cxxopts.git v3.1.1)
 endif()
 
 find_package(yaml-cpp QUIET)

@@ -128,3 +128,39 @@ TEST_CASE("select_keys takes another table's keys by name and refuses a missing 
   CHECK(some[1].name == "name");
   CHECK_THROWS_AS(kiln::config::select_keys(table(), {"nope"}), std::logic_error);
 }
+
+TEST_CASE("a program's command line: --config FILE, --help, accumulating lists, key sources", "[config]") {
+  kiln::config::Spelling spelling;
+  spelling.accumulate = {"sizes"};
+  const auto line = kiln::config::parse_command_line(
+      {"--config", "a.yaml", "--sizes", "1", "--steps", "2", "--sizes", "2,3", "--config=b.yaml", "--steps", "4"},
+      spelling);
+  CHECK(line.config_path == "b.yaml");  // given twice: the last
+  CHECK(!line.help);
+  CHECK(line.overrides == Pairs{{"sizes", "1,2,3"}, {"steps", "2"}, {"steps", "4"}});
+  CHECK(from_cli({"--sizes", "1", "--steps", "2", "--sizes", "2,3", "--steps", "4"}, spelling).sizes ==
+        std::vector<int64_t>{1, 2, 3});
+  CHECK(from_cli({"--sizes", "1", "--sizes", "2"}).sizes == std::vector<int64_t>{2});  // not accumulating: the last
+  // --help anywhere wins over whatever else the line holds.
+  CHECK(kiln::config::parse_command_line({"--steps", "--nonsense", "stray", "-h"}).help);
+  CHECK_THAT(error_of([] { kiln::config::parse_command_line({"--config"}); }), Contains("key 'config': missing value"));
+  // With the table's keys known, an unknown one takes no following key as its value, so the
+  // reader names it as unknown; without them, it takes the next argument.
+  kiln::config::Spelling known;
+  known.keys = {"steps", "fast"};
+  CHECK(kiln::config::parse_command_line({"--stepz", "--steps", "2"}, known).overrides ==
+        Pairs{{"stepz", "true"}, {"steps", "2"}});
+  CHECK(kiln::config::parse_command_line({"--stepz", "5"}, known).overrides == Pairs{{"stepz", "5"}});
+  CHECK_THAT(error_of([&] { from_cli({"--stepz"}, known); }), Contains("command line: key 'stepz': unknown key"));
+  CHECK_THAT(error_of([] { from_cli({"--stepz"}); }), Contains("key 'stepz': missing value"));
+  // Where each key came from, and a later check naming it.
+  Settings s;
+  const auto sources = kiln::config::read_settings(s, table(), "", Pairs{{"steps", "9"}}, "see --help");
+  CHECK(s.steps == 9);
+  CHECK(sources.given("steps"));
+  CHECK(!sources.given("rate"));
+  CHECK(sources.keys() == std::vector<std::string>{"steps"});
+  CHECK_THAT(error_of([&] { kiln::config::check_keys_apply(sources, {"name"}, "mode x", "see --help"); }),
+             Contains("command line: key 'steps': does not apply to mode x (see --help)"));
+  CHECK_NOTHROW(kiln::config::check_keys_apply(sources, {"steps"}, "mode x", ""));
+}

@@ -1,7 +1,8 @@
 """The programs' command lines. kiln-smoke end to end: the loss falls on the synthetic language,
-and bad arguments fail with a message that names the argument and value (exit code 2), never a
-crash. Every program: a word no option takes, or an option of another mode, is refused by name
-(cxxopts and the modes' own code would otherwise drop it silently)."""
+and bad arguments fail with a message that names the source, the key and the value (exit code 2),
+never a crash. Every program: a word no key takes, or a key of another mode, is refused by name
+(a parser that set it aside, or a mode that ignored it, would drop it silently). The settings
+readers themselves: tests/apps/test_settings.cpp."""
 import math
 import re
 from pathlib import Path
@@ -19,7 +20,7 @@ def test_smoke_run_learns(run_kiln):
 
 def test_bad_arguments_are_named(run_kiln):
     out = run_kiln("kiln-smoke", "--dtype", "fp8")
-    assert out.returncode == 2 and "--dtype" in out.stderr and "'fp8'" in out.stderr
+    assert out.returncode == 2 and "command line: key 'dtype'" in out.stderr and "'fp8'" in out.stderr
     out = run_kiln("kiln-smoke", "--model", "no-such-model")
     assert out.returncode == 2 and "no-such-model" in out.stderr and "tiny" in out.stderr
     out = run_kiln("kiln-smoke", "--steps", "abc")
@@ -27,7 +28,7 @@ def test_bad_arguments_are_named(run_kiln):
 
 
 def test_a_word_no_option_takes_is_refused_by_every_app(run_kiln, tmp_path):
-    # cxxopts keeps such words aside silently: `--input a.txt b.txt` (a shell glob) would tokenize
+    # A parser that keeps such words aside (cxxopts did) loses them silently: `--input a.txt b.txt` (a shell glob) would tokenize
     # only a.txt, `--prompt Once upon a time` would continue "Once". Each app must stop, naming it.
     (tmp_path / "a.txt").write_text("one\n")
     (tmp_path / "b.txt").write_text("two\n")
@@ -57,24 +58,26 @@ def test_docs_embedding_shows_the_tested_service():
 def test_kiln_hf_refuses_an_option_its_command_does_not_read(run_kiln, tmp_path):
     # train ran without --kernels/--autocast/--fused-loss/--grads (forward's options) and said nothing.
     d = str(tmp_path)
-    for command, args, bad in [("train", ["--model", d, "--kernels", "aten"], "--kernels"),
-                               ("train", ["--model", d, "--grads"], "--grads"),
-                               ("inspect", ["--in", d, "--out", "x"], "--out"),
-                               ("convert", ["--model", d, "--batch", "b.safetensors"], "--batch")]:
+    for command, args, bad in [("train", ["--model", d, "--kernels", "aten"], "kernels"),
+                               ("train", ["--model", d, "--grads"], "grads"),
+                               ("inspect", ["--in", d, "--out", "x"], "out"),
+                               ("convert", ["--model", d, "--batch", "b.safetensors"], "batch")]:
         out = run_kiln("kiln-hf", command, *args)
         assert out.returncode == 2, out.stderr
-        assert f"{bad} does not apply to {command}" in out.stderr, out.stderr
+        assert f"key '{bad}': does not apply to {command}" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("call, words", [
-    (("kiln-tokenize", "--decode", "ids.jsonl", "--input", "a.txt"), "--input does not apply to --decode"),
-    (("kiln-tokenize", "--bench", "--input", "a.txt", "--output", "o"), "--output does not apply to --bench"),
+    (("kiln-tokenize", "--decode", "ids.jsonl", "--input", "a.txt"), "key 'input': does not apply to decode"),
+    (("kiln-tokenize", "--bench", "--input", "a.txt", "--output", "o"), "key 'output_dir': does not apply to bench"),
     (("kiln-tokenize", "--bench", "--input", "a.txt", "--add-special-tokens"),
-     "--add-special-tokens does not apply to --bench"),
-    (("kiln-tokenize", "--input", "a.txt", "--output", "o", "--repeat", "3"), "--repeat does not apply to tokenizing"),
+     "key 'add_special_tokens': does not apply to bench"),
+    (("kiln-tokenize", "--input", "a.txt", "--output", "o", "--repeat", "3"),
+     "key 'repeat': does not apply to tokenizing"),
     (("kiln-tokenize", "--default-corpus", "--decode", "ids.jsonl"), "not both"),
-    (("kiln-bench", "--ops", "rmsnorm", "--seqlens", "128"), "--seqlens applies to --ops attention"),
-    (("kiln-bench", "--ops", "rmsnorm", "--comm-max-bytes", "1048576"), "--comm-max-bytes applies to --ops comm"),
+    (("kiln-bench", "--ops", "rmsnorm", "--seqlens", "128"), "key 'seqlens': applies to ops attention"),
+    (("kiln-bench", "--ops", "rmsnorm", "--comm-max-bytes", "1048576"),
+     "key 'comm_max_bytes': applies to ops comm"),
 ])
 def test_an_option_of_another_mode_is_refused(run_kiln, call, words):
     out = run_kiln(*call)

@@ -25,7 +25,7 @@ def test_bad_jsonl_lines(tmp_path, run_kiln):
     res = run_kiln("kiln-tokenize", "--input", tmp_path / "missing.jsonl", "--output", out)
     assert res.returncode == 2 and "missing.jsonl" in res.stderr
     res = run_kiln("kiln-tokenize", "--input", src, "--output", out, "--val-fraction", "1.5")
-    assert res.returncode == 2 and "--val-fraction" in res.stderr
+    assert res.returncode == 2 and "key 'val_fraction'" in res.stderr
 
 
 def test_default_corpus_shards(tmp_path, run_kiln):

@@ -41,7 +41,8 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
     }
     if (!value) {
       const bool has_next = i + 1 < args.size();
-      if (contains(spelling.switches, key) && (!has_next || args[i + 1].rfind("--", 0) == 0)) {
+      const bool unknown = !spelling.keys.empty() && !contains(spelling.keys, key);
+      if ((contains(spelling.switches, key) || unknown) && (!has_next || args[i + 1].rfind("--", 0) == 0)) {
         value = "true";
       } else if (has_next) {
         value = args[++i];
@@ -49,9 +50,59 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
         throw ConfigError(fmt::format("command line: key '{}': missing value", key));
       }
     }
+    const auto earlier = std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == key; });
+    if (earlier != out.end() && contains(spelling.accumulate, key)) {  // --input a --input b
+      earlier->second += "," + *value;
+      continue;
+    }
     out.emplace_back(key, *value);
   }
   return out;
+}
+
+CommandLine parse_command_line(const std::vector<std::string>& args, const Spelling& spelling) {
+  CommandLine line;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") {
+      line.help = true;
+      return line;
+    }
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config") {
+      if (i + 1 == args.size()) throw ConfigError("command line: key 'config': missing value (a YAML file)");
+      line.config_path = args[++i];
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      line.config_path = args[i].substr(9);
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  line.overrides = parse_overrides(rest, spelling);
+  return line;
+}
+
+const std::string& KeySources::source(const std::string& key) const {
+  const auto it = sources_.find(key);
+  return it == sources_.end() ? fallback_ : it->second;
+}
+
+std::vector<std::string> KeySources::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [key, source] : sources_) out.push_back(key);
+  return out;
+}
+
+void check_keys_apply(const KeySources& given, const std::vector<std::string>& keys, const std::string& mode,
+                      const std::string& hint) {
+  for (const std::string& key : given.keys()) {
+    if (!contains(keys, key)) given.fail(key, fmt::format("does not apply to {} ({})", mode, hint));
+  }
+}
+
+void KeySources::fail(const std::string& key, const std::string& problem) const {
+  throw ConfigError(config_message(source(key), key, problem));
 }
 
 ConfigReader overrides_reader(const std::vector<std::pair<std::string, std::string>>& overrides,

@@ -8,13 +8,18 @@
 // so a value means the same and fails with the same words in both. The rules, for every program:
 //   - unknown key: an error naming the source (the file, or "command line") and the key;
 //   - repeated key: in a file an error (yaml.h); on the command line the last one wins (argparse's
-//     rule: a wrapper can append overrides to a base command), and the command line wins over
-//     the file;
+//     rule: a wrapper can append overrides to a base command; a negative flag such as
+//     --no-add-bos is the same key, so `--add-bos --no-add-bos` is add_bos false), and the command
+//     line wins over the file. The one exception a program may declare: a list key whose repeats
+//     add up (Spelling::accumulate: kiln-tokenize's `--input a --input b` is `--input a,b`);
 //   - contradictory keys: the struct's validate() refuses them, naming the source and a key.
+// The other programs (kiln-eval, kiln-generate, kiln-hf, kiln-tokenize, kiln-bench, kiln-smoke)
+// take `--config FILE` and their keys through parse_command_line and read_settings below.
 // Internal to the library (pulls in yaml-cpp through yaml.h).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -111,6 +116,14 @@ struct Spelling {
   // Keys that may stand alone, meaning true (the boolean keys): `--counters` is `--counters true`.
   // Such a key takes the next argument as its value only when it does not start with "--".
   std::vector<std::string> switches;
+  // List keys whose repeats add up (`--input a --input b` is `--input a,b`); every other key
+  // repeated: the last wins.
+  std::vector<std::string> accumulate;
+  // The table's keys, when given: a key not among them reads as a switch (it takes the next
+  // argument only when that does not start with "--"), so that a misspelled flag (`--grad` for
+  // `--grads`) is reported by the reader as an unknown key rather than as a key missing its
+  // value or one taking the next key as its value.
+  std::vector<std::string> keys;
 };
 
 // The switches of a table: its boolean keys.
@@ -133,6 +146,64 @@ std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vect
 // winning; `source` names it in errors.
 ConfigReader overrides_reader(const std::vector<std::pair<std::string, std::string>>& overrides,
                               const std::string& source = "command line");
+
+// A program's command line, split: `--config FILE` (a YAML file of the same keys; given twice, the
+// last wins), whether -h or --help is anywhere in it (then nothing else is parsed), and the rest
+// as parse_overrides reads it.
+struct CommandLine {
+  std::string config_path;
+  bool help = false;
+  std::vector<std::pair<std::string, std::string>> overrides;
+};
+CommandLine parse_command_line(const std::vector<std::string>& args, const Spelling& spelling = {});
+
+// Where each given key of a program's settings came from: the file's path or "command line" (the
+// command line's winning). A check after the reading names the key's source through fail().
+class KeySources {
+ public:
+  explicit KeySources(std::string fallback = "command line") : fallback_(std::move(fallback)) {}
+  void set(const std::string& key, const std::string& source) { sources_[key] = source; }
+  bool given(const std::string& key) const { return sources_.count(key) > 0; }
+  // The key's source; for a key given nowhere (a missing one, a default), the last source read.
+  const std::string& source(const std::string& key) const;
+  // The given keys, sorted.
+  std::vector<std::string> keys() const;
+  // Throws ConfigError "<source>: key '<key>': <problem>".
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const;
+
+ private:
+  std::map<std::string, std::string> sources_;
+  std::string fallback_;
+};
+
+// Reads `table` into `c` from the YAML file `path` (none when empty), then from the command
+// line's `overrides` (winning over the file); each source's unknown keys are refused, `hint`
+// ending the message (where --help lists the keys). Returns where each given key came from.
+template <class C>
+KeySources read_settings(C& c, const KeyTable<C>& table, const std::string& path,
+                         const std::vector<std::pair<std::string, std::string>>& overrides, const std::string& hint) {
+  KeySources sources(path.empty() || !overrides.empty() ? "command line" : path);
+  auto read = [&](ConfigReader& r) {
+    read_keys(r, c, table);
+    r.finish(hint);
+    for (const Key<C>& key : table) {
+      if (r.has(key.name)) sources.set(key.name, r.source());
+    }
+  };
+  if (!path.empty()) {
+    ConfigReader file = ConfigReader::from_file(path);
+    read(file);
+  }
+  ConfigReader cli = overrides_reader(overrides);
+  read(cli);
+  return sources;
+}
+
+// A program's modes (kiln-hf's commands, kiln-tokenize's --decode) each read some of its keys: one
+// given to another mode would be silently ignored, so it is refused, naming its source: "<source>:
+// key 'k': does not apply to <mode> (<hint>)".
+void check_keys_apply(const KeySources& given, const std::vector<std::string>& keys, const std::string& mode,
+                      const std::string& hint);
 
 // The --help list of `keys`: one "  --key VALUE  help" line each (the help wrapped at `width`).
 std::string keys_help(const std::vector<KeyDoc>& keys, size_t width = 100);
