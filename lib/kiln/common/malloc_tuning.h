@@ -7,7 +7,7 @@
 // fused SwiGLU backward over 393K elements took 0.4 ms in warm memory and 2.0 ms in fresh pages).
 // Raising the mmap threshold to 64 MiB and the trim threshold to 256 MiB keeps that memory in
 // the heap for the next step: measured on this 2-core VM, the tiny preset +20-40% tokens/s and
-// the 56M model's peak RSS 891-1022 MB instead of 1027-1091 MB (docs/performance.md).
+// the 56M model's peak RSS 891-1022 MB instead of 1027-1091 MB (docs/benchmarks.md).
 //
 // Not the default: with it, the exact-resume test (kill -9, resume, compare losses bit for bit)
 // once failed 3 times in 8 runs on one VM, a cause never found (docs/training.md).

@@ -2,7 +2,7 @@
 // autocast, and a faster way to compute a low-precision linear on CPUs that lack AMX tiles.
 //
 // On such a CPU (AVX-512-BF16 or AVX2 only), oneDNN's bf16 and fp16 GEMMs are slower than MKL's
-// fp32 GEMM (measured here on an AVX-512-BF16 machine, docs/performance.md), yet bf16 autocast
+// fp32 GEMM (measured here on an AVX-512-BF16 machine, docs/benchmarks.md) , yet bf16 autocast
 // runs every projection in bf16. With the kiln backend, a linear whose compute dtype is bf16 or
 // fp16 (the autocast dtype, or the dtype of both operands without autocast) on such a CPU runs as
 // one fp32 GEMM over the operands rounded to the compute dtype, and its result is rounded to it:

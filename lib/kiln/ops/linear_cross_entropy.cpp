@@ -51,7 +51,7 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
   const at::Tensor valid_acc = valid.to(acc);
   const at::Tensor safe = at::where(valid, labels, at::zeros_like(labels)).unsqueeze(1);  // [n, 1]
   // One fused log-softmax (max, sum of exponentials, write: ATen's vectorised kernel) instead of
-  // logsumexp + gather + subtract + exp: fewer passes over the [n, V] chunk (docs/performance.md).
+  // logsumexp + gather + subtract + exp: fewer passes over the [n, V] chunk (docs/benchmarks.md).
   at::Tensor logp = at::log_softmax(logits, 1, acc);                           // [n, V] in fp32
   const at::Tensor nll = logp.gather(1, safe).squeeze(1).neg();                // -log p(target)
   const at::Tensor lse = logits.gather(1, safe).squeeze(1).to(acc).add_(nll);  // x[target] + nll

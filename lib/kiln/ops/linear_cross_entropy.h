@@ -80,7 +80,7 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
 // at most rows. Each chunk adds its [V, H] product into the fp32 weight gradient (reading and
 // writing all of it) and runs a dozen ops, each a parallel region; with 64-row chunks
 // (Liger's rule for V 32000, H 512, 1024 rows) that cost the CPU 1.6x ATen's full-logits time on
-// 2 threads, with 256 rows it is ATen's time (docs/performance.md). Memory stays far below the
+// 2 threads, with 256 rows it is ATen's time (docs/benchmarks.md). Memory stays far below the
 // full logits (rows x V x 10+ bytes) either way; the memory model gets the same rule (train/kernel_choices.cpp).
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu = false);
 

@@ -38,7 +38,7 @@ void set_activation_checkpointing(model::LlamaForCausalLM& model, bool enable, i
 // low-precision weight (no matmul runs twice) and back-propagates dp through the prologue. The
 // attention core (flash/SDPA keeps only q, k, v, its output and the log-sum-exp) is not
 // recomputed: its inputs are the projections' outputs, kept either way. Exact gradients (the same
-// arithmetic as without recomputation). docs/performance.md gives the memory and time. Replaces
+// arithmetic as without recomputation). docs/performance.md: memory; benchmarks.md: time. Replaces
 // any recomputation installed before; enable = false removes it.
 void set_selective_recomputation(model::LlamaForCausalLM& model, bool enable);
 
