@@ -15,6 +15,14 @@
 //     threads, or interleaved in one) each get their own kernels and never change the other's.
 // The choice is made where an op runs forward; a backward follows what its forward chose (the
 // recomputing forward of activation checkpointing re-enters the scope it was saved under).
+//
+// The spec is the one switch a run sets, on the CPU as on a GPU: which implementation each op
+// runs. Inside kiln's CPU implementations three rules pick a precision or a loop by the CPU's
+// features (ops/linear.h: fp32 GEMMs on a CPU without AMX; ops/linear_cross_entropy.h: the loss
+// head's matmul dtype and its fused row loops). They are not settings: each has an environment
+// override, for measuring and testing on a machine whose CPU would pick the other path, listed in
+// docs/architecture.md's one table of environment variables, and a `testing::force_*` hook that
+// sets the same rule inside one test process (where the environment is read once).
 #pragma once
 
 #include <memory>
