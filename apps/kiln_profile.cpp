@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -290,21 +291,18 @@ int main(int argc, char** argv) {
       print_command_help(command);
       return 0;
     }
-    std::string config_path;  // sweep's YAML; given twice, the last wins (as every key)
+    // sweep reads `--config FILE` (given twice, the last wins, as every key) as the other programs
+    // do; plan and explain take none, so there `--config` is refused as a key of another subcommand.
+    const kiln::config::Spelling spelling = kiln::profile::command_spelling(command);
+    std::string config_path;
+    kiln::profile::Overrides overrides;
     if (command == Command::kSweep) {
-      std::vector<std::string> keys;
-      for (size_t i = 0; i < rest.size(); ++i) {
-        if (rest[i] == "--config" && i + 1 < rest.size()) {
-          config_path = rest[++i];
-        } else if (rest[i].rfind("--config=", 0) == 0) {
-          config_path = rest[i].substr(9);
-        } else {
-          keys.push_back(rest[i]);
-        }
-      }
-      rest = keys;
+      kiln::config::CommandLine line = kiln::config::parse_command_line(rest, spelling);
+      config_path = std::move(line.config_path);
+      overrides = std::move(line.overrides);
+    } else {
+      overrides = kiln::config::parse_overrides(rest, spelling);
     }
-    const auto overrides = kiln::config::parse_overrides(rest, kiln::profile::command_spelling(command));
     switch (command) {
       case Command::kPlan:
         return plan(overrides);

@@ -13,7 +13,6 @@
 #include <memory>
 #include <new>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -48,29 +47,6 @@
 #include "kiln/train/training_step.h"
 
 namespace kiln::profile {
-
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v <= 0) {
-      throw std::invalid_argument(fmt::format("{}: '{}' is not a positive integer (in '{}')", what, item, text));
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument(fmt::format("{}: empty list", what));
-  return out;
-}
 
 void SweepConfig::validate() const {
   auto fail = [&](const std::string& key, const std::string& problem) {

@@ -112,9 +112,6 @@ struct SweepConfig {
 // lists as YAML sequences or "128,256" strings, the same keys and errors in both; validates.
 SweepConfig load_sweep_config(const std::string& path,
                               const std::vector<std::pair<std::string, std::string>>& overrides = {});
-// "128,256" -> {128, 256}; throws std::invalid_argument naming `what` for a bad entry (kiln-bench's
-// list options).
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what);
 
 struct SweepPoint {
   int64_t batch_size = 1, grad_accum = 1, cutoff_len = 128;
