@@ -16,6 +16,7 @@
 
 #include "kiln/common/device.h"
 #include "kiln/model/llama_config.h"
+#include "kiln/ops/cpu_branches.h"
 #include "kiln/profile/sweep.h"
 #include "kiln/train/step.h"
 #include "kiln/train/trainer.h"
@@ -36,9 +37,24 @@ kiln::train::PretrainConfig optimisation() {
 
 }  // namespace
 
+namespace {
+
+// Both tests below run under every CPU's branches (ops/cpu_branches.h): the rules that pick a GEMM
+// precision, the loss head's path and the loops' instruction set by the CPU's features are forced
+// to what an AMX machine, an AVX2 one, ... would pick, so each machine checks the others' logic.
+const std::vector<kiln::ops::testing::CpuBranches>& branches() {
+  static const std::vector<kiln::ops::testing::CpuBranches> all = kiln::ops::testing::cpu_branches();
+  return all;
+}
+
+}  // namespace
+
 TEST_CASE("a kiln-profile point runs kiln-pretrain's step: 5 steps, the same losses bit for bit", "[train][profile]") {
   const std::string dtype = GENERATE("fp32", "bf16");
-  CAPTURE(dtype);
+  const size_t branch = GENERATE(range(size_t{0}, branches().size()));
+  const kiln::ops::testing::ForcedCpuBranches forced(branches()[branch]);
+  const std::string rules = kiln::ops::testing::describe_cpu_rules();
+  CAPTURE(dtype, branches()[branch].name, rules);
   const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 32};
 
   kiln::profile::SweepConfig sweep;
@@ -129,7 +145,10 @@ class HostReadCounter {
 
 TEST_CASE("one training step reads no device value on the host", "[train]") {
   const std::string dtype = GENERATE("fp32", "bf16", "fp16");
-  CAPTURE(dtype);
+  const size_t branch = GENERATE(range(size_t{0}, branches().size()));
+  const kiln::ops::testing::ForcedCpuBranches forced(branches()[branch]);
+  const std::string rules = kiln::ops::testing::describe_cpu_rules();
+  CAPTURE(dtype, branches()[branch].name, rules);
   kiln::train::PretrainConfig c = optimisation();
   c.model = "tiny";
   c.bf16 = dtype == "bf16";

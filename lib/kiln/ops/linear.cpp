@@ -27,6 +27,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::atomic<int> forced_cpu_linear_fp32{-1};
+std::atomic<int> forced_native_low_precision_gemm{-1};
 
 // dst (fp32, contiguous) = src rounded to `compute` and widened back: the values a `compute`
 // GEMM reads. An fp32 source is rounded in one pass; a `compute` one is widened exactly.
@@ -196,6 +197,10 @@ void testing::force_cpu_linear_fp32(int mode) {
   forced_cpu_linear_fp32 = mode;
 }
 
+void testing::force_cpu_native_low_precision_gemm(int mode) {
+  forced_native_low_precision_gemm = mode;
+}
+
 bool cpu_is_amd_with_avx512_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -216,6 +221,7 @@ bool cpu_native_low_precision_gemm(at::ScalarType compute) {
     TORCH_CHECK(s == "native" || s == "fp32", "KILN_CPU_LOW_PRECISION_GEMM must be native or fp32, got '", s, "'");
     return s == "native" ? 1 : 0;
   }();
+  if (const int forced = forced_native_low_precision_gemm.load(); forced >= 0) return forced == 1;
   if (env >= 0) return env == 1;
   static const bool amx = cpu_has_amx_bf16(), amd_bf16 = cpu_is_amd_with_avx512_bf16();
   if (compute == at::kBFloat16) return amx || amd_bf16;

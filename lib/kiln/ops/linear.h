@@ -65,6 +65,11 @@ namespace testing {
 // The CPU rule of ops::linear: -1 = automatic (cpu_native_low_precision_gemm), 0 = native low-precision GEMM, 1 = fp32
 // GEMM. For tests that run both paths on any machine.
 void force_cpu_linear_fp32(int mode);
+// cpu_native_low_precision_gemm's answer for every dtype: -1 = this CPU's rule (or
+// KILN_CPU_LOW_PRECISION_GEMM), 0 = fp32 is faster (an AVX2 or AVX-512 CPU without AMX), 1 = the
+// native bf16/fp16 GEMM is (AMX, Zen 4/5). The rules above it (ops::linear, the loss head) follow
+// unless forced themselves. ops/cpu_branches.h sets it with the other CPU rules.
+void force_cpu_native_low_precision_gemm(int mode);
 }  // namespace testing
 
 }  // namespace kiln::ops

