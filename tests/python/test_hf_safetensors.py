@@ -80,7 +80,7 @@ def test_bad_files_fail_with_file_and_tensor_named(run_kiln, tmp_path, case):
         expected = ["header length 10000"]
     elif case == "bad_json":
         f.write_bytes(struct.pack("<Q", 5) + b"{\"w\":")
-        expected = ["not valid JSON"]
+        expected = ["expected valid JSON"]
     elif case == "unknown_dtype":
         write_raw(f, {"w": dict(entry, dtype="F12")}, b"\0" * 8)
         expected = ["'w'", "F12"]

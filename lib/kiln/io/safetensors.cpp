@@ -20,7 +20,10 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "kiln/io/input_file.h"
 
 namespace kiln::io {
 
@@ -63,12 +66,29 @@ constexpr DtypeEntry kDtypes[] = {
     {"F8_E8M0", at::kFloat8_e8m0fnu},
 };
 
-[[noreturn]] void fail(const std::string& file, const std::string& problem) {
-  throw SafetensorsError(fmt::format("safetensors file '{}': {}", file, problem));
+// One shape for every refusal (io/input_file.h): "<file>: <field>: expected ..., found ...".
+[[noreturn]] void fail(const std::string& file, const std::string& field, const std::string& expected,
+                       const std::string& found) {
+  throw SafetensorsError(file, field, expected, found);
 }
 
-[[noreturn]] void fail_tensor(const std::string& file, const std::string& tensor, const std::string& problem) {
-  throw SafetensorsError(fmt::format("safetensors file '{}': tensor '{}': {}", file, tensor, problem));
+// io/input_file.h's refusals (the same message shape) as this reader's error type.
+template <typename Fn>
+auto as_safetensors_error(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const InputError& e) {
+    throw SafetensorsError(e.what());
+  }
+}
+
+std::string tensor_field(const std::string& tensor, const std::string& key = "") {
+  return fmt::format("tensor '{}'{}", tensor, key.empty() ? "" : "." + key);
+}
+
+[[noreturn]] void fail_tensor(const std::string& file, const std::string& tensor, const std::string& key,
+                              const std::string& expected, const std::string& found) {
+  fail(file, tensor_field(tensor, key), expected, found);
 }
 
 std::string errno_text() {
@@ -92,29 +112,31 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 TensorInfo parse_entry(const std::string& file, const std::string& name, const json& entry, uint64_t data_size) {
-  if (!entry.is_object()) fail_tensor(file, name, fmt::format("header entry is not an object: {}", entry.dump()));
+  if (!entry.is_object()) fail_tensor(file, name, "", "a header entry object", describe_json(entry));
   TensorInfo info;
   info.name = name;
   auto field = [&](const char* key) -> const json& {
     const auto it = entry.find(key);
-    if (it == entry.end()) fail_tensor(file, name, fmt::format("header entry has no '{}'", key));
+    if (it == entry.end()) fail_tensor(file, name, key, fmt::format("'{}' in its header entry", key), "no such key");
     return *it;
   };
   const json& dtype = field("dtype");
-  if (!dtype.is_string()) fail_tensor(file, name, fmt::format("'dtype' must be a string, got {}", dtype.dump()));
+  if (!dtype.is_string()) fail_tensor(file, name, "dtype", "a dtype name", describe_json(dtype));
   try {
     info.dtype = scalar_type_from_safetensors(dtype.get<std::string>());
-  } catch (const SafetensorsError& e) {
-    fail_tensor(file, name, e.what());
+  } catch (const SafetensorsError&) {
+    fail_tensor(file, name, "dtype", fmt::format("one of {}", fmt::join(safetensors_dtype_names(), ", ")),
+                fmt::format("'{}'", dtype.get<std::string>().substr(0, 40)));
   }
   const json& shape = field("shape");
-  if (!shape.is_array()) fail_tensor(file, name, fmt::format("'shape' must be an array, got {}", shape.dump()));
+  if (!shape.is_array() || shape.size() > 64)
+    fail_tensor(file, name, "shape", "an array of at most 64 sizes", describe_json(shape));
   uint64_t numel = 1;
   bool overflow = false;
   for (const json& d : shape) {
     const auto n = as_u64(d);
     if (!n || *n > static_cast<uint64_t>(INT64_MAX)) {
-      fail_tensor(file, name, fmt::format("'shape' must hold non-negative integers, got {}", shape.dump()));
+      fail_tensor(file, name, "shape", "non-negative integer sizes", shape.dump().substr(0, 80));
     }
     info.shape.push_back(static_cast<int64_t>(*n));
     if (*n != 0 && numel > UINT64_MAX / *n) overflow = true;
@@ -124,30 +146,34 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   std::optional<uint64_t> begin, end;
   if (offsets.is_array() && offsets.size() == 2) begin = as_u64(offsets[0]), end = as_u64(offsets[1]);
   if (!begin || !end) {
-    fail_tensor(file, name, fmt::format("'data_offsets' must be [begin, end] byte offsets, got {}", offsets.dump()));
+    fail_tensor(file, name, "data_offsets", "[begin, end] byte offsets", offsets.dump().substr(0, 80));
   }
   info.begin = *begin;
   info.end = *end;
   if (info.begin > info.end) {
-    fail_tensor(file, name, fmt::format("data_offsets [{}, {}] end before they begin", info.begin, info.end));
+    fail_tensor(file, name, "data_offsets", "an end at or after the begin",
+                fmt::format("[{}, {}] (they end before they begin)", info.begin, info.end));
   }
   if (info.end > data_size) {
-    fail_tensor(file, name,
-                fmt::format("data_offsets [{}, {}] run past the end of the data section ({} bytes; file truncated?)",
-                            info.begin, info.end, data_size));
+    fail_tensor(file, name, "data_offsets", fmt::format("offsets within the data section's {} bytes", data_size),
+                fmt::format("[{}, {}], past the end of the data section (file truncated?)", info.begin, info.end));
   }
   const uint64_t element = c10::elementSize(info.dtype);
   if (overflow || (numel != 0 && numel > UINT64_MAX / element) || numel * element != info.end - info.begin) {
-    fail_tensor(
-        file, name,
-        fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}", shape_text(info.shape),
-                    dtype.get<std::string>(), overflow ? std::string("too many") : std::to_string(numel * element),
-                    info.begin, info.end, info.end - info.begin));
+    fail_tensor(file, name, "data_offsets",
+                fmt::format("the {} bytes shape {} of {} needs",
+                            overflow ? std::string("too many") : std::to_string(numel * element),
+                            shape_text(info.shape), dtype.get<std::string>()),
+                fmt::format("[{}, {}], which hold {} bytes", info.begin, info.end, info.end - info.begin));
   }
   return info;
 }
 
 }  // namespace
+
+SafetensorsError::SafetensorsError(const std::string& file, const std::string& field, const std::string& expected,
+                                   const std::string& found)
+    : std::runtime_error(input_error_message(file, field, expected, found)) {}
 
 at::ScalarType scalar_type_from_safetensors(const std::string& dtype) {
   for (const auto& d : kDtypes) {
@@ -183,51 +209,39 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping_(std::make_shared<Mapping>()) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, fmt::format("cannot open: {}", errno_text()));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    fail(path, fmt::format("file is {} bytes, too short for the 8-byte header length (truncated?)", size));
-  }
+  // Opened without blocking, regular files only (io/input_file.h): a FIFO would hang open().
+  const auto file = as_safetensors_error([&] { return std::make_unique<RegularFile>(path); });
+  const int fd = file->fd();
+  const uint64_t size = file->size();
+  if (size < 8)
+    fail(path, "", "at least the 8-byte header length", fmt::format("{} bytes (too short; truncated?)", size));
   // Private and writable: tensors handed out may be modified in place (copy-on-write), and
   // nothing ever reaches the file.
   mapping_->addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const int mmap_errno = errno;
-  ::close(fd);
-  if (mapping_->addr == MAP_FAILED) fail(path, fmt::format("cannot map: {}", std::strerror(mmap_errno)));
+  if (mapping_->addr == MAP_FAILED) fail(path, "", "a file that can be mapped", std::strerror(errno));
   mapping_->size = size;
   const auto* bytes = static_cast<const uint8_t*>(mapping_->addr);
 
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);
   if (header_len > size - 8) {
-    fail(path, fmt::format("header length {} runs past the end of the file ({} bytes; truncated or not safetensors?)",
-                           header_len, size));
+    fail(path, "header length", fmt::format("at most the {} bytes after it", size - 8),
+         fmt::format("header length {}, past the end of the file (truncated or not safetensors?)", header_len));
   }
-  if (header_len > kMaxHeaderBytes) fail(path, fmt::format("header length {} exceeds the 100 MiB limit", header_len));
-  json header;
-  try {
-    header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::exception& e) {
-    fail(path, fmt::format("header is not valid JSON: {}", e.what()));
-  }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
+  if (header_len > kMaxHeaderBytes)
+    fail(path, "header length", "at most 100 MiB", fmt::format("header length {}", header_len));
+  const json header = as_safetensors_error([&] {
+    return parse_json(std::string(reinterpret_cast<const char*>(bytes + 8), static_cast<size_t>(header_len)), path);
+  });
+  if (!header.is_object()) fail(path, "header", "a JSON object", describe_json(header));
   data_ = bytes + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) fail(path, "__metadata__ must be an object of strings");
+      if (!entry.is_object()) fail(path, "__metadata__", "an object of strings", describe_json(entry));
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          fail(path, fmt::format("__metadata__ value of '{}' must be a string, got {}", key, value.dump()));
-        }
+        if (!value.is_string()) fail(path, fmt::format("__metadata__['{}']", key), "a string", describe_json(value));
         metadata_[key] = value.get<std::string>();
       }
       continue;
@@ -240,9 +254,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), mapping
   for (size_t i = 1; i < tensors_.size(); ++i) {
     const TensorInfo &prev = tensors_[i - 1], &cur = tensors_[i];
     if (cur.begin < prev.end) {
-      fail_tensor(path, cur.name,
-                  fmt::format("data_offsets [{}, {}] overlap those of tensor '{}' [{}, {}]", cur.begin, cur.end,
-                              prev.name, prev.begin, prev.end));
+      fail_tensor(path, cur.name, "data_offsets", "bytes of its own",
+                  fmt::format("[{}, {}], which overlap those of tensor '{}' [{}, {}]", cur.begin, cur.end, prev.name,
+                              prev.begin, prev.end));
     }
   }
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
@@ -257,7 +271,7 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   const auto it = index_.find(name);
-  if (it == index_.end()) fail_tensor(path_, name, "no such tensor in the file");
+  if (it == index_.end()) fail_tensor(path_, name, "", "a tensor of the file", "no such tensor");
   return tensors_[it->second];
 }
 
@@ -336,14 +350,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::vector<std::pair<std::string, at::Tensor>> cpu;
   for (const auto& [name, tensor] : tensors) {
     if (name.empty() || name == "__metadata__") {
-      throw SafetensorsError(fmt::format("safetensors file '{}': invalid tensor name '{}'", path, name));
+      fail(path, "tensor name", "a name other than '' and '__metadata__'", fmt::format("'{}'", name));
     }
-    if (!seen.insert(name).second) fail_tensor(path, name, "given twice");
-    if (!tensor.defined()) fail_tensor(path, name, "undefined tensor");
+    if (!seen.insert(name).second) fail_tensor(path, name, "", "each name once", "the name given twice");
+    if (!tensor.defined()) fail_tensor(path, name, "", "a defined tensor", "an undefined one");
     try {
       safetensors_dtype_name(tensor.scalar_type());
-    } catch (const SafetensorsError& e) {
-      fail_tensor(path, name, e.what());
+    } catch (const SafetensorsError&) {
+      fail_tensor(path, name, "dtype", "a dtype safetensors has", c10::toString(tensor.scalar_type()));
     }
     cpu.emplace_back(name, tensor.detach().to(at::kCPU).contiguous());
   }
@@ -379,25 +393,18 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir) : dir_(dir)
   const fs::path single_path = fs::path(dir) / kSingleFile;
   if (fs::exists(index_path)) {
     const std::string ipath = index_path.string();
-    json index;
-    try {
-      std::ifstream in(index_path);
-      if (!in) throw SafetensorsError(fmt::format("safetensors index '{}': cannot open", ipath));
-      index = json::parse(in);
-    } catch (const json::exception& e) {
-      throw SafetensorsError(fmt::format("safetensors index '{}': not valid JSON: {}", ipath, e.what()));
-    }
-    auto index_fail = [&](const std::string& problem) {
-      throw SafetensorsError(fmt::format("safetensors index '{}': {}", ipath, problem));
-    };
-    if (!index.is_object()) index_fail("not a JSON object");
+    const json index = as_safetensors_error([&] { return read_json_file(ipath); });
+    if (!index.is_object()) fail(ipath, "", "a JSON object", describe_json(index));
     const auto map = index.find("weight_map");
-    if (map == index.end() || !map->is_object()) index_fail("no 'weight_map' object");
+    if (map == index.end() || !map->is_object())
+      fail(ipath, "weight_map", "an object of tensor names and files",
+           map == index.end() ? "no such key" : describe_json(*map));
     for (const auto& [name, file] : map->items()) {
-      if (!file.is_string()) index_fail(fmt::format("weight_map['{}'] must be a file name, got {}", name, file.dump()));
+      const std::string field = fmt::format("weight_map['{}']", name);
+      if (!file.is_string()) fail(ipath, field, "a file name in the checkpoint directory", describe_json(file));
       const std::string f = file.get<std::string>();
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
-        index_fail(fmt::format("weight_map['{}'] = '{}' is not a file name in the checkpoint directory", name, f));
+        fail(ipath, field, "a file name in the checkpoint directory", fmt::format("'{}'", f.substr(0, 80)));
       }
       shard_of_[name] = f;
     }
@@ -412,8 +419,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir) : dir_(dir)
     metadata_ = file->metadata();
     open_[kSingleFile] = std::move(file);
   } else {
-    throw SafetensorsError(
-        fmt::format("checkpoint directory '{}': neither {} nor {} found", dir, kIndexFile, kSingleFile));
+    fail(dir, "", fmt::format("a checkpoint folder with {} or {}", kSingleFile, kIndexFile), "neither");
   }
 }
 
@@ -432,12 +438,12 @@ std::vector<std::string> SafetensorsCheckpoint::files() const {
 SafetensorsFile& SafetensorsCheckpoint::shard(const std::string& name) {
   const auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
-    throw SafetensorsError(fmt::format("checkpoint directory '{}': tensor '{}': not in the checkpoint", dir_, name));
+    fail(dir_, tensor_field(name), "a tensor of the checkpoint", "no such tensor");
   }
   auto& file = open_[it->second];
   if (!file) file = std::make_unique<SafetensorsFile>((fs::path(dir_) / it->second).string());
   if (!file->contains(name)) {
-    fail_tensor(file->path(), name, fmt::format("listed in {} but missing from the shard", kIndexFile));
+    fail_tensor(file->path(), name, "", fmt::format("the tensor {} lists in this shard", kIndexFile), "no such tensor");
   }
   return *file;
 }

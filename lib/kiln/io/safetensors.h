@@ -27,9 +27,12 @@ namespace kiln::io {
 
 // Any problem with a safetensors file or index; what() names the file and, where one is at
 // fault, the tensor.
+// A refusal of a read has io/input_file.h's shape ("<file>: <field>: expected ..., found ...").
 class SafetensorsError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  SafetensorsError(const std::string& file, const std::string& field, const std::string& expected,
+                   const std::string& found);
 };
 
 // Format dtype names ("F32", "BF16", ...) <-> LibTorch; throws SafetensorsError for a name or

@@ -20,8 +20,13 @@ namespace kiln::io {
 // Writes `value` to `path` through a temporary file and rename; tensors are saved from CPU copies.
 void save_torch_pickle(const std::string& path, const c10::IValue& value);
 
-// Reads a torch.save file with every tensor on the CPU, whatever device it was saved from.
-// Throws std::runtime_error naming the path when it is not one.
+// Reads a torch.save file with every tensor on the CPU, whatever device it was saved from. The
+// file may be hostile (a checkpoint someone shared): it is read as io/input_file.h reads files
+// (a regular file, never a blocking open), its zip directory is checked before LibTorch's reader
+// opens it (stored records within the file), its pickle is pre-scanned (io/pickle_scan.h) before
+// LibTorch's unpickler runs, each storage is its record whole, and every tensor is checked to
+// lie within its storage. Throws io::InputError ("<path>: <field>: expected ..., found ...")
+// for anything else, before any value of the file is used.
 c10::IValue load_torch_pickle(const std::string& path);
 
 namespace torch_pickle {
