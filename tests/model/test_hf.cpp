@@ -160,7 +160,7 @@ TEST_CASE("config.json problems name the file and the key", "[model][hf]") {
   CHECK_THAT(error(R"("dtype": "float32")", R"("dtype": "int8")"), Catch::Contains("'dtype'"));
   CHECK_THAT(error(R"("num_key_value_heads": 2)", R"("num_key_value_heads": 3)"),
              Catch::Contains("'num_key_value_heads'"));
-  CHECK_THAT(error(R"("vocab_size": 64})", R"("vocab_size": 64)"), Catch::Contains("not valid JSON"));
+  CHECK_THAT(error(R"("vocab_size": 64})", R"("vocab_size": 64)"), Catch::Contains("expected valid JSON"));
   CHECK_THAT(error(R"("use_cache": true)", R"("quantization_config": {})"), Catch::Contains("quantization_config"));
   // A vocab_size no 32-bit token id can reach: the key, the limit, and the memory it would take.
   CHECK_THAT(error(R"("vocab_size": 64)", R"("vocab_size": 1099511627776)"),

@@ -228,19 +228,19 @@ def test_mismatches_are_refused_naming_file_and_field(runs, kiln_bin, tmp_path):
             assert needle in last, last
         return last
 
-    refused("scheduler.pt: _last_lr", "lr_scheduler_type linear", lr_scheduler_type="linear")
-    refused("scheduler.pt: _last_lr", "3 warmup steps", warmup_steps=3)
-    refused("trainer_state.json: max_steps 8", max_steps=10)
+    refused("scheduler.pt: _last_lr[0]: expected", "lr_scheduler_type linear", lr_scheduler_type="linear")
+    refused("scheduler.pt: _last_lr[0]: expected", "3 warmup steps", warmup_steps=3)
+    refused("trainer_state.json: max_steps: expected this run's 10 steps", "found 8", max_steps=10)
     # Another group layout: the norms moved into the decay group.
     opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
     groups = opt["param_groups"]
     groups[0]["params"] += groups[1]["params"][:1]
     groups[1]["params"] = groups[1]["params"][1:]
     torch.save(opt, ckpt / "optimizer.pt")
-    refused("optimizer.pt: param_groups[0].params has", "weights with weight decay")
+    refused("optimizer.pt: param_groups[0].params: expected", "weights with weight decay")
     # Another optimizer (SGD's state has no moments).
     torch.save({"state": {}, "param_groups": [{"lr": 1e-3, "momentum": 0.9, "params": []}] * 2}, ckpt / "optimizer.pt")
-    refused("optimizer.pt: param_groups[0].betas", "another optimizer")
+    refused("optimizer.pt: param_groups[0].betas: expected", "another optimizer")
     (ckpt / "global_step4").mkdir()
     refused("DeepSpeed", "global_step4", "zero_to_fp32")
 

@@ -79,6 +79,38 @@ TEST_CASE("replace_folder_atomically replaces a checkpoint in one step", "[train
   CHECK(content_of(out / "checkpoint-6") == "six");
 }
 
+TEST_CASE("a checkpoint saved over another keeps the files kiln does not write", "[train]") {
+  // Issue #49: a save at an existing step deleted a transformers checkpoint's rng_state.pth and
+  // training_args.bin. Reference: the old folder's listing, less kiln's families, plus the new one's.
+  const fs::path out = kiln::test::scratch_dir("ckdir_foreign");
+  for (const bool exchange : {true, false}) {
+    CAPTURE(exchange);
+    testing::hooks().no_exchange = !exchange;
+    const fs::path target = out / "checkpoint-5", staged = out / ".checkpoint-5.tmp";
+    fs::remove_all(target);
+    make_checkpoint(target, "old");
+    std::ofstream(target / "rng_state.pth") << "transformers' random state";
+    std::ofstream(target / "training_args.bin") << "pickled TrainingArguments";
+    fs::create_directories(target / "global_step5" / "zero");
+    std::ofstream(target / "global_step5" / "zero" / "shard.pt") << "deepspeed";
+    std::ofstream(target / "model-00001-of-00002.safetensors") << "a stale shard of another layout";
+    std::ofstream(target / "model.safetensors.index.json") << "{}";
+    make_checkpoint(staged, "new");
+    replace_folder_atomically(staged, target, written_by_checkpoint_save);
+    CHECK(content_of(target) == "new");
+    CHECK(names_in(target) == std::vector<std::string>{"global_step5", "model.safetensors", "optimizer.safetensors",
+                                                       "rng_state.pth", "training_args.bin"});
+    std::ifstream in(target / "global_step5" / "zero" / "shard.pt");
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "deepspeed");
+    CHECK(names_in(out) == std::vector<std::string>{"checkpoint-5"});
+  }
+  testing::hooks().no_exchange = false;
+  CHECK(written_by_checkpoint_save("optimizer.rank-00001-of-00004.safetensors"));
+  CHECK(written_by_checkpoint_save("rng_state_3.safetensors"));
+  CHECK_FALSE(written_by_checkpoint_save("rng_state_3.pth"));
+  CHECK_FALSE(written_by_checkpoint_save("training_args.bin"));
+}
+
 TEST_CASE("what a kill leaves is recovered at the next start", "[train]") {
   const fs::path out = kiln::test::scratch_dir("ckdir_clean");
   make_checkpoint(out / "checkpoint-1", "one");

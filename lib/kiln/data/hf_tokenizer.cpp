@@ -20,8 +20,12 @@
 #include "kiln/data/hf_tokenizer_internal.h"
 #include "kiln/data/unicode_regex.h"
 #include "kiln/data/utf8.h"
+#include "kiln/io/input_file.h"
 
 namespace kiln::data {
+
+// tokenizer.json: Llama 3's is 9 MB, the largest vocabularies a few tens of MB.
+constexpr uint64_t kMaxTokenizerBytes = uint64_t{512} << 20;
 
 using namespace hf;  // the step types of hf_tokenizer_internal.h
 
@@ -122,17 +126,9 @@ PrependScheme HfTokenizer::Impl::prepend_scheme(const json& p, const std::string
 HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = path;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("tokenizer '{}': cannot open", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(fmt::format("tokenizer '{}': not valid JSON: {}", path, e.what()));
-  }
+  // Bounded and regular files only (io/input_file.h): tokenizer.json comes with downloaded models.
+  const std::string text = io::read_input_file(path, kMaxTokenizerBytes);
+  const json j = io::parse_json(text, path);
   try {
     const auto is_null = [&](const char* key) { return !j.contains(key) || j[key].is_null(); };
     // The mode: byte-level when the pre-tokenizer holds a ByteLevel step, else characters.
@@ -498,13 +494,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eos_token) 
   json config;
   const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   if (std::filesystem::is_regular_file(config_path)) {
-    std::ifstream cin(config_path);
-    try {
-      config = json::parse(cin);
-    } catch (const json::exception& e) {
-      throw std::runtime_error(
-          fmt::format("tokenizer config '{}': not valid JSON: {}", config_path.string(), e.what()));
-    }
+    config = io::read_json_file(config_path.string());
   }
   const auto config_token = [&](const char* key) -> std::string {
     if (!config.is_object() || !config.contains(key) || config[key].is_null()) return "";

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kiln/io/input_file.h"
+
 namespace kiln::data {
 
 PackedDataset::PackedDataset(std::shared_ptr<const TokenSplit> split, int64_t cutoff_len, int64_t first_block,
@@ -102,24 +104,22 @@ std::string LoaderState::to_json() const {
       .dump();
 }
 
-LoaderState LoaderState::from_json(const std::string& text) {
+LoaderState LoaderState::from_json(const std::string& text, const std::string& file) {
+  constexpr int64_t kMax = int64_t{1} << 53;
+  const nlohmann::json j = io::parse_json(text, file);
+  const auto at = [&](const char* key) -> const nlohmann::json& { return io::json_field(j, key, file); };
+  const auto integer = [&](const char* key, int64_t lo) { return io::json_integer(at(key), file, key, lo, kMax); };
   LoaderState s;
-  const char* key = "";
-  try {
-    const auto j = nlohmann::json::parse(text);
-    key = "epoch", s.epoch = j.at(key).get<int64_t>();
-    key = "position", s.position = j.at(key).get<int64_t>();
-    key = "seed", s.seed = j.at(key).get<uint64_t>();
-    key = "num_blocks", s.num_blocks = j.at(key).get<int64_t>();
-    key = "batch_size", s.batch_size = j.at(key).get<int64_t>();
-    key = "world_size", s.world_size = j.at(key).get<int64_t>();
-    key = "rank", s.rank = j.at(key).get<int64_t>();
-    key = "shuffle", s.shuffle = j.at(key).get<bool>();
-    key = "order", s.order = j.value(key, std::string("kiln"));  // absent in states saved before it existed
-  } catch (const nlohmann::json::exception& e) {
-    if (*key == '\0') throw std::runtime_error(fmt::format("loader state: not valid JSON: {}", e.what()));
-    throw std::runtime_error(fmt::format("loader state: field '{}': {}", key, e.what()));
-  }
+  s.epoch = integer("epoch", 0);
+  s.position = integer("position", 0);
+  s.seed = io::json_unsigned(at("seed"), file, "seed");
+  s.num_blocks = integer("num_blocks", 0);
+  s.batch_size = integer("batch_size", 1);
+  s.world_size = integer("world_size", 1);
+  s.rank = integer("rank", 0);
+  s.shuffle = io::json_bool(at("shuffle"), file, "shuffle");
+  // absent in states saved before it existed
+  s.order = j.contains("order") ? io::json_string(j.at("order"), file, "order") : std::string("kiln");
   return s;
 }
 

@@ -103,7 +103,8 @@ struct LoaderState {
   bool shuffle = true;
   std::string order = "kiln";  // LoaderOptions::order: "kiln" or "torch_randperm"
   std::string to_json() const;
-  static LoaderState from_json(const std::string& text);  // errors name the field
+  // Throws io::InputError naming `file` and the field.
+  static LoaderState from_json(const std::string& text, const std::string& file = "loader state");
 };
 
 struct Batch {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/data/hash.h"
+#include "kiln/io/input_file.h"
 #include "kiln/io/safetensors.h"
 
 namespace kiln::data {
@@ -194,32 +195,28 @@ std::string DataRecord::to_json() const {
 
 std::optional<DataRecord> DataRecord::read(const std::string& checkpoint_dir) {
   const fs::path path = fs::path(checkpoint_dir) / kFile;
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  const std::string file = path.string();
+  const json j = io::read_json_file(file);
+  const auto at = [&](const json& obj, const char* key, const std::string& parent = "") -> const json& {
+    return io::json_field(obj, key, file, parent);
+  };
   DataRecord r;
-  const char* key = "";
-  try {
-    const json j = json::parse(in);
-    key = "dataset_dir";
-    r.dataset_dir = j.at(key).get<std::string>();
-    key = "tokenizer";
-    const json& t = j.at(key);
-    key = "tokenizer.name";
-    r.tokenizer = t.at("name").get<std::string>();
-    key = "tokenizer.fingerprint";
-    r.tokenizer_fingerprint = std::stoull(t.at("fingerprint").get<std::string>(), nullptr, 16);
-    key = "tokenizer.vocab_size";
-    r.vocab_size = t.at("vocab_size").get<int64_t>();
-    key = "tokenizer.bos_id";
-    r.bos_id = t.at("bos_id").get<int32_t>();
-    key = "tokenizer.eos_id";
-    r.eos_id = t.at("eos_id").get<int32_t>();
-    key = "tokenizer.add_special_tokens";
-    r.add_special_tokens = t.at("add_special_tokens").get<bool>();
-  } catch (const std::exception& e) {
-    throw std::runtime_error(
-        fmt::format("{}: malformed{}: {}", path.string(), *key ? fmt::format(" (field {})", key) : "", e.what()));
-  }
+  r.dataset_dir = io::json_string(at(j, "dataset_dir"), file, "dataset_dir");
+  const json& t = at(j, "tokenizer");
+  r.tokenizer = io::json_string(at(t, "name", "tokenizer"), file, "tokenizer.name");
+  const std::string fingerprint = io::json_string(at(t, "fingerprint", "tokenizer"), file, "tokenizer.fingerprint");
+  if (fingerprint.empty() || fingerprint.size() > 16 ||
+      fingerprint.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    io::refuse(file, "tokenizer.fingerprint", "up to 16 hex digits", fmt::format("'{}'", fingerprint.substr(0, 40)));
+  r.tokenizer_fingerprint = std::stoull(fingerprint, nullptr, 16);
+  r.vocab_size = io::json_integer(at(t, "vocab_size", "tokenizer"), file, "tokenizer.vocab_size", 1, INT32_MAX);
+  r.bos_id =
+      static_cast<int32_t>(io::json_integer(at(t, "bos_id", "tokenizer"), file, "tokenizer.bos_id", -1, INT32_MAX));
+  r.eos_id =
+      static_cast<int32_t>(io::json_integer(at(t, "eos_id", "tokenizer"), file, "tokenizer.eos_id", -1, INT32_MAX));
+  r.add_special_tokens = io::json_bool(at(t, "add_special_tokens", "tokenizer"), file, "tokenizer.add_special_tokens");
   return r;
 }
 

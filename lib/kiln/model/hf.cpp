@@ -18,10 +18,14 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/config/yaml.h"
+#include "kiln/io/input_file.h"
 
 namespace kiln::model {
 
 namespace fs = std::filesystem;
+
+// config.json: a few KB; anything near this is not one.
+constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 using config::ConfigError;
 using nlohmann::json;
 
@@ -156,9 +160,9 @@ std::string hf_dtype_name(at::ScalarType type) {
 HfConfig llama_config_from_hf_json(const std::string& text, const std::string& source) {
   json doc;
   try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
+    doc = io::parse_json(text, source);
+  } catch (const io::InputError& e) {
+    throw ConfigError(e.what());
   }
   if (!doc.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
   const JsonReader r(doc, source);
@@ -216,11 +220,13 @@ HfConfig llama_config_from_hf_json(const std::string& text, const std::string& s
 }
 
 HfConfig read_hf_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return llama_config_from_hf_json(text.str(), path);
+  std::string text;
+  try {
+    text = io::read_input_file(path, kMaxConfigBytes);
+  } catch (const io::InputError& e) {
+    throw ConfigError(e.what());
+  }
+  return llama_config_from_hf_json(text, path);
 }
 
 std::string llama_config_to_hf_json(const LlamaConfig& c, at::ScalarType dtype, int64_t pad_token_id) {

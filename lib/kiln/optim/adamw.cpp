@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 namespace kiln::optim {
 
@@ -103,31 +104,37 @@ std::map<std::string, at::Tensor> AdamW::state_dict() const {
   return out;
 }
 
+StateError::StateError(std::string key, std::string expected, std::string found)
+    : std::invalid_argument(fmt::format("optimizer state: {}: expected {}, found {}", key, expected, found)),
+      key_(std::move(key)),
+      expected_(std::move(expected)),
+      found_(std::move(found)) {}
+
 void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   at::NoGradGuard no_grad;
   // Everything is checked before anything is copied: a refused state leaves the optimizer as it was.
   enum class Kind { kMoment, kSecondMoment, kStep };
   auto checked = [&](const std::string& key, const at::Tensor& dst, Kind kind) -> const at::Tensor& {
     const auto it = state.find(key);
-    if (it == state.end()) throw std::invalid_argument("optimizer state: missing '" + key + "'");
+    if (it == state.end()) throw StateError(key, "a tensor", "no such entry");
     const at::Tensor& t = it->second;
-    if (t.sizes() != dst.sizes()) {
-      throw std::invalid_argument("optimizer state: '" + key + "' has shape " + c10::str(t.sizes()) + ", expected " +
-                                  c10::str(dst.sizes()));
-    }
-    if (!at::isFloatingType(t.scalar_type())) {
-      throw std::invalid_argument("optimizer state: '" + key + "' is " + std::string(c10::toString(t.scalar_type())) +
-                                  ", not a floating-point tensor");
+    if (t.sizes() != dst.sizes() || !at::isFloatingType(t.scalar_type())) {
+      throw StateError(key, fmt::format("a floating-point tensor of shape {}", c10::str(dst.sizes())),
+                       fmt::format("a {} tensor of shape {}", c10::toString(t.scalar_type()), c10::str(t.sizes())));
     }
     const at::Tensor v = t.to(at::kDouble);
-    const bool ok = kind == Kind::kMoment         ? v.isfinite().all().item<bool>()
-                    : kind == Kind::kSecondMoment ? (v.isfinite() & (v >= 0)).all().item<bool>()
-                                                  : (v.isfinite() & (v >= 0) & (v == v.round())).all().item<bool>();
+    const bool ok = kind == Kind::kMoment ? v.isfinite().all().item<bool>()
+                    : kind == Kind::kSecondMoment
+                        ? (v.isfinite() & (v >= 0)).all().item<bool>()
+                        : (v.isfinite() & (v >= 0) & (v <= static_cast<double>(int64_t{1} << 53)) & (v == v.round()))
+                              .all()
+                              .item<bool>();
     if (!ok) {
-      throw std::invalid_argument("optimizer state: '" + key + "' holds " +
-                                  (kind == Kind::kMoment         ? "non-finite values"
-                                   : kind == Kind::kSecondMoment ? "negative or non-finite values"
-                                                                 : "a step that is not a whole number >= 0"));
+      throw StateError(key,
+                       kind == Kind::kMoment         ? "finite values"
+                       : kind == Kind::kSecondMoment ? "finite values >= 0"
+                                                     : "a whole number of steps in [0, 2^53]",
+                       "other values");
     }
     return t;
   };

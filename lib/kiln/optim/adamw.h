@@ -9,6 +9,7 @@
 
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,19 @@ struct ParamSpec {
   at::Tensor grad;
 };
 
+// A state load_state_dict refuses: the entry's key, what was expected and what was found
+// (callers that read it from a file name the file: "<file>: <key>: expected ..., found ...").
+class StateError : public std::invalid_argument {
+ public:
+  StateError(std::string key, std::string expected, std::string found);
+  const std::string& key() const { return key_; }
+  const std::string& expected() const { return expected_; }
+  const std::string& found() const { return found_; }
+
+ private:
+  std::string key_, expected_, found_;
+};
+
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, at::Tensor>> named_parameters, AdamWConfig config);
@@ -54,7 +68,8 @@ class AdamW {
 
   // Optimizer state as flat tensors: "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step".
   std::map<std::string, at::Tensor> state_dict() const;
-  // Restores state_dict(); throws std::invalid_argument naming a missing or mis-shaped entry.
+  // Restores state_dict(); throws StateError naming a missing, mis-shaped or non-finite entry (moments
+  // finite, second moments >= 0, steps whole numbers in [0, 2^53]); nothing is changed then.
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
  private:

@@ -51,6 +51,29 @@ bool exchange(const fs::path& a, const fs::path& b) {
       fmt::format("cannot exchange '{}' and '{}': {}", a.string(), b.string(), std::strerror(errno)));
 }
 
+// What `from` holds that `into` does not, linked (or copied) into `into`; folders merged the same
+// way. `from` is left as it is.
+void carry_over(const fs::path& from, const fs::path& into, const std::function<bool(const std::string&)>& superseded) {
+  for (const auto& e : fs::directory_iterator(from)) {
+    if (superseded && superseded(e.path().filename().string())) continue;
+    const fs::path dst = into / e.path().filename();
+    std::error_code ec;
+    const fs::file_status there = fs::symlink_status(dst, ec);
+    if (e.is_directory() && !e.is_symlink()) {
+      if (!fs::exists(there)) fs::create_directory(dst);
+      if (fs::is_directory(there) || !fs::exists(there)) carry_over(e.path(), dst, nullptr);
+      continue;
+    }
+    if (fs::exists(there) || fs::is_symlink(there)) continue;  // the new save wrote it
+    if (e.is_symlink()) {
+      fs::copy_symlink(e.path(), dst);
+    } else {
+      fs::create_hard_link(e.path(), dst, ec);
+      if (ec) fs::copy_file(e.path(), dst);
+    }
+  }
+}
+
 }  // namespace
 
 testing::Hooks& testing::hooks() {
@@ -76,12 +99,23 @@ std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
   return out;
 }
 
-void replace_folder_atomically(const fs::path& staged, const fs::path& target) {
+bool written_by_checkpoint_save(const std::string& name) {
+  static const std::regex owned(
+      R"(model(-[0-9]+-of-[0-9]+)?\.safetensors|model\.safetensors\.index\.json|optimizer(\..*)?\.safetensors|)"
+      R"(rng_state(_[0-9]+)?\.safetensors|(optimizer|scheduler|scaler)\.pt|(trainer|kiln|loader)_state\.json|)"
+      R"(kiln_data\.json|training_args\.json|(generation_)?config\.json|tokenizer.*|special_tokens_map\.json|)"
+      R"(chat_template\.jinja)");
+  return std::regex_match(name, owned);
+}
+
+void replace_folder_atomically(const fs::path& staged, const fs::path& target,
+                               const std::function<bool(const std::string&)>& superseded) {
   if (!fs::exists(target)) {
     fs::rename(staged, target);
     sync_dir(target.parent_path());
     return;
   }
+  if (fs::is_directory(target)) carry_over(target, staged, superseded);
   if (exchange(staged, target)) {
     sync_dir(target.parent_path());
     fault(testing::FaultPoint::kReplaceExchanged);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,18 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 // exchanged in one step and the old content (now at `staged`) is deleted; at no moment is
 // `target` missing or partial. Where the file system cannot exchange, `target` is first renamed
 // to .<name>.old, which clean_incomplete_checkpoints() restores if a kill comes in between.
-void replace_folder_atomically(const std::filesystem::path& staged, const std::filesystem::path& target);
+// Nothing of the old folder is lost: what it holds that `staged` does not (files another program
+// wrote beside a checkpoint: transformers' rng_state.pth, training_args.bin, ...) is carried into
+// `staged` first (hard links, copies across file systems), so the new folder has both; except the
+// entries `superseded` names (the families of files the new content replaces as a whole, such as
+// weight shards of another layout that would otherwise be read beside the new ones).
+void replace_folder_atomically(const std::filesystem::path& staged, const std::filesystem::path& target,
+                               const std::function<bool(const std::string& name)>& superseded = nullptr);
+
+// The files a kiln checkpoint save writes as families (weights and their index, optimizer and
+// random-state shards, scaler.pt, kiln's own state files, the tokenizer files): what
+// replace_folder_atomically does not carry over from an older checkpoint-N.
+bool written_by_checkpoint_save(const std::string& name);
 
 // Deletes a checkpoint so that no partial folder keeps its name: rename to .<name>.deleting,
 // then remove.

@@ -30,12 +30,6 @@
 
 namespace kiln::train {
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open", path.string()));
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 void check_host_batch(const MicroBatch& b, int64_t vocab_size) {
   if (!b.input_ids.defined() || !b.labels.defined())
     throw std::invalid_argument("host batch: input_ids and labels are required");

@@ -11,12 +11,14 @@
 #include "kiln/data/shards.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
+#include "kiln/io/input_file.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/io/torch_pickle.h"
 #include "kiln/model/hf.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
 #include "kiln/train/checkpoint_dir.h"
+#include "kiln/train/checkpoint_files.h"
 #include "kiln/train/hf/hf_optimizer_files.h"
 #include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/trainer_internal.h"
@@ -143,6 +145,20 @@ std::vector<HfParamState> gather_hf_state(const model::LlamaForCausalLM& model, 
   return out;
 }
 
+// An optimizer's step count is at most the run's (a step an fp16 overflow skipped is not counted).
+void check_steps_at_most(const std::map<std::string, at::Tensor>& state, int64_t global_step, const std::string& file) {
+  for (const auto& [key, t] : state) {
+    if (key.size() < 5 || key.compare(key.size() - 5, 5, ".step") != 0) continue;
+    if (t.numel() != 1 || !(at::isFloatingType(t.scalar_type()) || at::isIntegralType(t.scalar_type(), false)))
+      continue;  // load_state_dict names it
+    const double v = t.item<double>();
+    if (!(v <= static_cast<double>(global_step))) {
+      io::refuse(file, key, fmt::format("at most global_step {} of trainer_state.json", global_step),
+                 fmt::format("{}", v));
+    }
+  }
+}
+
 }  // namespace
 
 std::string Trainer::save_checkpoint(int64_t step) {
@@ -151,6 +167,14 @@ std::string Trainer::save_checkpoint(int64_t step) {
   State& st = *state_;
   const fs::path final_dir = fs::path(config_.output_dir) / fmt::format("checkpoint-{}", step);
   if (st.last_saved_step == step && fs::is_directory(final_dir)) return final_dir.string();
+  // The checkpoint a run resumed from is never rewritten (a resume at its own last step ends
+  // where it started): it may be transformers' or someone's download, with files kiln does not write.
+  if (std::error_code ec; !st.resumed_from.empty() && fs::equivalent(final_dir, st.resumed_from, ec)) {
+    if (is_main())
+      logger()->info("kiln-pretrain: {} is the checkpoint this run resumed from: kept as it is", final_dir.string());
+    st.last_saved_step = step;
+    return final_dir.string();
+  }
   const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".checkpoint-{}.tmp", step);
   if (is_main()) {
     fs::remove_all(tmp);
@@ -211,7 +235,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
   }
   if (comm_) comm_->barrier();  // every rank's part is on disk
   if (is_main()) {
-    replace_folder_atomically(tmp, final_dir);
+    replace_folder_atomically(tmp, final_dir, written_by_checkpoint_save);
     rotate_checkpoints(config_.output_dir, config_.save_total_limit, {final_dir, fs::path(st.resumed_from)});
   }
   if (comm_) comm_->barrier();
@@ -222,6 +246,13 @@ std::string Trainer::save_checkpoint(int64_t step) {
 
 void Trainer::resume(const std::string& dir) {
   const fs::path d(dir);
+  // output_dir's own files (trainer_state.json, all_results.json, ...) would overwrite the checkpoint's.
+  if (std::error_code ec; fs::equivalent(config_.output_dir, d, ec)) {
+    throw std::runtime_error(fmt::format(
+        "{}: output_dir {} is the checkpoint being resumed (resume_from_checkpoint), whose files the run's outputs "
+        "would overwrite: give the run its own output_dir (the checkpoint's parent, for one)",
+        config_.source, config_.output_dir));
+  }
   state_->resumed_from = dir;
   // DeepSpeed's checkpoints keep the optimizer state in its own partitioned files.
   if (fs::is_directory(d)) {
@@ -249,59 +280,28 @@ void Trainer::resume(const std::string& dir) {
           "resume_from_checkpoint: {} is neither a kiln checkpoint nor one of transformers' Trainer (no {})", dir, f));
     }
   }
-  json ts;
-  const char* key = "";
-  int64_t saved_max_steps = -1;
-  try {
-    ts = json::parse(read_text(d / "trainer_state.json"));
-    key = "global_step";
-    state_->global_step = ts.at(key).get<int64_t>();
-    if (state_->global_step < 0) throw std::invalid_argument(fmt::format("must be >= 0, got {}", state_->global_step));
-    key = "log_history";
-    if (!ts.at(key).is_array()) throw std::invalid_argument("must be an array");
-    state_->log_history = ts.at(key);
-    key = "total_flos";
-    state_->total_flos = ts.value(key, 0.0);
-    key = "max_steps";
-    saved_max_steps = ts.contains(key) && !ts.at(key).is_null() ? ts.at(key).get<int64_t>() : -1;
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{}: invalid trainer state{}: {}", (d / "trainer_state.json").string(),
-                                         *key ? fmt::format(" (field {})", key) : "", e.what()));
-  }
+  // trainer_state.json (HF's TrainerState), then kiln_state.json: read bounded, numbers checked.
+  const std::string ts_file = (d / "trainer_state.json").string();
+  TrainerStateFile ts = read_trainer_state_file(ts_file);
+  state_->global_step = ts.global_step;
+  state_->log_history = std::move(ts.log_history);
+  state_->total_flos = ts.total_flos;
   if (from_hf) {
-    resume_from_hf(dir, saved_max_steps);
+    resume_from_hf(dir, ts.max_steps);
     return;
   }
-  // kiln_state.json; checkpoints of kiln 0.2 kept these keys in trainer_state.json.
-  fs::path state_file = d / "trainer_state.json";
-  if (fs::exists(d / kKilnStateFile)) {
-    state_file = d / kKilnStateFile;
-    try {
-      ts = json::parse(read_text(state_file));
-    } catch (const json::exception& e) {
-      throw std::runtime_error(fmt::format("{}: invalid JSON: {}", state_file.string(), e.what()));
-    }
-  }
   // The data order and the optimizer shards depend on the world size: resume on the same one.
-  const auto field = [&](const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-    const auto it = ts.find(key);
-    if (it == ts.end()) return fallback;
-    if (!it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > hi) {
-      throw std::runtime_error(
-          fmt::format("{}: {} must be an integer in [{}, {}], got {}", state_file.string(), key, lo, hi, it->dump()));
-    }
-    return it->get<int64_t>();
-  };
-  if (!ts.is_object()) throw std::runtime_error(fmt::format("{}: expected a JSON object", state_file.string()));
-  const int64_t saved_world = field("world_size", 1, 1, int64_t{1} << 20);
-  const int64_t saved_stage = field("zero_stage", 0, 0, 2);
+  // Checkpoints of kiln 0.2 kept kiln_state.json's keys in trainer_state.json.
+  const std::string state_file = fs::exists(d / kKilnStateFile) ? (d / kKilnStateFile).string() : ts_file;
+  const KilnStateFile saved = read_kiln_state_file(state_file);
+  const int64_t saved_world = saved.world_size, saved_stage = saved.zero_stage;
   const int64_t stage = stack_->data_parallel() ? zero_stage_ : 0;
   if (saved_world != world_size() || (saved_stage != stage && (saved_stage > 0 || stage > 0))) {
     throw std::runtime_error(
         fmt::format("resume_from_checkpoint: {} was written by {} process{} with zero_stage {} ({}); this run has {} "
                     "with zero_stage {}. Resume with the same world size and stage (docs/distributed.md)",
-                    dir, saved_world, saved_world == 1 ? "" : "es", saved_stage, state_file.filename().string(),
-                    world_size(), stage));
+                    dir, saved_world, saved_world == 1 ? "" : "es", saved_stage,
+                    fs::path(state_file).filename().string(), world_size(), stage));
   }
   const bool sharded = stage > 0;
   const std::string opt_file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
@@ -314,21 +314,21 @@ void Trainer::resume(const std::string& dir) {
   io::SafetensorsFile opt((d / opt_file).string());
   std::map<std::string, at::Tensor> state;
   for (const auto& name : opt.names()) state[name] = opt.tensor(name);
+  check_steps_at_most(state, state_->global_step, opt.path());
   try {
     stack_->optimizer().load_state_dict(state);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: {}", opt.path(), e.what()));
+  } catch (const optim::StateError& e) {
+    io::refuse(opt.path(), e.key(), e.expected(), e.found());
   }
   if (stack_->scaler() && opt.contains("grad_scaler.scale")) {
     const at::Tensor scale = opt.tensor("grad_scaler.scale"), tracker = opt.tensor("grad_scaler.growth_tracker");
     const auto one_number = [](const at::Tensor& t) { return t.numel() == 1 && !at::isComplexType(t.scalar_type()); };
-    if (!one_number(scale) || !std::isfinite(scale.item<double>()) || scale.item<double>() <= 0 ||
-        !one_number(tracker) || tracker.item<double>() < 0) {
-      throw std::runtime_error(
-          fmt::format("{}: grad_scaler.scale must be one finite number > 0 and "
-                      "grad_scaler.growth_tracker one number >= 0",
-                      opt.path()));
-    }
+    if (!one_number(scale) || !std::isfinite(scale.item<double>()) || scale.item<double>() <= 0)
+      io::refuse(opt.path(), "grad_scaler.scale", "one finite number > 0",
+                 c10::str(scale.sizes(), " ", scale.scalar_type()));
+    if (!one_number(tracker) || !(tracker.item<double>() >= 0) || tracker.item<double>() > 2147483647.0)
+      io::refuse(opt.path(), "grad_scaler.growth_tracker", "one whole number in [0, 2^31)",
+                 c10::str(tracker.sizes(), " ", tracker.scalar_type()));
     stack_->scaler()->mutable_scale().copy_(scale.reshape(stack_->scaler()->scale().sizes()));
     stack_->scaler()->growth_tracker().copy_(tracker.reshape(stack_->scaler()->growth_tracker().sizes()));
   }
@@ -357,19 +357,19 @@ void Trainer::resume(const std::string& dir) {
     }
   }
   if (loader_) {
-    const fs::path file = d / "loader_state.json";
+    const std::string file = (d / "loader_state.json").string();
+    data::LoaderState loader_state =
+        data::LoaderState::from_json(io::read_input_file(file, io::kMaxJsonFileBytes), file);
+    loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
     try {
-      data::LoaderState loader_state = data::LoaderState::from_json(read_text(file));
-      loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
       loader_->restore(loader_state);
     } catch (const std::runtime_error& e) {
-      throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
+      throw std::runtime_error(fmt::format("{}: {}", file, e.what()));
     }
   }
   if (state_->global_step > plan_.steps.total_steps) {
-    throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps",
-                                         (d / "trainer_state.json").string(), state_->global_step,
-                                         plan_.steps.total_steps));
+    io::refuse(ts_file, "global_step", fmt::format("at most this run's {} steps", plan_.steps.total_steps),
+               fmt::format("{}", state_->global_step));
   }
 }
 
@@ -380,35 +380,39 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   // that scheduler.pt holds for the saved step (LambdaLR keeps no more of it).
   const optim::ScheduleConfig sched = schedule_of(config_, plan_.steps.total_steps);
   if (saved_max_steps >= 0 && saved_max_steps != plan_.steps.total_steps) {
-    throw std::runtime_error(fmt::format(
-        "{}: max_steps {} differs from this run's {} steps ({}): the learning-rate schedule would not continue; set "
-        "max_steps: {} (or the same epochs and data)",
-        state_file, saved_max_steps, plan_.steps.total_steps, config_.source, saved_max_steps));
+    io::refuse(state_file, "max_steps",
+               fmt::format("this run's {} steps ({}; the learning-rate schedule would not continue otherwise: set "
+                           "max_steps: {}, or the same epochs and data)",
+                           plan_.steps.total_steps, config_.source, saved_max_steps),
+               fmt::format("{}", saved_max_steps));
   }
   if (state_->global_step > plan_.steps.total_steps) {
-    throw std::runtime_error(fmt::format("{}: global_step {} is past this run's {} steps", state_file,
-                                         state_->global_step, plan_.steps.total_steps));
+    io::refuse(state_file, "global_step", fmt::format("at most this run's {} steps", plan_.steps.total_steps),
+               fmt::format("{}", state_->global_step));
   }
   const std::string sched_file = (d / "scheduler.pt").string();
   const HfSchedulerState s = read_hf_lambda_lr(io::load_torch_pickle(sched_file), sched_file);
   if (s.last_epoch != state_->global_step) {
-    throw std::runtime_error(fmt::format("{}: last_epoch {} differs from global_step {} of trainer_state.json",
-                                         sched_file, s.last_epoch, state_->global_step));
+    io::refuse(sched_file, "last_epoch", fmt::format("global_step {} of trainer_state.json", state_->global_step),
+               fmt::format("{}", s.last_epoch));
   }
+  // Relative closeness of finite numbers (read_hf_lambda_lr refused the others).
   const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b)); };
-  for (const double base : s.base_lrs) {
-    if (!close(base, config_.learning_rate)) {
-      throw std::runtime_error(fmt::format("{}: base_lrs {} differ from this run's learning_rate {} ({})", sched_file,
-                                           fmt::join(s.base_lrs, ", "), config_.learning_rate, config_.source));
+  for (size_t i = 0; i < s.base_lrs.size(); ++i) {
+    if (!close(s.base_lrs[i], config_.learning_rate)) {
+      io::refuse(sched_file, io::field_path("base_lrs", static_cast<int64_t>(i)),
+                 fmt::format("this run's learning_rate {} ({})", config_.learning_rate, config_.source),
+                 fmt::format("{}", s.base_lrs[i]));
     }
   }
   const double expected = config_.learning_rate * optim::lr_multiplier(sched, s.last_epoch);
-  for (const double lr : s.last_lrs) {
-    if (!close(lr, expected)) {
-      throw std::runtime_error(fmt::format(
-          "{}: _last_lr {} at step {} is not this run's schedule ({}: lr_scheduler_type {}, {} warmup steps over {} "
-          "steps gives {})",
-          sched_file, lr, s.last_epoch, config_.source, sched.type, sched.warmup_steps, sched.total_steps, expected));
+  for (size_t i = 0; i < s.last_lrs.size(); ++i) {
+    if (!close(s.last_lrs[i], expected)) {
+      io::refuse(sched_file, io::field_path("_last_lr", static_cast<int64_t>(i)),
+                 fmt::format("{} at step {}: this run's schedule ({}: lr_scheduler_type {}, {} warmup steps over {} "
+                             "steps)",
+                             expected, s.last_epoch, config_.source, sched.type, sched.warmup_steps, sched.total_steps),
+                 fmt::format("{}", s.last_lrs[i]));
     }
   }
 
@@ -416,7 +420,8 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   model::load_weights(*model_, weights, dir);
 
   load_hf_optimizer_file((d / "optimizer.pt").string(), model_, stack_->optimizer(),
-                         stack_->data_parallel() && zero_stage_ > 0 ? stack_->data_parallel() : nullptr);
+                         stack_->data_parallel() && zero_stage_ > 0 ? stack_->data_parallel() : nullptr,
+                         state_->global_step);
   if (const fs::path f = d / "scaler.pt"; stack_->scaler() && fs::exists(f)) {
     const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
     stack_->scaler()->mutable_scale().fill_(sc.scale);

@@ -32,7 +32,6 @@ namespace kiln::train {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string read_text(const fs::path& path);
 // A host batch is checked before it reaches the model, so that a bad one is one clear line.
 void check_host_batch(const MicroBatch& b, int64_t vocab_size);
 // The default CPU generator's state, read and set with the generator's mutex held (ATen's rule for

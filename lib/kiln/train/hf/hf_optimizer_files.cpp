@@ -1,15 +1,13 @@
 #include "kiln/train/hf/hf_optimizer_files.h"
 
 #include <cmath>
-#include <regex>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "kiln/dist/data_parallel.h"
+#include "kiln/io/input_file.h"
 #include "kiln/io/torch_pickle.h"
-#include "kiln/optim/adamw.h"
 
 namespace kiln::train {
 
@@ -36,29 +34,75 @@ c10::IValue group(const HfAdamWHyper& h, double weight_decay, int64_t first, int
                    {"params", tp::list(ids)}});
 }
 
-[[noreturn]] void fail(const std::string& file, const std::string& field, const std::string& problem) {
-  throw std::runtime_error(fmt::format("{}: {} {}", file, field, problem));
+// What a value of a pickle is, for "found ...".
+std::string describe(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return fmt::format("a {} tensor of shape {}", c10::toString(t.scalar_type()), c10::str(t.sizes()));
+  }
+  if (v.isDouble()) return fmt::format("the float {}", v.toDouble());
+  if (v.isInt()) return fmt::format("the int {}", v.toInt());
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isNone()) return "None";
+  if (v.isString()) return fmt::format("the string '{}'", v.toStringRef().substr(0, 40));
+  if (v.isList()) return fmt::format("a list of {}", v.toListRef().size());
+  if (v.isGenericDict()) return fmt::format("a dict of {}", v.toGenericDict().size());
+  if (v.isTuple()) return fmt::format("a tuple of {}", v.toTupleRef().elements().size());
+  return v.tagKind();
+}
+
+std::string shown(const std::string& field) {
+  return field.empty() ? "(the top level)" : field;
+}
+
+c10::Dict<c10::IValue, c10::IValue> dict_at(const c10::IValue& v, const std::string& file, const std::string& field) {
+  if (!v.isGenericDict()) io::refuse(file, shown(field), "a dict", describe(v));
+  return v.toGenericDict();
 }
 
 c10::IValue at_key(const c10::IValue& dict, const std::string& key, const std::string& file, const std::string& where) {
-  if (!dict.isGenericDict()) fail(file, where, "is not a dict");
-  const auto d = dict.toGenericDict();
+  const auto d = dict_at(dict, file, where);
   const auto it = d.find(key);
-  if (it == d.end()) fail(file, where.empty() ? key : where + "." + key, "is missing");
+  if (it == d.end()) io::refuse(file, io::field_path(where, key), "a value", "no such key");
   return it->value();
 }
 
+// A number of a state dict: a float, an int, or a one-element floating or integer tensor (torch's
+// AdamW keeps `step` as a 0-d float tensor); finite. Bools are not numbers here.
 double number(const c10::IValue& v, const std::string& file, const std::string& field) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
-  fail(file, field, fmt::format("is a {}, not a number", v.tagKind()));
+  double d = 0;
+  if (v.isDouble()) {
+    d = v.toDouble();
+  } else if (v.isInt()) {
+    d = static_cast<double>(v.toInt());
+  } else if (v.isTensor() && v.toTensor().numel() == 1 &&
+             (at::isFloatingType(v.toTensor().scalar_type()) ||
+              at::isIntegralType(v.toTensor().scalar_type(), /*includeBool=*/false))) {
+    d = v.toTensor().item<double>();  // a CPU tensor inside its storage (io::load_torch_pickle checked it)
+  } else {
+    io::refuse(file, field, "a number (a float, an int or a one-element tensor)", describe(v));
+  }
+  if (!std::isfinite(d)) io::refuse(file, field, "a finite number", fmt::format("{}", d));
+  return d;
 }
 
-std::vector<double> numbers(const c10::IValue& v, const std::string& file, const std::string& field) {
-  if (!v.isList()) fail(file, field, "is not a list");
+// A whole number in [0, hi] (a float or tensor holding one, as torch stores steps).
+int64_t whole(const c10::IValue& v, const std::string& file, const std::string& field, int64_t hi) {
+  const double d = number(v, file, field);
+  if (d < 0 || d > static_cast<double>(hi) || d != std::round(d))
+    io::refuse(file, field, fmt::format("a whole number in [0, {}]", hi), fmt::format("{}", d));
+  return static_cast<int64_t>(d);
+}
+
+std::vector<double> numbers(const c10::IValue& v, const std::string& file, const std::string& field, double lo) {
+  if (!v.isList()) io::refuse(file, field, "a list of numbers", describe(v));
   std::vector<double> out;
-  for (const c10::IValue& e : v.toList()) out.push_back(number(e, file, field));
+  const auto list = v.toList();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = io::field_path(field, static_cast<int64_t>(i));
+    out.push_back(number(list.get(i), file, at));
+    if (out.back() < lo) io::refuse(file, at, fmt::format("a number >= {}", lo), fmt::format("{}", out.back()));
+  }
   return out;
 }
 
@@ -104,121 +148,89 @@ std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& sd, const s
                                                   const std::string& file) {
   const c10::IValue groups_v = at_key(sd, "param_groups", file, "");
   const c10::IValue state_v = at_key(sd, "state", file, "");
-  if (!groups_v.isList()) fail(file, "param_groups", "is not a list");
-  if (!state_v.isGenericDict()) fail(file, "state", "is not a dict");
+  if (!groups_v.isList()) io::refuse(file, "param_groups", "a list", describe(groups_v));
+  const auto state = dict_at(state_v, file, "state");
   const auto groups = groups_v.toList();
   std::vector<const HfParamShape*> want[2];
   for (const auto& p : expected) want[p.decay ? 0 : 1].push_back(&p);
   // HF's layout: the decay group, then the no-decay group (an empty one is still there).
   if (groups.size() != 2) {
-    fail(file, "param_groups",
-         fmt::format("has {} groups; transformers' Trainer makes 2 (decay: {} weights, no decay: {} norms)",
-                     groups.size(), want[0].size(), want[1].size()));
+    io::refuse(file, "param_groups",
+               fmt::format("the 2 groups of transformers' Trainer (decay: {} weights, no decay: {} norms)",
+                           want[0].size(), want[1].size()),
+               fmt::format("{} groups", groups.size()));
   }
-  const auto state = state_v.toGenericDict();
+  constexpr const char* kAdamW = "transformers' AdamW (adamw_torch)";
   std::map<std::string, HfParamState> out;
   for (size_t g = 0; g < 2; ++g) {
-    const std::string where = fmt::format("param_groups[{}]", g);
+    const std::string where = io::field_path("param_groups", static_cast<int64_t>(g));
     const c10::IValue grp = groups.get(g);
-    if (!grp.isGenericDict() || grp.toGenericDict().find("betas") == grp.toGenericDict().end()) {
-      fail(file, where + ".betas", "is missing: another optimizer than transformers' AdamW (adamw_torch)");
-    }
+    const auto group = dict_at(grp, file, where);
+    if (group.find("betas") == group.end())
+      io::refuse(file, io::field_path(where, "betas"), fmt::format("the betas of {}", kAdamW),
+                 "no such key (another optimizer)");
     for (const char* key : {"amsgrad", "maximize"}) {
-      const auto it = grp.toGenericDict().find(key);
-      if (it != grp.toGenericDict().end() && it->value().isBool() && it->value().toBool()) {
-        fail(file, where + "." + key, "is True: another optimizer than transformers' AdamW (adamw_torch)");
-      }
+      const auto it = group.find(key);
+      if (it != group.end() && it->value().isBool() && it->value().toBool())
+        io::refuse(file, io::field_path(where, key), fmt::format("False ({})", kAdamW), "True (another optimizer)");
     }
+    const std::string params_at = io::field_path(where, "params");
     const c10::IValue ids_v = at_key(grp, "params", file, where);
-    if (!ids_v.isList()) fail(file, where + ".params", "is not a list");
+    if (!ids_v.isList()) io::refuse(file, params_at, "a list of parameter ids", describe(ids_v));
     const auto ids = ids_v.toList();
     if (ids.size() != want[g].size()) {
-      fail(file, where + ".params",
-           fmt::format("has {} parameters; this model has {} {} (group {} of transformers' Trainer: {})", ids.size(),
-                       want[g].size(), g == 0 ? "weights with weight decay" : "norms and biases without weight decay",
-                       g, g == 0 ? "weights with more than one dimension" : "the rest"));
+      io::refuse(file, params_at,
+                 fmt::format("this model's {} {} (group {} of transformers' Trainer: {})", want[g].size(),
+                             g == 0 ? "weights with weight decay" : "norms and biases without weight decay", g,
+                             g == 0 ? "weights with more than one dimension" : "the rest"),
+                 fmt::format("{} parameters", ids.size()));
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       const HfParamShape& p = *want[g][i];
-      if (!ids.get(i).isInt()) fail(file, where + ".params", "holds a non-integer id");
+      if (!ids.get(i).isInt())
+        io::refuse(file, io::field_path(params_at, static_cast<int64_t>(i)), "an integer id", describe(ids.get(i)));
       const int64_t id = ids.get(i).toInt();
+      const std::string at_id = io::field_path("state", id);
       const auto it = state.find(id);
-      if (it == state.end()) {
-        fail(file, fmt::format("state[{}]", id), fmt::format("is missing (parameter {}, never stepped?)", p.name));
-      }
+      if (it == state.end())
+        io::refuse(file, at_id, fmt::format("the state of parameter {}", p.name), "no such key (never stepped?)");
       HfParamState s;
       s.name = p.name;
       s.decay = p.decay;
-      const std::string at_id = fmt::format("state[{}]", id);
+      s.source = at_id;
       for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+        const std::string at_key_path = io::field_path(at_id, key);
         const c10::IValue t = at_key(it->value(), key, file, at_id);
-        if (!t.isTensor()) fail(file, at_id + "." + key, "is not a tensor: another optimizer than AdamW");
+        if (!t.isTensor()) io::refuse(file, at_key_path, fmt::format("a tensor ({})", kAdamW), describe(t));
         const at::Tensor m = t.toTensor();
-        if (m.sizes() != c10::IntArrayRef(p.shape)) {
-          fail(file, at_id + "." + key,
-               fmt::format("has shape {}; parameter {} of this model has shape {}", c10::str(m.sizes()), p.name,
-                           c10::str(c10::IntArrayRef(p.shape))));
+        if (m.sizes() != c10::IntArrayRef(p.shape) || !at::isFloatingType(m.scalar_type())) {
+          io::refuse(file, at_key_path,
+                     fmt::format("a floating-point tensor of shape {} (parameter {})",
+                                 c10::str(c10::IntArrayRef(p.shape)), p.name),
+                     describe(t));
         }
-        if (!at::isFloatingType(m.scalar_type())) fail(file, at_id + "." + key, "is not a floating-point tensor");
         (std::string(key) == "exp_avg" ? s.exp_avg : s.exp_avg_sq) = m.to(at::kFloat);
       }
-      s.step = number(at_key(it->value(), "step", file, at_id), file, at_id + ".step");
-      if (!std::isfinite(s.step) || s.step < 0 || s.step != std::round(s.step)) {
-        fail(file, at_id + ".step", fmt::format("is {}, not a whole number >= 0", s.step));
-      }
+      // A step count: a float32 tensor in torch's AdamW; at most 2^53 (exact in a double).
+      s.step = static_cast<double>(
+          whole(at_key(it->value(), "step", file, at_id), file, io::field_path(at_id, "step"), int64_t{1} << 53));
       out.emplace(p.name, std::move(s));
     }
   }
   return out;
 }
 
-std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model) {
-  std::vector<HfParamShape> out;
-  for (const auto& p : model->named_parameters()) {
-    if (!p.value().requires_grad()) continue;
-    out.push_back({p.key(), p.value().dim() > 1, p.value().sizes().vec()});
-  }
-  return out;
-}
-
-void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausalLM& model, optim::AdamW& optimizer,
-                            const dist::DataParallel* zero) {
-  const std::map<std::string, HfParamState> full =
-      read_hf_adamw(io::load_torch_pickle(file), hf_param_shapes(model), file);
-  std::map<std::string, at::Tensor> state;
-  const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
-    const auto part = [&](const at::Tensor& t) { return begin < 0 ? t : t.flatten().slice(0, begin, end); };
-    state[name + ".exp_avg"] = part(p.exp_avg);
-    state[name + ".exp_avg_sq"] = part(p.exp_avg_sq);
-    state[name + ".step"] = at::full({}, p.step, at::kFloat);
-  };
-  if (zero) {
-    // This rank's chunks: "<param>[begin:end]" slices of the flattened parameter.
-    static const std::regex slice(R"((.*)\[([0-9]+):([0-9]+)\])");
-    for (const optim::ParamSpec& spec : zero->optimizer_params()) {
-      std::smatch m;
-      if (!std::regex_match(spec.name, m, slice)) throw std::logic_error("ZeRO shard without a slice: " + spec.name);
-      put(spec.name, full.at(m[1].str()), std::stoll(m[2].str()), std::stoll(m[3].str()));
-    }
-  } else {
-    for (const auto& [name, p] : full) put(name, p, -1, -1);
-  }
-  try {
-    optimizer.load_state_dict(state);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: {}", file, e.what()));
-  }
-}
-
 HfSchedulerState read_hf_lambda_lr(const c10::IValue& sd, const std::string& file) {
   HfSchedulerState s;
   const c10::IValue last = at_key(sd, "last_epoch", file, "");
-  if (!last.isInt()) fail(file, "last_epoch", "is not an integer");
+  if (!last.isInt() || last.toInt() < 0) io::refuse(file, "last_epoch", "an integer >= 0", describe(last));
   s.last_epoch = last.toInt();
-  s.base_lrs = numbers(at_key(sd, "base_lrs", file, ""), file, "base_lrs");
-  s.last_lrs = numbers(at_key(sd, "_last_lr", file, ""), file, "_last_lr");
-  if (s.base_lrs.empty() || s.last_lrs.size() != s.base_lrs.size()) {
-    fail(file, "_last_lr", fmt::format("has {} entries for {} base_lrs", s.last_lrs.size(), s.base_lrs.size()));
+  s.base_lrs = numbers(at_key(sd, "base_lrs", file, ""), file, "base_lrs", 0.0);
+  s.last_lrs = numbers(at_key(sd, "_last_lr", file, ""), file, "_last_lr", 0.0);
+  if (s.base_lrs.empty()) io::refuse(file, "base_lrs", "a learning rate per parameter group", "none");
+  if (s.last_lrs.size() != s.base_lrs.size()) {
+    io::refuse(file, "_last_lr", fmt::format("{} entries (one per base_lrs)", s.base_lrs.size()),
+               fmt::format("{}", s.last_lrs.size()));
   }
   return s;
 }
@@ -226,10 +238,8 @@ HfSchedulerState read_hf_lambda_lr(const c10::IValue& sd, const std::string& fil
 HfScalerState read_hf_grad_scaler(const c10::IValue& sd, const std::string& file) {
   HfScalerState s;
   s.scale = number(at_key(sd, "scale", file, ""), file, "scale");
-  if (!std::isfinite(s.scale) || s.scale <= 0) fail(file, "scale", fmt::format("is {}, not a number > 0", s.scale));
-  const double tracker = number(at_key(sd, "_growth_tracker", file, ""), file, "_growth_tracker");
-  if (tracker < 0 || tracker != std::round(tracker)) fail(file, "_growth_tracker", "is not a whole number >= 0");
-  s.growth_tracker = static_cast<int64_t>(tracker);
+  if (s.scale <= 0) io::refuse(file, "scale", "a finite number > 0", fmt::format("{}", s.scale));
+  s.growth_tracker = whole(at_key(sd, "_growth_tracker", file, ""), file, "_growth_tracker", int64_t{1} << 31);
   return s;
 }
 

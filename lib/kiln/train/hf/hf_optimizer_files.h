@@ -17,8 +17,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
-#include "kiln/model/llama.h"
-
+namespace kiln::model {
+class LlamaForCausalLM;
+}
 namespace kiln::optim {
 class AdamW;
 }
@@ -34,6 +35,7 @@ struct HfParamState {
   bool decay = true;
   at::Tensor exp_avg, exp_avg_sq;  // fp32
   double step = 0;
+  std::string source;  // read_hf_adamw: where in optimizer.pt it was ("state[3]"), for messages
 };
 
 struct HfAdamWHyper {
@@ -57,8 +59,9 @@ struct HfParamShape {
   std::vector<int64_t> shape;
 };
 
-// Reads optimizer.pt's AdamW state for `expected`. Throws std::runtime_error "<file>: <field>
-// <problem>" for another optimizer, another group layout, a missing or mis-shaped moment.
+// Reads optimizer.pt's AdamW state for `expected`. Throws io::InputError "<file>: <field>: expected
+// ..., found ..." for another optimizer, another group layout, a missing or mis-shaped moment, a
+// step that is not a whole number.
 std::map<std::string, HfParamState> read_hf_adamw(const c10::IValue& state_dict,
                                                   const std::vector<HfParamShape>& expected, const std::string& file);
 
@@ -69,9 +72,11 @@ std::vector<HfParamShape> hf_param_shapes(const model::LlamaForCausalLM& model);
 
 // Reads optimizer.pt into `optimizer`, an AdamW over `model`'s parameters, or over this rank's
 // ZeRO chunks of them when `zero` is given (each rank reads the whole file and keeps its part).
-// Throws std::runtime_error naming the file and field; a refused file leaves `optimizer` as it was.
+// Throws io::InputError naming the file and field; a refused file leaves `optimizer` as it was.
+// `max_step`: the largest step count a parameter's state may hold (the checkpoint's global_step:
+// a step an fp16 overflow skipped is not counted).
 void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausalLM& model, optim::AdamW& optimizer,
-                            const dist::DataParallel* zero = nullptr);
+                            const dist::DataParallel* zero = nullptr, int64_t max_step = int64_t{1} << 53);
 
 struct HfSchedulerState {
   int64_t last_epoch = 0;
