@@ -5,7 +5,7 @@
 #   scripts/setup.sh --tests   that, and what only the test suite needs (scripts/test.sh)
 #
 #  - Debian packages: compiler, build tools, the C++ libraries kiln links and gloo's headers (only
-#    the missing ones); with --tests also Catch2, clang-format and Chromium.
+#    the missing ones); with --tests also Catch2, clang-format, clang with libFuzzer, Chromium and Slurm.
 #  - LibTorch from a PyPI wheel in a virtual environment under ${KILN_HOME:-$HOME/.cache/kiln},
 #    outside the checkout, so every clone reuses it: torch==2.11.0 (CUDA 13) in venv/, or, for a
 #    V100 or a driver older than CUDA 13, torch==2.10.0 (CUDA 12) in venv-cu12/ with a CUDA 12
@@ -38,6 +38,7 @@ debian_packages=(
 if ((tests)); then
   debian_packages+=(
     catch2 clang-format
+    clang-14 libclang-rt-14-dev  # libFuzzer and the sanitizers' runtimes (scripts/fuzz.sh)
     chromium  # headless screenshot check of kiln-profile's HTML report
     slurmctld slurmd slurm-client munge  # a one-host Slurm cluster (tests/python/test_slurm.py)
   )
