@@ -69,7 +69,8 @@ for h in fuzz_pt_file fuzz_torch_pickle fuzz_safetensors fuzz_state_json; do
       >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
-    echo "fuzz $h: $runs inputs in ${seconds} s, no crash ($cov, corpus $(ls "$corpus" | wc -l) inputs)"
+    outcome=$(grep -a -o 'kiln-fuzz: [0-9]* loaded, [0-9]* refused' "$log" | tail -1 | cut -c12- || true)
+    echo "fuzz $h: $runs inputs in ${seconds} s ($outcome), no crash ($cov, corpus $(ls "$corpus" | wc -l) inputs)"
   else
     status=1
     echo "fuzz $h: FAILED (log $log, reproducer in $fuzz/artifacts/)"

@@ -25,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const c10::IValue v = kiln::io::load_torch_pickle(file.path());
     kiln::fuzz::touch_all(v);
+    kiln::fuzz::loaded();
     // What a resume does with it next: each reader refuses or accepts, never crashes.
     try {
       kiln::train::read_hf_adamw(v, shapes(), file.path());
@@ -39,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const kiln::io::InputError&) {
     }
   } catch (const kiln::io::InputError&) {
+    kiln::fuzz::refused();
   }
   return 0;
 }

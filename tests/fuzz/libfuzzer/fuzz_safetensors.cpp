@@ -11,7 +11,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const kiln::io::SafetensorsFile f(file.path());
     for (const std::string& name : f.names()) kiln::fuzz::touch(f.tensor(name));
+    kiln::fuzz::loaded();
   } catch (const kiln::io::SafetensorsError&) {
+    kiln::fuzz::refused();
   }
   return 0;
 }

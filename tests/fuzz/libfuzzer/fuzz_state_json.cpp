@@ -14,7 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const kiln::train::TrainerStateFile s = kiln::train::read_trainer_state_file(file.path());
     if (s.global_step < 0 || s.total_flos < 0 || !s.log_history.is_array()) __builtin_trap();
     (void)s.log_history.dump();  // what a checkpoint save writes back
+    kiln::fuzz::loaded();
   } catch (const kiln::io::InputError&) {
+    kiln::fuzz::refused();
   }
   try {
     const kiln::train::KilnStateFile k = kiln::train::read_kiln_state_file(file.path());

@@ -29,7 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kiln::fuzz::InputFile file(reinterpret_cast<const uint8_t*>(archive.data()), archive.size());
   try {
     kiln::fuzz::touch_all(kiln::io::load_torch_pickle(file.path()));
+    kiln::fuzz::loaded();
   } catch (const kiln::io::InputError&) {
+    kiln::fuzz::refused();
   }
   return 0;
 }

@@ -7,8 +7,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -16,6 +18,30 @@
 #include <ATen/core/ivalue.h>
 
 namespace kiln::fuzz {
+
+// How many inputs loaded and how many were refused (an InputError naming the file), printed at
+// exit as "kiln-fuzz: <loaded> loaded, <refused> refused" for scripts/fuzz.sh's summary.
+struct Outcomes {
+  std::atomic<uint64_t> loaded{0}, refused{0};
+  static Outcomes& get() {
+    static Outcomes* o = [] {
+      auto* p = new Outcomes;  // never freed: read by the exit handler
+      std::atexit([] {
+        std::fprintf(stderr, "kiln-fuzz: %llu loaded, %llu refused\n",
+                     static_cast<unsigned long long>(get().loaded.load()),
+                     static_cast<unsigned long long>(get().refused.load()));
+      });
+      return p;
+    }();
+    return *o;
+  }
+};
+inline void loaded() {
+  ++Outcomes::get().loaded;
+}
+inline void refused() {
+  ++Outcomes::get().refused;
+}
 
 // The bytes as a regular file at /proc/self/fd/N, closed when this goes.
 class InputFile {
