@@ -7,18 +7,23 @@
 # input) or an input above 2 GB of memory; the reproducer is left in BUILD/fuzz/artifacts/. What
 # earlier runs found (tests/fuzz/libfuzzer/regressions/<harness>/) is run first, every time.
 #
-#   scripts/fuzz.sh [--seconds N] [--build-dir BUILD] [--keep-corpus]
+#   scripts/fuzz.sh [--seconds N | --runs N] [--build-dir BUILD] [--keep-corpus]
 #
-# CTest runs it twice: `fuzz` (20 s a harness, the default suite) and `fuzz_slow` ([slow], 10
+# --runs N: N inputs a harness from libFuzzer's seed 1, the same mutations each run (what the
+# default suite runs, so that its outcome does not depend on the machine's speed or the hour);
+# --seconds N: N seconds a harness from a random seed (new inputs each time).
+# CTest runs it twice: `fuzz` (--runs 60000, the default suite) and `fuzz_slow` ([slow], 10
 # minutes a harness, the corpus kept in BUILD/fuzz/corpus between runs).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
+runs=0
 build="${KILN_BUILD_DIR:-$root/build}"
 keep=0
 while (($#)); do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
     --build-dir) build="$2"; shift 2 ;;
     --keep-corpus) keep=1; shift ;;
     *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
@@ -64,13 +69,16 @@ for h in fuzz_pt_file fuzz_torch_pickle fuzz_safetensors fuzz_state_json; do
   ((keep)) || rm -rf "$corpus"
   mkdir -p "$corpus"
   log="$fuzz/$h.log"
-  if "$fuzz/$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 \
+  start=$SECONDS
+  budget=(-max_total_time="$seconds")
+  ((runs > 0)) && budget=(-runs="$runs" -seed=1)
+  if "$fuzz/$h" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 \
       -print_final_stats=1 -artifact_prefix="$fuzz/artifacts/$h-" "$corpus" "$seeds/$h" "${found[@]}" \
       >"$log" 2>&1; then
-    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+    count=$(grep -a -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
     outcome=$(grep -a -o 'kiln-fuzz: [0-9]* loaded, [0-9]* refused' "$log" | tail -1 | cut -c12- || true)
-    echo "fuzz $h: $runs inputs in ${seconds} s ($outcome), no crash ($cov, corpus $(ls "$corpus" | wc -l) inputs)"
+    echo "fuzz $h: $count inputs in $((SECONDS - start)) s ($outcome), no crash ($cov, corpus $(ls "$corpus" | wc -l) inputs)"
   else
     status=1
     echo "fuzz $h: FAILED (log $log, reproducer in $fuzz/artifacts/)"
