@@ -52,7 +52,7 @@ kiln_ckpt=()
 if [[ -x "$build/bin/kiln-pretrain" ]]; then
   out="$fuzz/kiln-run"
   rm -rf "$out"
-  "$build/bin/kiln-pretrain" --config "$root/configs/pretrain/quickstart.yaml" --max_steps 2 --save_steps 2 \
+  timeout 300 "$build/bin/kiln-pretrain" --config "$root/configs/pretrain/quickstart.yaml" --max_steps 2 --save_steps 2 \
     --eval_steps 0 --logging_steps 1 --fp16 true --output_dir "$out" >/dev/null 2>&1 &&
     kiln_ckpt=(--kiln-checkpoint "$out/checkpoint-2")
 fi
@@ -72,7 +72,8 @@ for h in fuzz_pt_file fuzz_torch_pickle fuzz_safetensors fuzz_state_json; do
   start=$SECONDS
   budget=(-max_total_time="$seconds")
   ((runs > 0)) && budget=(-runs="$runs" -seed=1)
-  if "$fuzz/$h" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 \
+  # (bounded twice: libFuzzer's own budget, and `timeout` should a run never reach it)
+  if timeout $((seconds > 0 && runs == 0 ? seconds + 300 : 900)) "$fuzz/$h" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len=65536 \
       -print_final_stats=1 -artifact_prefix="$fuzz/artifacts/$h-" "$corpus" "$seeds/$h" "${found[@]}" \
       >"$log" 2>&1; then
     count=$(grep -a -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")

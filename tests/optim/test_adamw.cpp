@@ -59,6 +59,19 @@ TEST_CASE("optimizer state round-trips and bad state is named", "[optim]") {
   auto bad = a.state_dict();
   bad.erase("w.exp_avg_sq");
   CHECK_THAT(kiln::test::error_of([&] { b.load_state_dict(bad); }), Catch::Matchers::Contains("w.exp_avg_sq"));
+  // A step count above the bound a resume gives (its checkpoint's global_step) is refused, naming
+  // the entry and the value; nothing is copied then. a took one step.
+  const auto before = b.state_dict().at("w.exp_avg").clone();
+  auto ahead = a.state_dict();
+  ahead["w.exp_avg"] = at::zeros({3, 2});
+  CHECK_THAT(kiln::test::error_of([&] { b.load_state_dict(ahead, /*max_step=*/0); }),
+             Catch::Matchers::Equals("optimizer state: w.step: expected a whole number of steps in [0, 0], found 1"));
+  CHECK(at::equal(b.state_dict().at("w.exp_avg"), before));
+  CHECK_NOTHROW(b.load_state_dict(a.state_dict(), /*max_step=*/1));
+  auto negative = a.state_dict();
+  negative["w.exp_avg_sq"] = at::full({3, 2}, -2.0);
+  CHECK_THAT(kiln::test::error_of([&] { b.load_state_dict(negative); }),
+             Catch::Matchers::Equals("optimizer state: w.exp_avg_sq: expected finite values >= 0, found -2"));
 }
 
 TEST_CASE("clip_grad_norm scales to max_norm and returns the pre-clip norm", "[optim]") {

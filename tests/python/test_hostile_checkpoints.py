@@ -339,7 +339,7 @@ def test_a_global_step_that_is_not_an_integer(case, kiln_bin, value, found):
 
 @pytest.mark.parametrize("step,found", [(torch.tensor(1e30), "a whole number in [0, 9007199254740992]"),
                                         (torch.tensor(True), "a Bool tensor"),
-                                        (torch.tensor(9.0), f"at most global_step {STEPS}")])
+                                        (torch.tensor(9.0), f"a whole number of steps in [0, {STEPS}], found 9")])
 def test_an_optimizer_step_out_of_range(case, kiln_bin, step, found):
     opt = torch.load(case.path / "optimizer.pt", weights_only=True)
     opt["state"][0]["step"] = step

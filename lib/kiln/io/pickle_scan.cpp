@@ -188,6 +188,13 @@ class Scanner {
     if (k != Kind::kStr && k != Kind::kInt && k != Kind::kFloat && k != Kind::kBool && k != Kind::kNone)
       fail("a dict key of str, int, float, bool or None", kind_name(k));
   }
+  // A new container of kind k holding the stack's items from `start` on, in their place.
+  void collect(Kind k, size_t start) {
+    const uint32_t id = make(k);
+    nodes_[id].items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(start), stack_.end());
+    stack_.resize(start);
+    push(id);
+  }
   void add_pairs(uint32_t dict, size_t start) {
     if ((stack_.size() - start) % 2 != 0)
       fail("keys and values in pairs", fmt::format("{} items", stack_.size() - start));
@@ -285,33 +292,20 @@ class Scanner {
       case 'j':
         get(little<uint32_t>());
         break;
-      case 't': {  // TUPLE
-        const size_t start = pop_mark();
-        const uint32_t id = make(Kind::kTuple);
-        nodes_[id].items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(start), stack_.end());
-        stack_.resize(start);
-        push(id);
+      case 't':  // TUPLE
+        collect(Kind::kTuple, pop_mark());
         break;
-      }
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1..3
         const size_t n = op - 0x84u;
         need_stack(n);
-        const uint32_t id = make(Kind::kTuple);
-        nodes_[id].items.assign(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
-        stack_.resize(stack_.size() - n);
-        push(id);
+        collect(Kind::kTuple, stack_.size() - n);
         break;
       }
-      case 'l': {  // LIST
-        const size_t start = pop_mark();
-        const uint32_t id = make(Kind::kList);
-        nodes_[id].items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(start), stack_.end());
-        stack_.resize(start);
-        push(id);
+      case 'l':  // LIST
+        collect(Kind::kList, pop_mark());
         break;
-      }
       case 'd': {  // DICT
         const size_t start = pop_mark();
         const uint32_t id = make(Kind::kDict);

@@ -204,6 +204,7 @@ void check_zip_directory(const RegularFile& f) {
   const std::string folder = lower(list.front().name.substr(0, slash + 1));
   std::set<std::string> names;
   const Record* version = nullptr;
+  uint64_t version_at = 0;  // where its data starts
   for (const Record& r : list) {
     const std::string name = lower(r.name);
     if (!names.insert(name).second)
@@ -215,16 +216,15 @@ void check_zip_directory(const RegularFile& f) {
     const uint64_t data = r.local + 30 + le16(h + 26) + le16(h + 28);
     if (le16(h + 8) != 0 || data > size || r.size > size - data)
       refuse(path, field, "stored data within the file", fmt::format("{} bytes at offset {}", r.size, data));
-    if (name == folder + ".data/version" || (name == folder + "version" && version == nullptr)) version = &r;
+    if (name == folder + ".data/version" || (name == folder + "version" && version == nullptr)) {
+      version = &r;
+      version_at = data;
+    }
   }
   if (version == nullptr) refuse(path, "version", "a version record", "none");
   char text[24] = {};
-  const uint64_t data_at = [&] {
-    uint8_t h[30];
-    f.read_at(version->local, h, 30);
-    return version->local + 30 + le16(h + 26) + le16(h + 28);
-  }();
-  const size_t got = f.read_at(data_at, text, static_cast<size_t>(std::min<uint64_t>(version->size, sizeof(text) - 1)));
+  const size_t got =
+      f.read_at(version_at, text, static_cast<size_t>(std::min<uint64_t>(version->size, sizeof(text) - 1)));
   const std::string v(text, got);
   const size_t digits = v.find_first_not_of(" \t\n\r");
   const size_t end = v.find_first_not_of("0123456789", digits == std::string::npos ? v.size() : digits);

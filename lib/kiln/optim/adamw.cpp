@@ -110,7 +110,7 @@ StateError::StateError(std::string key, std::string expected, std::string found)
       expected_(std::move(expected)),
       found_(std::move(found)) {}
 
-void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state, int64_t max_step) {
   at::NoGradGuard no_grad;
   // Everything is checked before anything is copied: a refused state leaves the optimizer as it was.
   enum class Kind { kMoment, kSecondMoment, kStep };
@@ -123,18 +123,16 @@ void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
                        fmt::format("a {} tensor of shape {}", c10::toString(t.scalar_type()), c10::str(t.sizes())));
     }
     const at::Tensor v = t.to(at::kDouble);
-    const bool ok = kind == Kind::kMoment ? v.isfinite().all().item<bool>()
-                    : kind == Kind::kSecondMoment
-                        ? (v.isfinite() & (v >= 0)).all().item<bool>()
-                        : (v.isfinite() & (v >= 0) & (v <= static_cast<double>(int64_t{1} << 53)) & (v == v.round()))
-                              .all()
-                              .item<bool>();
-    if (!ok) {
+    const at::Tensor good = kind == Kind::kMoment ? v.isfinite()
+                            : kind == Kind::kSecondMoment
+                                ? v.isfinite() & (v >= 0)
+                                : v.isfinite() & (v >= 0) & (v <= static_cast<double>(max_step)) & (v == v.round());
+    if (!good.all().item<bool>()) {
       throw StateError(key,
                        kind == Kind::kMoment         ? "finite values"
                        : kind == Kind::kSecondMoment ? "finite values >= 0"
-                                                     : "a whole number of steps in [0, 2^53]",
-                       "other values");
+                                                     : fmt::format("a whole number of steps in [0, {}]", max_step),
+                       fmt::format("{}", v.masked_select(good.logical_not())[0].item<double>()));
     }
     return t;
   };

@@ -70,7 +70,9 @@ class AdamW {
   std::map<std::string, at::Tensor> state_dict() const;
   // Restores state_dict(); throws StateError naming a missing, mis-shaped or non-finite entry (moments
   // finite, second moments >= 0, steps whole numbers in [0, 2^53]); nothing is changed then.
-  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+  // `max_step`: the largest step count a state may hold (a resume passes its checkpoint's
+  // global_step: a step an fp16 overflow skipped is not counted, so no parameter has more).
+  void load_state_dict(const std::map<std::string, at::Tensor>& state, int64_t max_step = int64_t{1} << 53);
 
  private:
   struct Group {

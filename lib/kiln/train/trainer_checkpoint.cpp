@@ -145,20 +145,6 @@ std::vector<HfParamState> gather_hf_state(const model::LlamaForCausalLM& model, 
   return out;
 }
 
-// An optimizer's step count is at most the run's (a step an fp16 overflow skipped is not counted).
-void check_steps_at_most(const std::map<std::string, at::Tensor>& state, int64_t global_step, const std::string& file) {
-  for (const auto& [key, t] : state) {
-    if (key.size() < 5 || key.compare(key.size() - 5, 5, ".step") != 0) continue;
-    if (t.numel() != 1 || !(at::isFloatingType(t.scalar_type()) || at::isIntegralType(t.scalar_type(), false)))
-      continue;  // load_state_dict names it
-    const double v = t.item<double>();
-    if (!(v <= static_cast<double>(global_step))) {
-      io::refuse(file, key, fmt::format("at most global_step {} of trainer_state.json", global_step),
-                 fmt::format("{}", v));
-    }
-  }
-}
-
 }  // namespace
 
 std::string Trainer::save_checkpoint(int64_t step) {
@@ -314,9 +300,8 @@ void Trainer::resume(const std::string& dir) {
   io::SafetensorsFile opt((d / opt_file).string());
   std::map<std::string, at::Tensor> state;
   for (const auto& name : opt.names()) state[name] = opt.tensor(name);
-  check_steps_at_most(state, state_->global_step, opt.path());
   try {
-    stack_->optimizer().load_state_dict(state);
+    stack_->optimizer().load_state_dict(state, state_->global_step);
   } catch (const optim::StateError& e) {
     io::refuse(opt.path(), e.key(), e.expected(), e.found());
   }

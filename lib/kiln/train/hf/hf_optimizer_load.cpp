@@ -29,12 +29,6 @@ void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausal
                             const dist::DataParallel* zero, int64_t max_step) {
   const std::map<std::string, HfParamState> full =
       read_hf_adamw(io::load_torch_pickle(file), hf_param_shapes(model), file);
-  for (const auto& [name, p] : full) {
-    if (p.step > static_cast<double>(max_step)) {
-      io::refuse(file, p.source + ".step", fmt::format("at most global_step {} of trainer_state.json", max_step),
-                 fmt::format("{}", p.step));
-    }
-  }
   std::map<std::string, at::Tensor> state;
   std::map<std::string, std::string> field_of;  // AdamW's key -> where optimizer.pt holds it
   const auto put = [&](const std::string& name, const HfParamState& p, int64_t begin, int64_t end) {
@@ -56,7 +50,7 @@ void load_hf_optimizer_file(const std::string& file, const model::LlamaForCausal
     for (const auto& [name, p] : full) put(name, p, -1, -1);
   }
   try {
-    optimizer.load_state_dict(state);
+    optimizer.load_state_dict(state, max_step);
   } catch (const optim::StateError& e) {
     const auto it = field_of.find(e.key());
     io::refuse(file, it != field_of.end() ? it->second : e.key(), e.expected(), e.found());
