@@ -24,6 +24,8 @@ int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
 int64_t rmsnorm_bwd_static_smem_bytes();
 int64_t rmsnorm_bwd_max_smem(int64_t device_optin);
 bool rmsnorm_bwd_fits(int64_t cols, int64_t device_optin);
+int rmsnorm_bwd_blocks(const RmsNormBwdParams& params, int64_t sms);
+bool rmsnorm_bwd_uses_registers(const RmsNormBwdParams& params);
 void launch_rmsnorm_bwd(const RmsNormBwdParams& params, Stream stream);
 void launch_rope(const RopeParams& params, Stream stream);
 void launch_rope_mixed(const RopeMixedParams& params, Stream stream);

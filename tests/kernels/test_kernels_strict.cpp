@@ -115,9 +115,10 @@ void under_schedules(int arch, bool many, Fn&& fn) {
 
 // ---- RMSNorm
 
+// blocks: the backward's grid; 0 takes the launcher's own (rmsnorm_bwd_blocks) for a 2-SM device.
 template <typename T>
-void rmsnorm_case(int64_t rows, int64_t cols, bool residual, bool dh, bool many) {
-  CAPTURE(name_of<T>(), rows, cols, residual, dh);
+void rmsnorm_case(int64_t rows, int64_t cols, bool residual, bool dh, bool many, int blocks = 0) {
+  CAPTURE(name_of<T>(), rows, cols, residual, dh, blocks);
   const auto x = randn<T>(rows * cols), res = randn<T>(rows * cols), dy = randn<T>(rows * cols),
              dhv = randn<T>(rows * cols);
   const auto w = randn<T>(cols, 0.3, 1.0);
@@ -163,12 +164,18 @@ void rmsnorm_case(int64_t rows, int64_t cols, bool residual, bool dh, bool many)
     p.eps = eps;
     p.dtype = dtype_of<T>();
     kk::emulated::launch_rmsnorm_fwd(p, nullptr);
+    // The variant the launcher picked, by its grid: a register variant (rows of R threads x 4
+    // packs, R the smallest power of two from 32 that holds the row, max(1, 256 / R) rows per
+    // block) up to 4096 packs, else a block per row.
+    const int64_t pack = 16 / sizeof(T), packs = cols / pack;
+    int64_t row_threads = 32;
+    while (row_threads * 4 < packs) row_threads *= 2;
+    const int64_t rows_per_block = cols % pack == 0 && packs <= 4096 ? std::max<int64_t>(1, 256 / row_threads) : 1;
+    CHECK(emu::last_launch().blocks == static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
     CHECK_CLOSE("y", y, y_ref, 2 * unit<T>() + 1e-6);
     CHECK_CLOSE("rstd", rstd, std::vector<double>(rstd_ref.begin(), rstd_ref.end()), 1e-5);
     if (residual) CHECK_CLOSE("h", h, h_ref, 0.0);
 
-    const int blocks = 2;  // two blocks over the rows: grid-stride rows and partial dweight sums
-    std::vector<float> partial(blocks * cols);
     std::vector<T> hin(rows * cols);
     for (size_t i = 0; i < hin.size(); ++i) hin[i] = cast<T>(static_cast<float>(h_ref[i]));
     kk::RmsNormBwdParams b;
@@ -178,14 +185,22 @@ void rmsnorm_case(int64_t rows, int64_t cols, bool residual, bool dh, bool many)
     b.dh = dh ? dhv.data() : nullptr;
     b.rstd = rstd_ref.data();
     b.dx = dx.data();
-    b.dweight_partial = partial.data();
     b.rows = rows;
     b.cols = cols;
-    b.blocks = blocks;
     b.dtype = dtype_of<T>();
+    b.blocks = blocks > 0 ? blocks : kk::emulated::rmsnorm_bwd_blocks(b, 2);
+    CHECK(b.blocks >= 1);
+    CHECK(b.blocks <= rows);
+    // Several blocks over the rows: grid-stride rows and partial dweight sums.
+    std::vector<float> partial(b.blocks * cols);
+    b.dweight_partial = partial.data();
     kk::emulated::launch_rmsnorm_bwd(b, nullptr);
+    // Register variants up to 1024 packs (no dynamic shared memory), else the generic kernel.
+    const bool registers = cols % pack == 0 && packs <= 1024;
+    CHECK(kk::emulated::rmsnorm_bwd_uses_registers(b) == registers);
+    CHECK(emu::last_launch().dynamic_smem_bytes == (registers ? 0 : cols * sizeof(float)));
     std::vector<double> dw(cols, 0.0);
-    for (int k = 0; k < blocks; ++k) {
+    for (int k = 0; k < b.blocks; ++k) {
       for (int64_t c = 0; c < cols; ++c) dw[c] += partial[k * cols + c];
     }
     CHECK_CLOSE("dx", dx, dx_ref, 4 * unit<T>() + 1e-5);
@@ -195,11 +210,18 @@ void rmsnorm_case(int64_t rows, int64_t cols, bool residual, bool dh, bool many)
 
 // ---- RoPE (in place, and autocast's mixed form)
 
+// q and k of one launch: [B, T, H * D + pad] storage viewed as [B, H, T, D] (the projections'
+// layout; an odd pad makes the token stride unaligned), rotated in place or into a contiguous
+// [B, H, T, D] dst.
+struct RopeShape {
+  int64_t b, t, nq, nk, d, pad;
+};
+
 template <typename T>
-void rope_case(bool backward, int64_t narrow_limit, bool table_batched, bool many) {
-  CAPTURE(name_of<T>(), backward, narrow_limit, table_batched);
-  const int64_t b = 2, heads = 3, t = 7, d = 16, half = d / 2, tb = table_batched ? b : 1;
-  const auto base = randn<T>(b * t * heads * d);  // [B, T, H, D] storage, viewed as [B, H, T, D]
+void rope_case(const RopeShape& s, bool backward, bool table_batched, bool in_place, bool vectorized,
+               int64_t narrow_limit, bool many) {
+  CAPTURE(name_of<T>(), s.b, s.t, s.nq, s.nk, s.d, s.pad, backward, table_batched, in_place, vectorized, narrow_limit);
+  const int64_t b = s.b, t = s.t, d = s.d, half = d / 2, tb = table_batched ? b : 1;
   std::vector<T> cs(tb * t * d), sn(tb * t * d);
   std::uniform_real_distribution<float> ang(0.f, 6.f);
   for (size_t i = 0; i < cs.size(); ++i) {
@@ -207,47 +229,100 @@ void rope_case(bool backward, int64_t narrow_limit, bool table_batched, bool man
     cs[i] = cast<T>(std::cos(a));
     sn[i] = cast<T>(std::sin(a));
   }
-  auto at = [&](int64_t bi, int64_t hi, int64_t ti, int64_t di) { return ((bi * t + ti) * heads + hi) * d + di; };
-  std::vector<double> want(base.size());
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t hi = 0; hi < heads; ++hi) {
-      for (int64_t ti = 0; ti < t; ++ti) {
-        const int64_t tab = ((table_batched ? bi : 0) * t + ti) * d;
-        for (int64_t i = 0; i < half; ++i) {
-          const double x1 = f(base[at(bi, hi, ti, i)]), x2 = f(base[at(bi, hi, ti, i + half)]);
-          const double c1 = f(cs[tab + i]), c2 = f(cs[tab + i + half]), s1 = f(sn[tab + i]), s2 = f(sn[tab + i + half]);
-          want[at(bi, hi, ti, i)] = backward ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1;
-          want[at(bi, hi, ti, i + half)] = backward ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2;
+  struct Side {
+    int64_t heads, row;  // row: a token's elements in the source storage
+    std::vector<T> base;
+    std::vector<double> want;  // of dst: the source storage in place, else contiguous [B, H, T, D]
+  };
+  std::vector<Side> sides;
+  for (int64_t heads : {s.nq, s.nk}) {
+    if (heads == 0) continue;
+    Side x{heads, heads * d + s.pad, {}, {}};
+    x.base = randn<T>(b * t * x.row);  // exactly the storage, so ASan sees a read or write past it
+    x.want.assign(in_place ? x.base.size() : b * heads * t * d, 0.0);
+    if (in_place) {
+      for (size_t i = 0; i < x.base.size(); ++i) x.want[i] = f(x.base[i]);  // the pad stays as it was
+    }
+    for (int64_t bi = 0; bi < b; ++bi) {
+      for (int64_t hi = 0; hi < heads; ++hi) {
+        for (int64_t ti = 0; ti < t; ++ti) {
+          const int64_t src = (bi * t + ti) * x.row + hi * d, dst = in_place ? src : ((bi * heads + hi) * t + ti) * d;
+          const int64_t tab = ((table_batched ? bi : 0) * t + ti) * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const double x1 = f(x.base[src + i]), x2 = f(x.base[src + i + half]);
+            const double c1 = f(cs[tab + i]), c2 = f(cs[tab + i + half]), s1 = f(sn[tab + i]),
+                         s2 = f(sn[tab + i + half]);
+            x.want[dst + i] = backward ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1;
+            x.want[dst + i + half] = backward ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2;
+          }
         }
       }
     }
+    sides.push_back(std::move(x));
   }
   under_schedules(90, many, [&] {
-    std::vector<T> x = base;
+    std::vector<std::vector<T>> src(sides.size()), dst(sides.size());
     kk::RopeParams p;
-    p.narrow_index_limit = narrow_limit;
-    p.x = x.data();
+    for (size_t k = 0; k < sides.size(); ++k) {
+      const Side& x = sides[k];
+      src[k] = x.base;
+      if (!in_place) dst[k].assign(x.want.size(), cast<T>(NAN));
+      kk::RopeTensor& r = k == 0 ? p.q : p.k;
+      r = kk::rope_in_place(src[k].data(), x.heads, t * x.row, d, x.row);
+      if (!in_place) {
+        r.dst = dst[k].data();
+        r.dst_stride[0] = x.heads * t * d;
+        r.dst_stride[1] = t * d;
+        r.dst_stride[2] = d;
+      }
+    }
     p.cos = cs.data();
     p.sin = sn.data();
     p.batch = b;
-    p.heads = heads;
     p.seq = t;
     p.dim = d;
-    p.stride_b = t * heads * d;
-    p.stride_h = d;
-    p.stride_t = heads * d;
     p.table_batched = table_batched;
     p.backward = backward;
     p.dtype = dtype_of<T>();
+    p.narrow_index_limit = narrow_limit;
+    p.vectorized = vectorized;
     kk::emulated::launch_rope(p, nullptr);
-    CHECK_CLOSE("rotated", x, want, 3 * unit<T>() + 1e-6);
+    for (size_t k = 0; k < sides.size(); ++k) {
+      CAPTURE(k);
+      CHECK_CLOSE("rotated", in_place ? src[k] : dst[k], sides[k].want, 3 * unit<T>() + 1e-6);
+      if (!in_place)
+        CHECK(std::equal(src[k].begin(), src[k].end(), sides[k].base.begin(), [](T a, T c) { return f(a) == f(c); }));
+    }
   });
 }
 
+// Every shape class of the in-place kernel for one dtype: GQA at head dims 64 and 128, small and
+// odd head counts, a column count that leaves lanes idle (D 48: 3 columns, 21 heads a pass), more
+// columns than a token's threads (D 1056), and the scalar fallback's shapes (D 6; an odd token
+// stride), each forward and backward, with an odd token count (a partial last block).
 template <typename T>
-void rope_mixed_case(bool backward, int64_t narrow_limit, bool many) {
-  CAPTURE(name_of<T>(), backward, narrow_limit);
-  const int64_t b = 2, heads = 3, t = 7, d = 16, half = d / 2;
+void rope_cases(bool many) {
+  const RopeShape gqa128{1, 3, 32, 8, 128, 0}, gqa64{2, 5, 32, 8, 64, 0}, small{2, 7, 3, 1, 16, 0},
+      idle{1, 3, 20, 5, 48, 0}, wide{1, 3, 2, 1, 1056, 0}, d6{2, 5, 3, 2, 6, 0}, unaligned{2, 5, 3, 2, 16, 1},
+      q_only{2, 3, 5, 0, 64, 0};
+  for (bool backward : {false, true}) {
+    rope_case<T>(gqa128, backward, false, true, true, int64_t{1} << 30, many);
+    rope_case<T>(gqa64, backward, true, !backward, true, int64_t{1} << 30, many);
+    rope_case<T>(small, backward, true, true, true, int64_t{1} << 30, many);
+    rope_case<T>(idle, backward, false, true, true, int64_t{1} << 30, many);
+    rope_case<T>(wide, backward, true, backward, true, int64_t{1} << 30, many);
+    rope_case<T>(q_only, backward, false, true, true, int64_t{1} << 30, many);
+    // The scalar kernel: shapes the 128-bit one cannot take, and one it could (32- and 64-bit index).
+    rope_case<T>(d6, backward, true, true, true, int64_t{1} << 30, many);
+    rope_case<T>(unaligned, backward, false, !backward, true, int64_t{1} << 30, many);
+    for (int64_t limit : {int64_t{1} << 30, int64_t{0}}) rope_case<T>(small, backward, true, true, false, limit, many);
+  }
+}
+
+template <typename T>
+void rope_mixed_case(int64_t heads, int64_t d, bool backward, bool vectorized, int64_t narrow_limit, bool many) {
+  CAPTURE(name_of<T>(), heads, d, backward, vectorized, narrow_limit);
+  const int64_t b = 2, t = 7, half = d / 2;
   const size_t n = b * heads * t * d;
   std::vector<float> cs(b * t * d), sn(b * t * d);
   std::uniform_real_distribution<float> ang(0.f, 100.f);
@@ -301,6 +376,7 @@ void rope_mixed_case(bool backward, int64_t narrow_limit, bool many) {
     p.backward = backward;
     p.dtype = dtype_of<T>();
     p.narrow_index_limit = narrow_limit;
+    p.vectorized = vectorized;
     const int64_t src_stride[3] = {t * heads * d, d, heads * d}, dst_stride[3] = {heads * t * d, t * d, d};
     std::copy(src_stride, src_stride + 3, p.src_stride);
     std::copy(dst_stride, dst_stride + 3, p.dst_stride);
@@ -359,9 +435,11 @@ void swiglu_case(int64_t n, bool many) {
 template <typename T>
 void cross_entropy_case(int64_t vocab, double z, bool many, float grad_scale = 0) {
   CAPTURE(name_of<T>(), vocab, z, grad_scale);
-  const int64_t rows = 4;
+  // Targets at the first packs, the last element (in the one-at-a-time tail where the row has one),
+  // an ignored row, and the middle (in the second pack of an unrolled group at the longer rows).
+  const std::vector<int64_t> labels = {5, -100, vocab - 1, 0, vocab / 2};
+  const auto rows = static_cast<int64_t>(labels.size());
   const auto logits = randn<T>(rows * vocab, 3.0);
-  const std::vector<int64_t> labels = {5, -100, vocab - 1, 0};
   std::vector<double> lse_ref(rows), loss_ref(rows), grad_ref(rows * vocab);
   for (int64_t r = 0; r < rows; ++r) {
     double m = -INFINITY;
@@ -528,32 +606,52 @@ void flash_case(const FlashCase& c, bool many) {
 
 void all_kernels(bool many) {
   for (bool residual : {false, true}) {
-    for (int64_t cols : {1000, 1003}) {  // 128-bit packs and not
-      rmsnorm_case<float>(5, cols, residual, residual, many);
-      rmsnorm_case<bf16>(5, cols, residual, !residual, many);
-      rmsnorm_case<fp16>(3, cols, residual, residual, many);
+    for (int64_t cols : {1000, 1003}) {  // 128-bit packs and not; two blocks (fp16: one without rows)
+      rmsnorm_case<float>(5, cols, residual, residual, many, 2);
+      rmsnorm_case<bf16>(5, cols, residual, !residual, many, 2);
+      rmsnorm_case<fp16>(3, cols, residual, residual, many, 2);
+    }
+    // Rows of 20 .. 2100 128-bit packs: every register variant (forward: 32 .. 1024 threads per
+    // row, 4 packs each; backward: 32 .. 1024, 1 pack each), most rows filling them partly, 1024
+    // packs exactly, and the widths past the backward's variants (its generic kernel on packs).
+    // Narrow rows: 37 of them, not a multiple of the forward's rows per block, and more than the
+    // backward's row groups cover in one step (16 groups of 32 threads).
+    for (int64_t packs : {20, 60, 100, 250, 500, 1000, 1024, 1500, 2100}) {
+      const int64_t rows = packs <= 100 ? 37 : 5;
+      rmsnorm_case<float>(rows, packs * 4, residual, residual, many);
+      rmsnorm_case<bf16>(rows, packs * 8, residual, !residual, many);
+      rmsnorm_case<fp16>(rows, packs * 8, residual, residual, many);
     }
   }
+  rope_cases<float>(many);
+  rope_cases<bf16>(many);
+  rope_cases<fp16>(many);
   for (bool backward : {false, true}) {
-    for (int64_t limit : {int64_t{1} << 30, int64_t{0}}) {  // 32- and 64-bit pair indices
-      rope_case<float>(backward, limit, true, many);
-      rope_case<bf16>(backward, limit, false, many);
-      rope_case<fp16>(backward, limit, true, many);
-      rope_mixed_case<bf16>(backward, limit, many);
-      rope_mixed_case<fp16>(backward, limit, many);
+    // The 128-bit kernel (D 16 and 128), the scalar one on the same shape (32- and 64-bit pair
+    // indices), and on a shape only it takes (D 6).
+    rope_mixed_case<bf16>(3, 16, backward, true, int64_t{1} << 30, many);
+    rope_mixed_case<fp16>(8, 128, backward, true, int64_t{1} << 30, many);
+    for (int64_t limit : {int64_t{1} << 30, int64_t{0}}) {
+      rope_mixed_case<bf16>(3, 16, backward, false, limit, many);
+      rope_mixed_case<fp16>(3, 16, backward, false, limit, many);
     }
+    rope_mixed_case<bf16>(3, 6, backward, true, int64_t{1} << 30, many);
   }
   for (int64_t n : {4096, 1001}) {
     swiglu_case<float>(n, many);
     swiglu_case<bf16>(n, many);
     swiglu_case<fp16>(n, many);
   }
-  for (int64_t vocab : {1024, 1003}) {
+  // 1024: packs, fewer than the block's threads; 1003: one element at a time; 9224: whole groups of
+  // kUnroll x kThreads packs (2 x 512) and a tail of single packs (1153 bf16 packs: 1 group + 129,
+  // 2306 fp32 packs: 2 groups + 258); 8192 bf16: exactly one group, no tail.
+  for (int64_t vocab : {1024, 1003, 9224}) {
     cross_entropy_case<float>(vocab, 0.0, many);
     cross_entropy_case<bf16>(vocab, 1e-3, many);
     cross_entropy_case<fp16>(vocab, 0.0, many);
     cross_entropy_case<fp16>(vocab, 0.0, many, 1024.f);  // fp16 under a loss scale
   }
+  cross_entropy_case<bf16>(8192, 1e-3, many, 0.25f);
 }
 
 void all_flash(bool many) {

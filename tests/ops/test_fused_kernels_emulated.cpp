@@ -4,6 +4,7 @@
 // paths and is held to one-rounding tolerances. Sizes are chosen to hit both the packed and the
 // scalar path (lengths that are and are not multiples of 8), several blocks and grid-stride tails.
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -35,7 +36,8 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 TEST_CASE("RMSNorm kernels (emulated) match autograd through the composition", "[ops][emulated]") {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t cols : {1000, 1003}) {
+    // Register variants (1000: rows filled in part; 4096: exactly) and the generic kernels (1003).
+    for (int64_t cols : {1000, 1003, 4096}) {
       for (bool residual : {false, true}) {
         CAPTURE(dtype, cols, residual);
         const int64_t rows = 5;
@@ -87,46 +89,68 @@ TEST_CASE("RMSNorm kernels (emulated) match autograd through the composition", "
   }
 }
 
-TEST_CASE("RoPE kernel (emulated) rotates a strided view in place, and its transpose", "[ops][emulated]") {
+// q and k (GQA: fewer k heads) of one launch, strided views of the projections' [B, T, H, D]
+// storage: rotated in place, and the transpose written out of place into a fresh tensor (the
+// autograd Function's backward), by the 128-bit kernel (D 16, 64) and the scalar one (D 6, and
+// D 16 forced) in 32- and 64-bit pair indices.
+TEST_CASE("RoPE kernel (emulated) rotates q and k in one launch, in place, and its transpose", "[ops][emulated]") {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    CAPTURE(dtype);
-    const int64_t b = 2, heads = 3, t = 7, d = 16;
-    // [B, T, H, D] storage viewed as [B, H, T, D], as the model's projections are.
-    const at::Tensor base = at::randn({b, t, heads, d}).to(dtype);
-    const at::Tensor ang = at::arange(t).to(at::kFloat).unsqueeze(1) * at::rand({d});
-    const at::Tensor cos = ang.cos().to(dtype).unsqueeze(0).contiguous(),
-                     sin = ang.sin().to(dtype).unsqueeze(0).contiguous();
-    // 32-bit pair indices (what these sizes take), and the 64-bit path forced (limit 0).
-    for (const auto [backward, limit] : {std::pair{false, int64_t{1} << 30}, std::pair{true, int64_t{1} << 30},
-                                         std::pair{false, int64_t{0}}, std::pair{true, int64_t{0}}}) {
-      CAPTURE(backward, limit);
-      at::Tensor x = base.clone().transpose(1, 2);  // strided
-      kk::RopeParams p;
-      p.narrow_index_limit = limit;
-      p.x = x.data_ptr();
-      p.cos = cos.data_ptr();
-      p.sin = sin.data_ptr();
-      p.batch = b;
-      p.heads = heads;
-      p.seq = t;
-      p.dim = d;
-      p.stride_b = x.stride(0);
-      p.stride_h = x.stride(1);
-      p.stride_t = x.stride(2);
-      p.backward = backward;
-      p.dtype = dtype_of(dtype);
-      kk::emulated::launch_rope(p, nullptr);
-      const at::Tensor xf = base.transpose(1, 2).to(at::kFloat).requires_grad_();
+    for (int64_t d : {16, 64, 6}) {
+      const int64_t b = 2, nq = 4, nk = 2, t = 7;
+      const at::Tensor qbase = at::randn({b, t, nq, d}).to(dtype), kbase = at::randn({b, t, nk, d}).to(dtype);
+      const at::Tensor ang = at::arange(t).to(at::kFloat).unsqueeze(1) * at::rand({d});
+      const at::Tensor cos = ang.cos().to(dtype).unsqueeze(0).contiguous(),
+                       sin = ang.sin().to(dtype).unsqueeze(0).contiguous();
       const at::Tensor cf = cos.to(at::kFloat).unsqueeze(1), sf = sin.to(at::kFloat).unsqueeze(1);
-      at::Tensor want;
-      if (!backward) {
-        want = xf * cf + rotate_half(xf) * sf;
-      } else {  // the transpose of the rotation, applied to x as the incoming gradient
-        const at::Tensor probe = at::randn_like(xf).requires_grad_();
-        const at::Tensor y = probe * cf + rotate_half(probe) * sf;
-        want = torch::autograd::grad({y}, {probe}, {xf.detach()})[0];
+      for (const auto [backward, vectorized, limit] :
+           {std::tuple{false, true, int64_t{1} << 30}, std::tuple{true, true, int64_t{1} << 30},
+            std::tuple{false, false, int64_t{0}}, std::tuple{true, false, int64_t{1} << 30}}) {
+        CAPTURE(dtype, d, backward, vectorized, limit);
+        const at::Tensor q = qbase.clone().transpose(1, 2), k = kbase.clone().transpose(1, 2);  // strided
+        // Backward writes fresh contiguous gradients, forward rotates in place.
+        const at::Tensor dq = backward ? at::empty({b, nq, t, d}, q.options()) : q;
+        const at::Tensor dk = backward ? at::empty({b, nk, t, d}, k.options()) : k;
+        kk::RopeParams p;
+        auto side = [](const at::Tensor& src, const at::Tensor& dst) {
+          kk::RopeTensor r;
+          r.src = src.data_ptr();
+          r.dst = dst.data_ptr();
+          r.heads = src.size(1);
+          for (int i = 0; i < 3; ++i) {
+            r.src_stride[i] = src.stride(i);
+            r.dst_stride[i] = dst.stride(i);
+          }
+          return r;
+        };
+        p.q = side(q, dq);
+        p.k = side(k, dk);
+        p.narrow_index_limit = limit;
+        p.vectorized = vectorized;
+        p.cos = cos.data_ptr();
+        p.sin = sin.data_ptr();
+        p.batch = b;
+        p.seq = t;
+        p.dim = d;
+        p.backward = backward;
+        p.dtype = dtype_of(dtype);
+        kk::emulated::launch_rope(p, nullptr);
+        for (const auto& [got, base] : {std::pair{dq, qbase}, std::pair{dk, kbase}}) {
+          const at::Tensor xf = base.transpose(1, 2).to(at::kFloat).requires_grad_();
+          at::Tensor want;
+          if (!backward) {
+            want = xf * cf + rotate_half(xf) * sf;
+          } else {  // the transpose of the rotation, applied to x as the incoming gradient
+            const at::Tensor probe = at::randn_like(xf).requires_grad_();
+            const at::Tensor y = probe * cf + rotate_half(probe) * sf;
+            want = torch::autograd::grad({y}, {probe}, {xf.detach()})[0];
+          }
+          CHECK(max_abs_diff(got, want) < tolerance(dtype) * 2);
+        }
+        if (backward) {  // the sources are only read
+          CHECK(at::equal(q, qbase.transpose(1, 2)));
+          CHECK(at::equal(k, kbase.transpose(1, 2)));
+        }
       }
-      CHECK(max_abs_diff(x, want) < tolerance(dtype) * 2);
     }
   }
 }
@@ -160,9 +184,12 @@ TEST_CASE("RoPE mixed-dtype kernel (emulated) gives the reference's bits, forwar
       p.dim = d;
       p.table_batched = table_batch == b;
       p.dtype = dtype_of(dtype);
-      // 32-bit pair indices (what these sizes take), and the 64-bit path forced (limit 0).
-      for (const int64_t limit : {int64_t{1} << 30, int64_t{0}}) {
-        CAPTURE(limit);
+      // The 128-bit kernel (what these sizes take), then the scalar one with 32-bit pair indices
+      // and the 64-bit path forced (limit 0).
+      for (const auto [vectorized, limit] :
+           {std::pair{true, int64_t{1} << 30}, std::pair{false, int64_t{1} << 30}, std::pair{false, int64_t{0}}}) {
+        CAPTURE(vectorized, limit);
+        p.vectorized = vectorized;
         p.narrow_index_limit = limit;
         y.zero_();
         dx.zero_();

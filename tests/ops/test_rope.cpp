@@ -1,6 +1,9 @@
 // ops::apply_rope / apply_rope_ (in place, hand-written backward) against autograd through the
 // ATen composition (fp32) and finite differences (fp64), with default and llama3-scaled tables;
 // the CUDA kernel against the fp32 reference with the low-precision rule (docs/architecture.md, design rule 4).
+#include <tuple>
+
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 #include <catch2/catch.hpp>
 
@@ -114,6 +117,59 @@ TEST_CASE("rope's CPU loop gives the ATen composition's bits in bf16, and stride
   CHECK(max_abs_diff(leaf.grad(), ref_leaf.grad()) == 0);
 }
 
+namespace {
+// q [B, T, 4, D] and k [B, T, 2, D] (GQA) as the model makes them, through apply_rope_qk_ (mode
+// 1) or the reference on each (mode 0); y and the leaves' gradients of both.
+struct QkGrads {
+  at::Tensor yq, yk, dq, dk;
+};
+QkGrads run_qk(const at::Tensor& q_bthd, const at::Tensor& k_bthd, const kiln::model::RopeTables& t,
+               const at::Tensor& dyq, const at::Tensor& dyk, int mode) {
+  const at::Tensor lq = q_bthd.detach().clone().requires_grad_(true), lk = k_bthd.detach().clone().requires_grad_(true);
+  const at::Tensor q = (lq * 1).transpose(1, 2), k = (lk * 1).transpose(1, 2);
+  at::Tensor yq, yk;
+  if (mode == 0) {
+    yq = kiln::ops::apply_rope_reference(q, t.cos, t.sin);
+    yk = kiln::ops::apply_rope_reference(k, t.cos, t.sin);
+  } else {
+    std::tie(yq, yk) = kiln::ops::apply_rope_qk_(q, k, t.cos, t.sin);
+  }
+  torch::autograd::backward({yq, yk}, {dyq, dyk});
+  return {yq.detach(), yk.detach(), lq.grad(), lk.grad()};
+}
+void check_qk(const QkGrads& got, const QkGrads& want, double tol) {
+  CHECK(max_abs_diff(got.yq, want.yq) <= tol);
+  CHECK(max_abs_diff(got.yk, want.yk) <= tol);
+  CHECK(max_abs_diff(got.dq, want.dq) <= tol);
+  CHECK(max_abs_diff(got.dk, want.dk) <= tol);
+}
+}  // namespace
+
+// apply_rope_qk_ on the CPU is two apply_rope_ calls: the reference's values and gradients, bit
+// for bit, in fp32 and bf16 (the CPU loop), with the kiln and the aten backend, per-sequence and
+// shared tables; and under autocast's mixed dtypes (fp32 tables), where it returns fp32 results.
+TEST_CASE("apply_rope_qk_ gives the reference's q and k and their gradients", "[ops][rope]") {
+  at::manual_seed(35);
+  const int64_t head_dim = kiln::model::load_llama_config("tiny").resolved_head_dim();
+  for (const char* spec : {"kiln", "aten"}) {
+    const kiln::ops::BackendScope scope(spec);
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t table_batch : {int64_t{2}, int64_t{1}}) {
+        for (auto table_dtype : {dtype, at::kFloat}) {
+          CAPTURE(spec, dtype, table_batch, table_dtype);
+          const auto t = tables(true, table_batch, 7, table_dtype, at::kCPU);
+          const at::Tensor q = at::randn({2, 7, 4, head_dim}).to(dtype), k = at::randn({2, 7, 2, head_dim}).to(dtype);
+          const auto out = at::promote_types(dtype, table_dtype);
+          const at::Tensor dyq = at::randn({2, 4, 7, head_dim}).to(out), dyk = at::randn({2, 2, 7, head_dim}).to(out);
+          const QkGrads want = run_qk(q, k, t, dyq, dyk, 0), got = run_qk(q, k, t, dyq, dyk, 1);
+          REQUIRE(got.yq.scalar_type() == want.yq.scalar_type());
+          check_qk(got, want, 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("rope CUDA mixed-dtype kernel gives the reference's bits under autocast's dtypes", "[ops][rope][cuda]") {
   REQUIRE(torch::cuda::is_available());
   REQUIRE(kiln::ops::kernels_compiled());
@@ -165,6 +221,40 @@ TEST_CASE("rope CUDA kernel matches the reference, forward and backward", "[ops]
         } else {
           CHECK(max_abs_diff(kern.y, ref.y) <= 2 * max_abs_diff(aten.y, ref.y) + 1e-6);
           CHECK(max_abs_diff(kern.dx, ref.dx) <= 2 * max_abs_diff(aten.dx, ref.dx) + 1e-6);
+        }
+      }
+    }
+  }
+}
+
+// apply_rope_qk_'s one launch (q: 32 heads, k: 8, and 5 with 3) against the fp32 reference,
+// forward and both gradients, with the low-precision rule.
+TEST_CASE("rope CUDA q+k kernel matches the reference, forward and backward", "[ops][rope][cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  REQUIRE(kiln::ops::kernels_compiled());
+  at::manual_seed(36);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t d : {64, 128}) {
+      for (const auto [nq, nk] : {std::pair<int64_t, int64_t>{32, 8}, std::pair<int64_t, int64_t>{5, 3}}) {
+        kiln::model::LlamaConfig c = kiln::model::load_llama_config("tiny");
+        c.head_dim = d;
+        const at::Tensor inv = kiln::model::rope_inv_freq(c).cuda();
+        const at::Tensor pos = at::randint(1000, {2, 33}, at::kLong).cuda();
+        const auto t32 = kiln::model::rope_cos_sin(inv, pos, at::kFloat),
+                   t = kiln::model::rope_cos_sin(inv, pos, dtype);
+        const at::Tensor q = at::randn({2, 33, nq, d}).cuda(), k = at::randn({2, 33, nk, d}).cuda();
+        const at::Tensor dyq = at::randn({2, nq, 33, d}).cuda(), dyk = at::randn({2, nk, 33, d}).cuda();
+        const QkGrads ref = run_qk(q, k, t32, dyq, dyk, 0);
+        const QkGrads aten = run_qk(q.to(dtype), k.to(dtype), t, dyq.to(dtype), dyk.to(dtype), 0);
+        const QkGrads kern = run_qk(q.to(dtype), k.to(dtype), t, dyq.to(dtype), dyk.to(dtype), 1);
+        CAPTURE(dtype, d, nq, nk);
+        if (dtype == at::kFloat) {
+          check_qk(kern, ref, 1e-5);
+        } else {
+          CHECK(max_abs_diff(kern.yq, ref.yq) <= 2 * max_abs_diff(aten.yq, ref.yq) + 1e-6);
+          CHECK(max_abs_diff(kern.yk, ref.yk) <= 2 * max_abs_diff(aten.yk, ref.yk) + 1e-6);
+          CHECK(max_abs_diff(kern.dq, ref.dq) <= 2 * max_abs_diff(aten.dq, ref.dq) + 1e-6);
+          CHECK(max_abs_diff(kern.dk, ref.dk) <= 2 * max_abs_diff(aten.dk, ref.dk) + 1e-6);
         }
       }
     }

@@ -1,7 +1,12 @@
 // Cross-entropy forward + backward over a chunk of logits rows, one block per row. The logits
 // are read twice and the gradient written once, in the logits' own dtype (bf16 in training), so
 // a chunk never needs an fp32 copy; all arithmetic is fp32. Rows whose length allows it move in
-// 128-bit packs.
+// 128-bit packs, kUnroll of them issued by each thread before the first is used: the kernel is
+// bound by memory, and one 16-byte load in flight per thread left a 512-thread block (one row)
+// waiting on each load's latency in turn. Each thread still visits its packs in the order it did
+// with one load at a time (pack t, t + kThreads, ...), so the online softmax adds the same values in
+// the same order: the results are the same bits. Packs past the last whole group of kUnroll x
+// kThreads, and rows that cannot move in packs (odd length or base), go one at a time.
 #ifndef KILN_CUDA_EMULATION
 #include <cuda_runtime.h>
 #endif
@@ -11,7 +16,10 @@
 namespace KILN_KERNELS_NS {
 namespace {
 
+// Launch constants (scripts read them): one block of kThreads per row, grid = the chunk's rows;
+// kUnroll 128-bit packs per thread in flight in both passes.
 constexpr int kThreads = 512;
+constexpr int kUnroll = 2;
 
 struct OnlineSoftmax {
   float max = -INFINITY;
@@ -38,7 +46,19 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEn
   if constexpr (kVec) {
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
     const int64_t packs = p.vocab / kPack<T>;
-    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+    int64_t i = threadIdx.x;
+    // Whole groups: all kUnroll loads issued, then consumed in order.
+    for (; i + (kUnroll - 1) * kThreads < packs; i += kUnroll * kThreads) {
+      Pack<T> pk[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) pk[u] = xp[i + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int j = 0; j < kPack<T>; ++j) acc.add(static_cast<float>(pk[u].v[j]));
+      }
+    }
+    for (; i < packs; i += kThreads) {
       const Pack<T> pk = xp[i];
 #pragma unroll
       for (int j = 0; j < kPack<T>; ++j) acc.add(static_cast<float>(pk.v[j]));
@@ -70,7 +90,21 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEn
   if constexpr (kVec) {
     Pack<T>* xp = reinterpret_cast<Pack<T>*>(x);
     const int64_t packs = p.vocab / kPack<T>;
-    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+    int64_t i = threadIdx.x;
+    // Loads first, then each pack's gradient stored over it (a thread writes only its own packs).
+    for (; i + (kUnroll - 1) * kThreads < packs; i += kUnroll * kThreads) {
+      Pack<T> pk[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) pk[u] = xp[i + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t base = (i + u * kThreads) * kPack<T>;
+#pragma unroll
+        for (int j = 0; j < kPack<T>; ++j) pk[u].v[j] = grad(static_cast<float>(pk[u].v[j]), base + j);
+        xp[i + u * kThreads] = pk[u];
+      }
+    }
+    for (; i < packs; i += kThreads) {
       Pack<T> pk = xp[i];
 #pragma unroll
       for (int j = 0; j < kPack<T>; ++j) pk.v[j] = grad(static_cast<float>(pk.v[j]), i * kPack<T> + j);

@@ -33,14 +33,24 @@ struct RmsNormBwdParams {
   float* dweight_partial = nullptr;  // [blocks, cols] fp32 out: per-block sums, reduced by the caller
   int64_t rows = 0;
   int64_t cols = 0;
-  int blocks = 1;  // grid size; blocks <= rows; dweight_partial has this many rows
+  int blocks = 1;  // grid size (rmsnorm_bwd_blocks); dweight_partial has this many rows
   DType dtype = DType::kFloat32;
 };
 
-// Dynamic shared memory the backward needs (one fp32 dweight accumulator per column), the static
-// shared memory its kernel declares beside it, and the most it asks for on a device with this
-// opt-in per block (sharedMemPerBlockOptin, static and dynamic together). rmsnorm_bwd_fits is
-// the op's rule: it falls back to ATen where the two do not fit.
+// The backward's grid for these parameters (pointers, sizes and dtype set; blocks ignored) on a
+// device with `sms` SMs: the blocks the chosen kernel keeps resident per SM times the SMs, fewer
+// when there are not enough rows. The caller sizes dweight_partial [blocks, cols] by it.
+int rmsnorm_bwd_blocks(const RmsNormBwdParams& params, int64_t sms);
+// True when the backward runs a register variant (16-byte aligned pointers, cols a multiple of the
+// 128-bit pack and at most 1024 packs); false: the generic kernel and its shared memory below.
+bool rmsnorm_bwd_uses_registers(const RmsNormBwdParams& params);
+
+// The generic backward's dynamic shared memory (one fp32 dweight accumulator per column), the
+// static shared memory its kernel declares beside it, and the most it asks for on a device with
+// this opt-in per block (sharedMemPerBlockOptin, static and dynamic together). The register
+// variants need no dynamic memory and at most 8.25 KiB of static memory, and take only widths the
+// generic kernel also fits; a misaligned tensor of any width takes the generic kernel, so
+// rmsnorm_bwd_fits is the op's rule: it falls back to ATen where the generic kernel does not fit.
 int64_t rmsnorm_bwd_smem_bytes(int64_t cols);
 int64_t rmsnorm_bwd_static_smem_bytes();
 int64_t rmsnorm_bwd_max_smem(int64_t device_optin);

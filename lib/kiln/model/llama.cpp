@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 #include <optional>
+#include <tuple>
 
 #include "kiln/common/component_scope.h"
 #include "kiln/common/format.h"
@@ -86,8 +87,7 @@ at::Tensor LlamaAttentionImpl::core(const at::Tensor& qp, const at::Tensor& kp, 
   at::Tensor q, k;
   {
     ComponentScope scope("kiln::RoPE (q, k)");
-    q = ops::apply_rope_(heads(qp, num_heads), cos, sin);
-    k = ops::apply_rope_(heads(kp, num_kv_heads), cos, sin);
+    std::tie(q, k) = ops::apply_rope_qk_(heads(qp, num_heads), heads(kp, num_kv_heads), cos, sin);
   }
   if (cache_k != nullptr) {
     if (cache_k->defined()) {

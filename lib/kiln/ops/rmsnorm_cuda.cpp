@@ -55,11 +55,7 @@ std::pair<at::Tensor, at::Tensor> rmsnorm_cuda_backward(const at::Tensor& h2, co
   const at::Tensor h = h2.contiguous(), w = weight.contiguous(), dy = dy2.to(h.scalar_type()).contiguous();
   const at::Tensor dh = dh2.defined() ? dh2.to(h.scalar_type()).contiguous() : at::Tensor();
   const int64_t rows = h.size(0), cols = h.size(1);
-  // Two blocks per SM keep every SM busy; more would only add dweight partial rows to sum.
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rows, 2 * sms)));
   at::Tensor dx = at::empty_like(h);
-  at::Tensor partial = at::empty({blocks, cols}, h.options().dtype(at::kFloat));
   kernels::RmsNormBwdParams p;
   p.x = h.data_ptr();
   p.weight = w.data_ptr();
@@ -67,11 +63,14 @@ std::pair<at::Tensor, at::Tensor> rmsnorm_cuda_backward(const at::Tensor& h2, co
   p.dh = dh.defined() ? dh.data_ptr() : nullptr;
   p.rstd = rstd.data_ptr<float>();
   p.dx = dx.data_ptr();
-  p.dweight_partial = partial.data_ptr<float>();
   p.rows = rows;
   p.cols = cols;
-  p.blocks = blocks;
   p.dtype = kernel_dtype(h.scalar_type());
+  // The kernel's resident blocks per SM times the SMs (kernels/rmsnorm.cu): each block writes one
+  // fp32 row of dweight partials, summed here in a fixed order.
+  p.blocks = kernels::rmsnorm_bwd_blocks(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  at::Tensor partial = at::empty({p.blocks, cols}, h.options().dtype(at::kFloat));
+  p.dweight_partial = partial.data_ptr<float>();
   if (rows == 0) return {dx, at::zeros_like(w)};
   kernels::launch_rmsnorm_bwd(p, at::cuda::getCurrentCUDAStream().stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -14,8 +14,10 @@
 namespace kiln::ops {
 
 #ifdef KILN_WITH_CUDA
-// ops/rope_cuda.cpp: rotates x in place (backward = the transposed rotation).
-void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward);
+// ops/rope_cuda.cpp: q_src into q_dst and (when defined) k_src into k_dst in one launch; a dst
+// may be its src (backward = the transposed rotation).
+void rope_cuda(const at::Tensor& q_src, const at::Tensor& q_dst, const at::Tensor& k_src, const at::Tensor& k_dst,
+               const at::Tensor& cos, const at::Tensor& sin, bool backward);
 bool rope_cuda_applies(const at::Tensor& x);
 // Autocast's mixed form (bf16/fp16 x, fp32 tables): src into dst, x's dtype `dtype`.
 bool rope_mixed_cuda_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
@@ -76,47 +78,85 @@ void rope_cpu_loop(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos
                           bits(sin), shape, backward);
 }
 
-// x [B, H, T, D] rotated in place; transposed rotation when backward.
-void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+// src [B, H, T, D] rotated into dst: src itself (in place) or a fresh tensor of its shape and
+// dtype; the transposed rotation when backward. One pass on CUDA and in the CPU loop.
+void rotate(const at::Tensor& src, at::Tensor& dst, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
 #ifdef KILN_WITH_CUDA
-  if (rope_cuda_applies(x)) {
-    rope_cuda_(x, cos, sin, backward);
+  if (rope_cuda_applies(src) && rope_cuda_applies(dst)) {
+    rope_cuda(src, dst, at::Tensor(), at::Tensor(), cos, sin, backward);
     return;
   }
 #endif
-  if (use_cpu_loop(x, cos)) {
-    rope_cpu_loop(x, x, cos, sin, backward);
+  if (use_cpu_loop(src, cos) && use_cpu_loop(dst, cos)) {
+    rope_cpu_loop(src, dst, cos, sin, backward);
     return;
   }
-  const int64_t half = x.size(-1) / 2;
+  const int64_t half = src.size(-1) / 2;
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  const at::Tensor x1 = src.narrow(-1, 0, half), x2 = src.narrow(-1, half, half);
   // forward: rotate_half(x) = cat(-x2, x1); backward: rotate_half^T(v) = cat(v2, -v1)
   const at::Tensor rotated =
       backward ? at::cat({x2 * s.narrow(-1, half, half), -x1 * s.narrow(-1, 0, half)}, -1) : at::cat({-x2, x1}, -1) * s;
-  x.copy_(x * c + rotated);
+  dst.copy_(src * c + rotated);
 }
 
+// dx for an incoming gradient dy: a fresh tensor written in one pass from dy (never a clone of dy
+// rotated in place, which reads and writes it twice more).
+at::Tensor rotate_grad(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor dx = at::empty(dy.sizes(), dy.options());
+  rotate(dy, dx, cos, sin, /*backward=*/true);
+  return dx;
+}
+
+// The same-dtype rotation: x rotated in place (apply_rope_) or into a fresh y (apply_rope, one
+// pass from x, no clone).
 struct RopeFunction : public torch::autograd::Function<RopeFunction> {
-  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
-    rotate_(x, cos, sin, false);
-    ctx->mark_dirty({x});
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                            bool in_place) {
     ctx->save_for_backward({cos, sin});
-    return x;
+    if (in_place) {
+      rotate(x, x, cos, sin, false);
+      ctx->mark_dirty({x});
+      return x;
+    }
+    at::Tensor y = at::empty_like(x);  // x's layout where x is dense, as clone would make it
+    if (y.stride(3) != 1) y = at::empty(x.sizes(), x.options());
+    rotate(x, y, cos, sin, false);
+    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
-    const at::Tensor& dy = grads[0];
-    if (use_cpu_loop(dy, s[0])) {  // read the incoming gradient once, write a fresh one
-      at::Tensor dx = at::empty(dy.sizes(), dy.options());
-      rope_cpu_loop(dy, dx, s[0], s[1], true);
-      return {dx, at::Tensor(), at::Tensor()};
-    }
-    at::Tensor dx = dy.clone(at::MemoryFormat::Contiguous);
-    rotate_(dx, s[0], s[1], true);
-    return {dx, at::Tensor(), at::Tensor()};
+    return {rotate_grad(grads[0], s[0], s[1]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+#ifdef KILN_WITH_CUDA
+// q and k rotated in place by one launch, forward and backward (both gradients by one launch
+// too, when both are defined and the kernel takes them).
+struct RopeQkFunction : public torch::autograd::Function<RopeQkFunction> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor q, at::Tensor k, const at::Tensor& cos,
+                               const at::Tensor& sin) {
+    rope_cuda(q, q, k, k, cos, sin, /*backward=*/false);
+    ctx->mark_dirty({q, k});
+    ctx->save_for_backward({cos, sin});
+    return {q, k};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &gq = grads[0], &gk = grads[1];
+    at::Tensor dq, dk;
+    if (gq.defined() && gk.defined() && rope_cuda_applies(gq) && rope_cuda_applies(gk)) {
+      dq = at::empty(gq.sizes(), gq.options());
+      dk = at::empty(gk.sizes(), gk.options());
+      rope_cuda(gq, dq, gk, dk, s[0], s[1], /*backward=*/true);
+    } else {
+      if (gq.defined()) dq = rotate_grad(gq, s[0], s[1]);
+      if (gk.defined()) dk = rotate_grad(gk, s[0], s[1]);
+    }
+    return {dq, dk, at::Tensor(), at::Tensor()};
+  }
+};
+#endif
 
 // Autocast's mixed case (bf16/fp16 projections, fp32 tables): the reference promotes the result
 // to fp32, so this is not in place: a fresh fp32 y, and a dx in x's dtype with each term rounded
@@ -192,7 +232,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   if (backend(Op::kRope) == Backend::kAten) return apply_rope_reference(x, cos, sin);
   if (use_mixed_function(x, cos, sin)) return RopeMixedFunction::apply(x, cos.contiguous(), sin.contiguous());
   if (cos.scalar_type() != x.scalar_type()) return apply_rope_reference(x, cos, sin);
-  return RopeFunction::apply(x.clone(), cos.contiguous(), sin.contiguous());
+  return RopeFunction::apply(x, cos.contiguous(), sin.contiguous(), /*in_place=*/false);
 }
 
 at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -207,7 +247,22 @@ at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& si
     return apply_rope_reference(x, cos, sin);
   }
   if (backend(Op::kRope) == Backend::kAten) return x.copy_(apply_rope_reference(x, cos, sin));
-  return RopeFunction::apply(x, cos.contiguous(), sin.contiguous());
+  return RopeFunction::apply(x, cos.contiguous(), sin.contiguous(), /*in_place=*/true);
+}
+
+std::pair<at::Tensor, at::Tensor> apply_rope_qk_(at::Tensor q, at::Tensor k, const at::Tensor& cos,
+                                                 const at::Tensor& sin) {
+  check(q, cos, sin);
+  check(k, cos, sin);
+#ifdef KILN_WITH_CUDA
+  if (backend(Op::kRope) != Backend::kAten && cos.scalar_type() == q.scalar_type() &&
+      k.scalar_type() == q.scalar_type() && q.size(0) == k.size(0) && rope_cuda_applies(q) && rope_cuda_applies(k)) {
+    const variable_list r = RopeQkFunction::apply(q, k, cos.contiguous(), sin.contiguous());
+    return {r[0], r[1]};
+  }
+#endif
+  at::Tensor rq = apply_rope_(q, cos, sin);
+  return {rq, apply_rope_(k, cos, sin)};
 }
 
 }  // namespace kiln::ops

@@ -7,6 +7,8 @@
 // elsewhere. The aten backend is the composition below, differentiated by autograd.
 #pragma once
 
+#include <utility>
+
 #include <ATen/core/Tensor.h>
 
 namespace kiln::ops {
@@ -21,6 +23,13 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 // another dtype than x (autocast: bf16 projections, fp32 tables), the reference promotes the
 // result, so a new tensor of the promoted dtype is returned and x is left as it was.
 at::Tensor apply_rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
+
+// apply_rope_ on q and on k (a token's q and k share the tables; k may have fewer heads, GQA),
+// returning both. With the kiln backend on CUDA (same-dtype tables, unit stride on D) one kernel
+// launch rotates both in place, forward and backward; elsewhere (CPU, the aten backend, autocast's
+// mixed dtypes) it is exactly two apply_rope_ calls.
+std::pair<at::Tensor, at::Tensor> apply_rope_qk_(at::Tensor q, at::Tensor k, const at::Tensor& cos,
+                                                 const at::Tensor& sin);
 
 // The ATen composition: the reference.
 at::Tensor apply_rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

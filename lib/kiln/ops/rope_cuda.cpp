@@ -16,23 +16,37 @@ bool rope_cuda_applies(const at::Tensor& x) {
   return t.image && t.arch >= 70;
 }
 
-void rope_cuda_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor c = cos.to(x.scalar_type()).contiguous(), s = sin.to(x.scalar_type()).contiguous();
+namespace {
+kernels::RopeTensor rope_tensor(const at::Tensor& src, const at::Tensor& dst) {
+  kernels::RopeTensor r;
+  r.src = src.const_data_ptr();
+  r.dst = dst.data_ptr();
+  r.heads = src.size(1);
+  for (int d = 0; d < 3; ++d) {
+    r.src_stride[d] = src.stride(d);
+    r.dst_stride[d] = dst.stride(d);
+  }
+  return r;
+}
+}  // namespace
+
+// q_src into q_dst and, when k_src is defined, k_src into k_dst, in one launch (a dst may be its
+// src: in place). [B, H, T, D] with unit stride on D; cos, sin [B or 1, T, D].
+void rope_cuda(const at::Tensor& q_src, const at::Tensor& q_dst, const at::Tensor& k_src, const at::Tensor& k_dst,
+               const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  const c10::cuda::CUDAGuard guard(q_src.device());
+  const at::Tensor c = cos.to(q_src.scalar_type()).contiguous(), s = sin.to(q_src.scalar_type()).contiguous();
   kernels::RopeParams p;
-  p.x = x.data_ptr();
+  p.q = rope_tensor(q_src, q_dst);
+  if (k_src.defined()) p.k = rope_tensor(k_src, k_dst);
   p.cos = c.data_ptr();
   p.sin = s.data_ptr();
-  p.batch = x.size(0);
-  p.heads = x.size(1);
-  p.seq = x.size(2);
-  p.dim = x.size(3);
-  p.stride_b = x.stride(0);
-  p.stride_h = x.stride(1);
-  p.stride_t = x.stride(2);
-  p.table_batched = c.size(0) == x.size(0) && x.size(0) > 1;
+  p.batch = q_src.size(0);
+  p.seq = q_src.size(2);
+  p.dim = q_src.size(3);
+  p.table_batched = c.size(0) == q_src.size(0) && q_src.size(0) > 1;
   p.backward = backward;
-  p.dtype = kernel_dtype(x.scalar_type());
+  p.dtype = kernel_dtype(q_src.scalar_type());
   kernels::launch_rope(p, at::cuda::getCurrentCUDAStream().stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
