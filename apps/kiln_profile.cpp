@@ -176,6 +176,19 @@ int explain(const kiln::profile::Overrides& overrides) {
                k.bytes / 1e6, e.bytes / 1e6, row.kiln.intensity(), bound, roof.seconds(row.kiln) * row.repeats * 1e6,
                roof.seconds(row.eager) * row.repeats * 1e6);
   }
+  if (r.loss_head_accumulator.chunks > 0) {
+    // The fused head's term the chunk rule sets, part of its backward row above.
+    const cost::LossHeadAccumulator& acc = r.loss_head_accumulator;
+    const double step_bytes = acc.bytes * static_cast<double>(o.grad_accum);
+    const double head = r.kiln_step("LM head + loss", cost::Pass::kForward).bytes +
+                        r.kiln_step("LM head + loss", cost::Pass::kBackward).bytes;
+    fmt::print(
+        "\nLoss head accumulator: {} chunks of {} tokens per micro-batch, each reading and writing the fp32 [V, H] "
+        "weight-gradient sum ({:.2f} MB per chunk): {:.2f} MB per step with its first write, {:.1f}% of the head's "
+        "bytes, {:.1f} us at {:.0f} GB/s.\n",
+        acc.chunks, acc.chunk_tokens, acc.bytes_per_chunk / 1e6, step_bytes / 1e6,
+        head > 0 ? 100.0 * step_bytes / head : 0.0, step_bytes / roof.bandwidth * 1e6, roof.bandwidth / 1e9);
+  }
   const cost::Cost k = r.kiln_step(), e = r.eager_step();
   const double tk = cost::modelled_step_seconds(r, roof), te = cost::modelled_step_seconds(r, roof, true);
   const double tokens = r.tokens_per_step;

@@ -22,9 +22,11 @@
 #include "kiln/common/torch_internals.h"
 #include "kiln/cost/flops.h"
 #include "kiln/cost/hardware.h"
+#include "kiln/cost/memory.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/ops/linear_cross_entropy.h"
 #include "kiln/train/kernel_choices.h"
 #include "support.h"
 
@@ -394,6 +396,85 @@ TEST_CASE("traffic: gradient accumulation repeats the micro-batch rows, the opti
   const double micro = one.kiln_step().bytes - step_once;
   CHECK(eight.kiln_step().bytes == Approx(8 * micro + 7 * 12 * p + step_once).epsilon(1e-12));
   CHECK(eight.kiln_step().bytes / eight.tokens_per_step < one.kiln_step().bytes / one.tokens_per_step);
+}
+
+namespace {
+
+// Llama-3.2-1B's head (V 128256, H 2048, tied) over one 8192-token micro-batch on a GPU in bf16,
+// with the kernel choices the trainer takes there: the loss head's chunk rule is the op's own
+// (train::kernel_choices hands ops::auto_chunk_tokens to the models).
+RunDescription one_b_8192() {
+  RunDescription o;
+  o.batch = 1;
+  o.seq_len = 8192;
+  o.dtype = "bf16";
+  o.cuda = true;
+  o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
+  o.kernels.attention = "flash";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("traffic: the loss head's fp32 weight-gradient accumulator at 1B shapes, by hand", "[traffic][linear_ce]") {
+  const auto config = kiln::model::load_llama_config("llama-3.2-1b");
+  REQUIRE(config.vocab_size == 128256);
+  REQUIRE(config.hidden_size == 2048);
+  RunDescription o = one_b_8192();
+  const TrafficReport r = kiln::cost::traffic_model(config, o);
+  const auto& acc = r.loss_head_accumulator;
+  // The op's rule at these shapes: 2048 rows per chunk (H, above the 1024-row floor), 4 chunks.
+  CHECK(acc.chunk_tokens == kiln::ops::auto_chunk_tokens(8192, 128256, 2048));
+  CHECK(acc.chunk_tokens == 2048);
+  CHECK(acc.chunks == 4);
+  // V H = 128256 x 2048 = 262,668,288; the fp32 [V, H] sum is 1,050,673,152 bytes, read and
+  // written by each chunk's addmm: 2,101,346,304 bytes per chunk.
+  CHECK(acc.bytes_per_chunk == 2101346304.0);
+  // bf16 operands into the fp32 sum (addmm's out_dtype): the zero fill, then 4 chunks:
+  // 1,050,673,152 + 4 x 2,101,346,304 = 9,456,058,368 bytes (1.97 ms at an H200's 4.8 TB/s).
+  CHECK(acc.bytes == 9456058368.0);
+  // Liger's 256-row chunks (the rule before): 1,050,673,152 + 32 x 2,101,346,304 = 68,293,754,880.
+  CHECK(kiln::cost::loss_head_accumulator(8192, 128256, 2048, 256, true).bytes == 68293754880.0);
+  // fp32 matmuls write the first chunk's product without reading: 1,050,673,152 + 3 x 2,101,346,304.
+  CHECK(kiln::cost::loss_head_accumulator(8192, 128256, 2048, 2048, false).bytes == 7354712064.0);
+  // A partial last chunk still reads and writes the whole sum: 8193 tokens are 5 chunks.
+  CHECK(kiln::cost::loss_head_accumulator(8193, 128256, 2048, 2048, true).chunks == 5);
+
+  // The head's backward row holds it: with 256-row chunks it moves 28 chunks more, each 8 V H
+  // bytes of accumulator and 2 V H of the bf16 weight that the chunk's dh = G W reads.
+  RunDescription liger = o;
+  liger.kernels.loss_chunk_tokens = [](int64_t, int64_t, int64_t) { return int64_t{256}; };
+  const TrafficReport old_rule = kiln::cost::traffic_model(config, liger);
+  CHECK(old_rule.loss_head_accumulator.chunks == 32);
+  const double vh = 128256.0 * 2048.0;
+  CHECK(old_rule.find("LM head + loss", Pass::kBackward)->kiln.bytes -
+            r.find("LM head + loss", Pass::kBackward)->kiln.bytes ==
+        Approx(28 * (8 + 2) * vh).epsilon(1e-12));
+  // Without the fused head there is no accumulator.
+  RunDescription aten = o;
+  aten.kernels.fused_loss_head = false;
+  CHECK(kiln::cost::traffic_model(config, aten).loss_head_accumulator.bytes == 0);
+}
+
+TEST_CASE("memory: the fused loss head at 1B shapes peaks under 15% of the full-logits head", "[traffic][linear_ce]") {
+  const auto config = kiln::model::load_llama_config("llama-3.2-1b");
+  RunDescription o = one_b_8192();
+  const auto fused = kiln::cost::estimate_training_memory(config, o);
+  RunDescription aten = o;
+  aten.kernels.fused_loss_head = false;
+  const auto full = kiln::cost::estimate_training_memory(config, aten);
+  REQUIRE(fused.peak_phase == "forward/backward boundary");
+  REQUIRE(full.peak_phase == "forward/backward boundary");
+  // ATen's head per token: the final norm's (8 + 2) H and 16 bytes per logit (bf16 logits, their
+  // fp32 upcast, log-softmax, the gradients): 8192 x (10 x 2048 + 16 x 128256) = 16,978,542,592.
+  CHECK(full.component("logits and loss") == 16978542592.0);
+  // kiln's: (8 + 2 x 2) H per token (the norm, hidden and grad_hidden in bf16), the fp32 sum and
+  // the bf16 weight (6 V H), one 2048-row chunk of bf16 logits that the kernel overwrites with
+  // their gradient: 201,326,592 + 1,576,009,728 + 525,336,576 = 2,302,672,896.
+  CHECK(fused.component("logits and loss") == 2302672896.0);
+  CHECK(fused.component("logits and loss") <= 0.15 * full.component("logits and loss"));  // 13.6%
+  // The next power of two, 4096 rows, would not be: 2,828,009,472 = 16.7%.
+  CHECK(2302672896.0 + 2048.0 * 128256 * 2 > 0.15 * 16978542592.0);
 }
 
 TEST_CASE("traffic: modelled utilisation of a measured step", "[traffic]") {

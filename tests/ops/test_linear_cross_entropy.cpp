@@ -362,6 +362,25 @@ TEST_CASE("the LibTorch under test takes the CUDA head's fp32-output addmm with 
 }
 #endif
 
+TEST_CASE("the automatic chunk: at least 1024 rows and H on CUDA, the CPU rule unchanged", "[ops][linear_ce]") {
+  using kiln::ops::auto_chunk_tokens;
+  // CUDA, Llama-3.2-1B's head (V 128256, H 2048): H rows where Liger's rule gave 256
+  // (next_pow2(ceil(8192 / ceil(128256 / 2048))) = next_pow2(131)): 4 chunks, not 32.
+  CHECK(auto_chunk_tokens(8192, 128256, 2048) == 2048);
+  CHECK(auto_chunk_tokens(8193, 128256, 2048) == 2048);  // a partial fifth chunk
+  CHECK(auto_chunk_tokens(8192, 128256, 3000) == 2048);  // H rounded down to a power of two
+  CHECK(auto_chunk_tokens(8192, 128256, 4096) == 4096);  // an 8B head: H rows
+  CHECK(auto_chunk_tokens(8192, 32000, 512) == 1024);    // the 1024-row floor above H
+  CHECK(auto_chunk_tokens(1000, 128256, 2048) == 1000);  // at most the rows
+  CHECK(auto_chunk_tokens(1, 128256, 2048) == 1);
+  // Liger's rule where it asks for more: next_pow2(ceil(2^20 / 63)) = 32768 rows.
+  CHECK(auto_chunk_tokens(int64_t{1} << 20, 128256, 2048) == 32768);
+  // The CPU: the largest power of two with chunk x V <= 2^23 logits, at least 64, at most rows.
+  CHECK(auto_chunk_tokens(8192, 32000, 512, /*cpu=*/true) == 256);
+  CHECK(auto_chunk_tokens(8192, 128256, 2048, /*cpu=*/true) == 64);
+  CHECK(auto_chunk_tokens(100, 32000, 512, /*cpu=*/true) == 100);
+}
+
 TEST_CASE("the fp32 copies' weight gradient is the fp32 sum over chunks, rounded once", "[ops][linear_ce]") {
   // The path of CUDA bf16 below sm_80 and of the CPU fp16 head (this one). With a zero weight
   // every probability is 1/8 and each entry of the chunk's gradient is 1/8 or -7/8 exactly, so the

@@ -95,14 +95,17 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, const RunDe
     // bf16 ones (compute_bytes 2 is taken as bf16, as the head rule above takes it), whose chunks'
     // weight gradients then pass through one reused bf16 [V, H] buffer instead of a bf16 product
     // and an fp32 copy of it per chunk.
+    // On a GPU the chunk's softmax is kiln's kernel (kernels/cross_entropy.cu, every
+    // architecture kiln builds for), which writes the gradient over the logits in place too: the
+    // chunk is its logits alone, one chunk at a time (each is freed before the next is allocated).
     const bool cpu_loop = !o.cuda && !head_low_precision && k.cpu_loss_loop;
     const bool cpu_loop_low = !o.cuda && head_low_precision && k.cpu_loss_loop_low_precision;
+    const bool in_place = o.cuda || cpu_loop || cpu_loop_low;
     head = tokens * (8.0 + 2.0 * hb) * h +
            (head_low_precision ? 4.0 + cb + (cpu_loop_low ? cb : 0.0) : 4.0) * vocab * h +
            chunk * vocab *
-               (cpu_loop_low         ? cb
+               (in_place             ? hb
                 : head_low_precision ? cb + 8.0
-                : cpu_loop           ? 4.0
                                      : 8.0);
   }
   // Autocast caches a low-precision copy of every matmul weight for the step's forward; backward

@@ -237,6 +237,19 @@ Passes attention_eager(const AttentionShape& s, double c, bool autocast) {
 
 }  // namespace
 
+LossHeadAccumulator loss_head_accumulator(int64_t tokens, int64_t vocab, int64_t hidden, int64_t chunk_tokens,
+                                          bool zero_filled) {
+  if (chunk_tokens < 1) throw std::invalid_argument("loss_head_accumulator: chunk_tokens must be >= 1");
+  LossHeadAccumulator acc;
+  const double vh = static_cast<double>(vocab) * static_cast<double>(hidden);
+  acc.chunk_tokens = chunk_tokens;
+  acc.chunks = (tokens + chunk_tokens - 1) / chunk_tokens;
+  acc.bytes_per_chunk = 8 * vh;
+  // The zero fill or the first chunk's plain write (W 4 VH), then R + W 8 VH per chunk adding in.
+  acc.bytes = 4 * vh + acc.bytes_per_chunk * static_cast<double>(zero_filled ? acc.chunks : acc.chunks - 1);
+  return acc;
+}
+
 TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& o) {
   o.validate();
   const model::LlamaConfig& m = config;
@@ -392,19 +405,21 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
     // hb rH); dW += G^T h_r into the fp32 accumulator (R hb (rV + rH) + 4VH W 4VH; in fp32 the
     // first chunk writes it without reading). Once: hidden and weight cast to hb (R 4 W hb), the
     // accumulator zeroed in the mixed case (W 4VH) and cast to hb at the end (R 4VH W hb VH).
-    // The weight is read twice and the fp32 accumulator read and written once per chunk: with
-    // Liger's rule (ops::auto_chunk_tokens: next_pow2(ceil(N / ceil(V / H))) rows, at least 64) a
-    // chunk holds about N x H logits, k <= ceil(V / H), and that term is 8 k VH bytes.
+    // The weight is read twice and the fp32 accumulator read and written once per chunk: 4 hb VH +
+    // 8 VH bytes per chunk whatever its rows (loss_head_accumulator), so the chunk rule
+    // (ops::auto_chunk_tokens on CUDA: at least 1024 rows and at least H, at most N) sets k.
     // Backward: grad_hidden and grad_weight scaled by the loss's gradient (R W hb), then cast back
     // to fp32 (R hb W 4) through the forward's casts.
     const bool low = autocast && k.loss_head_low_precision;
     const double hb = low ? c : 4.0;
-    const double chunk = static_cast<double>(k.loss_chunk_tokens(o.batch * o.seq_len, m.vocab_size, m.hidden_size));
-    const double chunks = std::ceil(n / chunk);
+    r.loss_head_accumulator =
+        loss_head_accumulator(o.batch * o.seq_len, m.vocab_size, m.hidden_size,
+                              k.loss_chunk_tokens(o.batch * o.seq_len, m.vocab_size, m.hidden_size), low);
+    const double chunks = static_cast<double>(r.loss_head_accumulator.chunks);
     const double casts_in = low ? (4 + hb) * (n * h + v * h) : 0.0;
     head_kiln.fwd = {head_fwd, 5 * n * v,
                      casts_in + hb * (n * h + chunks * v * h + n * v) + (2 * hb * n * v + 8 * n + 8 * n) + 16 * n};
-    const double acc = low ? 4 * v * h + 8 * chunks * v * h : 4 * v * h + 8 * (chunks - 1) * v * h;
+    const double acc = r.loss_head_accumulator.bytes;
     head_kiln.bwd = {2 * head_fwd, n * h + v * h,
                      hb * (n * v + chunks * v * h + n * h) + hb * (n * v + n * h) + acc +
                          (low ? (4 + hb) * v * h : 0.0) + 2 * hb * (n * h + v * h) +

@@ -64,12 +64,31 @@ struct TrafficRow {
   Cost eager_step() const { return eager.scaled(repeats); }
 };
 
+// The fused loss head's fp32 weight-gradient accumulator, grad_W [V, H] (ops/linear_cross_entropy.cpp,
+// chunked_pass): each chunk of the micro-batch's N tokens adds its g^T h into it, and that GEMM
+// reads and writes all of it whatever the chunk's size, so its traffic is 8 V H bytes per chunk:
+// the loss head's term that the chunk rule sets. Where the sum starts from a zero fill (bf16/fp16
+// through addmm's fp32 output) that fill writes 4 V H more; where the first chunk's product is
+// written into it (fp32 matmuls) that chunk writes 4 V H and reads nothing.
+struct LossHeadAccumulator {
+  int64_t chunk_tokens = 0;    // rows per chunk: KernelChoices::loss_chunk_tokens, the op's own rule
+  int64_t chunks = 0;          // ceil(N / chunk_tokens)
+  double bytes_per_chunk = 0;  // R + W of the fp32 [V, H]: 8 V H
+  double bytes = 0;            // per micro-batch: 4 V H + 8 V H x (chunks, or chunks - 1 when written first)
+};
+// `zero_filled`: the sum starts from zeros (the low-precision head's fp32-output GEMM).
+LossHeadAccumulator loss_head_accumulator(int64_t tokens, int64_t vocab, int64_t hidden, int64_t chunk_tokens,
+                                          bool zero_filled);
+
 struct TrafficReport {
   model::LlamaConfig model;
   RunDescription run;
   int64_t num_parameters = 0;
   double tokens_per_step = 0;  // batch x seq_len x grad_accum (per rank)
   std::vector<TrafficRow> rows;
+  // kiln's fused loss head, per micro-batch (its bytes are part of the "LM head + loss" backward
+  // row); all zero when the head is ATen's full-logits chain. Per step: bytes x grad_accum.
+  LossHeadAccumulator loss_head_accumulator;
   Cost kiln_step() const;
   Cost eager_step() const;
   double model_flops_step() const;

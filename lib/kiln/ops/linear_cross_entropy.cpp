@@ -309,6 +309,10 @@ at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cp
   return (forced >= 0 ? forced : automatic) != 0 ? at::kFloat : compute;
 }
 
+namespace {
+constexpr int64_t kCudaMinChunkTokens = 1024;
+}  // namespace
+
 int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu) {
   if (cpu) {
     constexpr int64_t kCpuChunkLogits = int64_t{1} << 23;
@@ -316,11 +320,19 @@ int64_t auto_chunk_tokens(int64_t rows, int64_t vocab, int64_t hidden, bool cpu)
     while (chunk * 2 * std::max<int64_t>(vocab, 1) <= kCpuChunkLogits) chunk *= 2;
     return std::max<int64_t>(1, std::min(rows, chunk));
   }
+  // Liger's rule: about as many logits per chunk as hidden has elements.
   const int64_t factor = std::max<int64_t>(1, (vocab + hidden - 1) / std::max<int64_t>(hidden, 1));
   const int64_t want = (rows + factor - 1) / factor;
   int64_t chunk = 1;
   while (chunk < want) chunk *= 2;
-  return std::max<int64_t>(1, std::min(rows, std::max<int64_t>(chunk, 64)));
+  // At least kCudaMinChunkTokens and at least H (rounded down to a power of two) rows: each chunk
+  // reads and writes the whole fp32 [V, H] weight-gradient sum and reads the [V, H] weight twice,
+  // so k chunks cost k x (8 + 4 c) V H bytes; with H rows a chunk's logits are c V H bytes, the
+  // size of the weight's own compute-dtype copy (docs/kernels.md, "Linear + cross-entropy").
+  int64_t floor_h = 1;
+  while (floor_h * 2 <= hidden) floor_h *= 2;
+  chunk = std::max({chunk, kCudaMinChunkTokens, floor_h});
+  return std::max<int64_t>(1, std::min(rows, chunk));
 }
 
 LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden, const at::Tensor& weight,

@@ -74,8 +74,13 @@ LinearCrossEntropyResult linear_cross_entropy_reference(const at::Tensor& hidden
                                                         const LinearCrossEntropyOptions& options = {});
 
 // The default rows per chunk, per device.
-// CUDA: Liger-Kernel's rule, about as many logits per chunk as hidden has elements, i.e.
-// next_pow2(ceil(rows / ceil(V / H))), at least 64 rows (small matmuls are slow), at most rows.
+// CUDA: the largest of 1024 rows, H rounded down to a power of two, and Liger-Kernel's rule
+// (about as many logits per chunk as hidden has elements: next_pow2(ceil(rows / ceil(V / H)))),
+// at most rows. Every chunk reads and writes the whole fp32 [V, H] weight-gradient sum and reads
+// the weight twice whatever its rows: Liger's 256 rows at V 128256, H 2048, 8192 tokens made that
+// 32 x 3 GB; 2048 rows make it 4 x 3 GB, and the chunk's bf16 logits (0.5 GB) keep the head's
+// modelled peak at 14% of the full-logits head's (docs/kernels.md, "Linear + cross-entropy").
+// The cost models take this very function (train/kernel_choices.cpp, KernelChoices::loss_chunk_tokens).
 // CPU: the largest power of two with rows x V <= 2^23 logits (32 MiB in fp32), at least 64 rows,
 // at most rows. Each chunk adds its [V, H] product into the fp32 weight gradient (reading and
 // writing all of it) and runs a dozen ops, each a parallel region; with 64-row chunks

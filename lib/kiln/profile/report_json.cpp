@@ -66,6 +66,12 @@ std::string explain_json(const std::string& model_name, const cost::TrafficRepor
                     {"tokens_per_step", traffic.tokens_per_step},
                     {"roofline", roofline_json(roof, bandwidth_source)},
                     {"components", components_json(component_rows(traffic, roof))},
+                    // The fused loss head's fp32 weight-gradient sum (its bytes are in the head's row).
+                    {"loss_head_accumulator",
+                     {{"chunk_tokens", traffic.loss_head_accumulator.chunk_tokens},
+                      {"chunks", traffic.loss_head_accumulator.chunks},
+                      {"bytes_per_chunk", traffic.loss_head_accumulator.bytes_per_chunk},
+                      {"bytes_per_step", traffic.loss_head_accumulator.bytes * static_cast<double>(o.grad_accum)}}},
                     {"totals",
                      {{"gemm_flops", k.gemm_flops},
                       {"other_flops", k.other_flops},
