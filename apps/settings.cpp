@@ -233,6 +233,10 @@ const KeyTable<BenchSettings>& bench_table() {
        "timed iterations per case (median reported; attention: fastest sample, each repeating the call for about "
        "10 ms); default 5"},
       {"json", &S::json, "also write the results to this JSON file"},
+      {"predict", &S::predict,
+       "beside each kiln row of rmsnorm, swiglu and rope, the fraction of copy bandwidth its kernels' machine code "
+       "predicts on this GPU (docs/kernel_sass.json, from scripts/check_kernel_sass.py), and the table of those "
+       "predictions for V100, A100 and H200"},
   };
   return table;
 }

@@ -148,6 +148,7 @@ struct BenchSettings {
   int64_t batch = 0, heads = 0, kv_heads = 0;
   int64_t iters = 5;
   std::string json;
+  bool predict = false;
   KeySources given;
   bool runs(const std::string& op) const;
 };

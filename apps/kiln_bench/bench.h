@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/core/TensorOptions.h>
 #include <nlohmann/json_fwd.hpp>
 
@@ -20,11 +22,20 @@ struct FusedOpsCase {
   std::string ops;
   int64_t tokens = 0, hidden = 0, intermediate = 0, vocab = 0, ce_hidden = 0;
   int iters = 1;
+  bool predict = false;  // a "predicted" column beside "of copy" (predict.cpp)
 };
 // Prints the table and the goals' lines; sets out's shape keys and out["results"] (empty when no
 // fused op is named). copy_gbps: the device's copy bandwidth (copy_bandwidth_gbps).
 void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double copy_gbps, Memory& mem,
                    nlohmann::json& out);
+
+// The fraction of copy bandwidth an op's kernels (op: rmsnorm, swiglu, rope; dtype: fp32, bf16,
+// fp16) can sustain on this CUDA device by their machine code, against this run's copy bandwidth
+// (predict.cpp; docs/kernel_sass.json); nullopt on the CPU or for an op without memory-bound kernels.
+std::optional<double> predicted_copy_fraction(const std::string& op, const std::string& dtype, const at::Device& device,
+                                              double copy_gbps);
+// The same for the reference devices of docs/kernel_sass.json (V100, A100, H200), as a table.
+void print_reference_predictions();
 
 // Causal attention: kiln's flash attention against the SDPA backends (attention.cpp).
 struct AttentionSweep {

@@ -7,6 +7,7 @@
 // once); the ATen path moves more, which is the point.
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,27 +88,51 @@ void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double c
     });
   }
   if (ops.find(",rope,") != std::string::npos) {
-    const int64_t head_dim = 128, heads = hidden / head_dim;
-    const at::Tensor base = at::randn({1, tokens, heads * head_dim}, opt).requires_grad_(true);
+    // q and k of one attention layer as the model rotates them: [1, T, H * D] projection outputs
+    // viewed as [1, H, T, D], GQA with a quarter of q's heads for k (Llama 3's 32 / 8).
+    const int64_t head_dim = 128, heads = std::max<int64_t>(1, hidden / head_dim),
+                  kv_heads = std::max<int64_t>(1, heads / 4);
+    const double qk = static_cast<double>(tokens) * (heads + kv_heads) * head_dim, table = 2.0 * tokens * head_dim;
     const at::Tensor ang =
         at::arange(tokens, opt.dtype(at::kFloat)).unsqueeze(1) * at::rand({head_dim}, opt.dtype(at::kFloat));
     const at::Tensor cos = ang.cos().to(dtype).unsqueeze(0), sin = ang.sin().to(dtype).unsqueeze(0);
-    const at::Tensor gy = at::randn({1, heads, tokens, head_dim}, opt);
-    // fwd: read + write x in place; bwd: read dy, write dx (tables are small)
-    bench("rope fwd+bwd", 4.0 * tokens * hidden * esize, [&] {
-      const at::Tensor x = (base * 1).view({1, tokens, heads, head_dim}).transpose(1, 2);
-      const at::Tensor y = kiln::ops::apply_rope_(x, cos, sin);
-      torch::autograd::grad({y}, {base}, {gy});
-    });
+    auto view = [&](const at::Tensor& t, int64_t n) { return t.view({1, tokens, n, head_dim}).transpose(1, 2); };
+    {
+      // The kernel alone: q and k rotated in place, no autograd (the backward is the same kernel
+      // with the sign flipped, dy into a fresh dx: the same bytes). Ideal bytes: q and k read and
+      // written once, both tables read once. The rotation is norm-preserving, so repeating it
+      // keeps the values in range.
+      const at::Tensor q = at::randn({1, tokens, heads * head_dim}, opt),
+                       k = at::randn({1, tokens, kv_heads * head_dim}, opt);
+      bench("rope q+k fwd, in place", (2.0 * qk + table) * esize, [&] {
+        const at::NoGradGuard no_grad;
+        kiln::ops::apply_rope_qk_(view(q, heads), view(k, kv_heads), cos, sin);
+      });
+    }
+    {
+      // Forward and backward through autograd as the model runs them, including the `* 1` that
+      // makes the fresh non-leaf projections an in-place op needs (and its backward): bytes of
+      // that whole body, 8 passes over q and k (copy, rotate, rotate^T, copy's gradient) plus the
+      // tables twice, so its GB/s is comparable with the kernel row's.
+      const at::Tensor q = at::randn({1, tokens, heads * head_dim}, opt).requires_grad_(true),
+                       k = at::randn({1, tokens, kv_heads * head_dim}, opt).requires_grad_(true);
+      const at::Tensor gq = at::randn({1, heads, tokens, head_dim}, opt),
+                       gk = at::randn({1, kv_heads, tokens, head_dim}, opt);
+      bench("rope q+k fwd+bwd (autograd, with the view's copy)", (8.0 * qk + 2.0 * table) * esize, [&] {
+        const auto [yq, yk] = kiln::ops::apply_rope_qk_(view(q * 1, heads), view(k * 1, kv_heads), cos, sin);
+        torch::autograd::grad({yq, yk}, {q, k}, {gq, gk});
+      });
+    }
     if (dtype != at::kFloat) {
-      // Autocast's case: bf16/fp16 q or k with fp32 tables, an fp32 result (the mixed kernel, or
-      // ATen's six ops). fwd: read x, write fp32 y; bwd: read fp32 dy, write dx.
+      // Autocast's case: bf16/fp16 q and k with fp32 tables and fp32 results, out of place (the
+      // mixed kernel, once per tensor, or ATen's six ops). Ideal bytes: read x, write the fp32 y,
+      // read the fp32 tables.
       const at::Tensor cos32 = ang.cos().unsqueeze(0), sin32 = ang.sin().unsqueeze(0);
-      const at::Tensor gy32 = gy.to(at::kFloat);
-      bench("rope fwd+bwd, fp32 tables", (2.0 * esize + 8.0) * tokens * hidden, [&] {
-        const at::Tensor x = (base * 1).view({1, tokens, heads, head_dim}).transpose(1, 2);
-        const at::Tensor y = kiln::ops::apply_rope_(x, cos32, sin32);
-        torch::autograd::grad({y}, {base}, {gy32});
+      const at::Tensor q = at::randn({1, tokens, heads * head_dim}, opt),
+                       k = at::randn({1, tokens, kv_heads * head_dim}, opt);
+      bench("rope q+k fwd, fp32 tables", (esize + 4.0) * qk + 4.0 * table, [&] {
+        const at::NoGradGuard no_grad;
+        kiln::ops::apply_rope_qk_(view(q, heads), view(k, kv_heads), cos32, sin32);
       });
     }
   }
@@ -140,8 +165,16 @@ void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double c
     });
   }
 
+  // --predict: the fraction of copy bandwidth the op's kernels can sustain by their machine code,
+  // beside the measured one (predict.cpp); kiln's rows on a GPU only.
+  const std::string dtype_name = dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : "fp32";
+  auto predicted = [&](const Row& r) -> std::optional<double> {
+    if (!c.predict || !r.has_bw || r.impl != "kiln") return std::nullopt;
+    return predicted_copy_fraction(r.op.substr(0, r.op.find(' ')), dtype_name, device, copy_gbps);
+  };
   if (!rows.empty()) {
-    fmt::print("\n| op | impl | time ms | GB/s | of copy | peak extra MiB |\n|---|---|---:|---:|---:|---:|\n");
+    fmt::print("\n| op | impl | time ms | GB/s | of copy |{} peak extra MiB |\n|---|---|---:|---:|---:|{}---:|\n",
+               c.predict ? " predicted |" : "", c.predict ? "---:|" : "");
   }
   out["tokens"] = tokens;
   out["hidden"] = hidden;
@@ -150,15 +183,21 @@ void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double c
   out["ce_hidden"] = ce_hidden;
   out["results"] = nlohmann::json::array();
   for (const Row& r : rows) {
-    fmt::print("| {} | {} | {:.3f} | {} | {} | {:.1f} |\n", r.op, r.impl, r.ms,
+    const std::optional<double> pred = predicted(r);
+    fmt::print("| {} | {} | {:.3f} | {} | {} |{} {:.1f} |\n", r.op, r.impl, r.ms,
                r.has_bw ? fmt::format("{:.1f}", r.gbps) : "-",
-               r.has_bw ? fmt::format("{:.0f}%", 100 * r.copy_frac) : "-", static_cast<double>(r.peak) / (1 << 20));
+               r.has_bw ? fmt::format("{:.0f}%", 100 * r.copy_frac) : "-",
+               !c.predict ? ""
+               : pred     ? fmt::format(" {:.0f}% |", 100 * *pred)
+                          : " - |",
+               static_cast<double>(r.peak) / (1 << 20));
     out["results"].push_back({{"op", r.op},
                               {"impl", r.impl},
                               {"ms", r.ms},
                               {"gbps", r.has_bw ? r.gbps : 0.0},
                               {"copy_fraction", r.has_bw ? r.copy_frac : 0.0},
                               {"peak_extra_bytes", r.peak}});
+    if (pred) out["results"].back()["predicted_copy_fraction"] = *pred;
   }
   // The GPU goals, checked against this run's own figures.
   for (size_t i = 0; i + 1 < rows.size(); i += 2) {

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
     fused.ce_hidden = pick(s.ce_hidden, 2048, 512);
     const int iters = static_cast<int>(s.iters);
     fused.iters = iters;
+    fused.predict = s.predict;
     std::string ops = ",";
     for (const std::string& op : s.ops) ops += op + ",";
     fused.ops = ops;
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
     kiln::bench::Memory mem{device, &counter};
     nlohmann::json out = {{"device", dev_name}, {"dtype", dtype_name}, {"copy_gbps", copy_gbps}};
     kiln::bench::run_fused_ops(fused, opt, copy_gbps, mem, out);
+    if (s.predict) kiln::bench::print_reference_predictions();
     const std::string& json_path = s.json;
     auto flush_json = [&] {
       if (!json_path.empty()) kiln::io::write_file_atomic(json_path, out.dump(2) + "\n");
