@@ -293,7 +293,7 @@ def find_tools(explicit: str | None) -> Path:
     candidates = [explicit] if explicit else []
     python = os.environ.get("KILN_PYTHON")
     home = Path(os.environ.get("KILN_HOME", Path.home() / ".cache" / "kiln"))
-    roots = [Path(python).resolve().parent.parent] if python else []
+    roots = [Path(python).absolute().parent.parent] if python else []  # the venv, not its base Python
     roots.append(home / "venv")
     for r in roots:
         candidates += glob.glob(str(r / "lib" / "python3*" / "site-packages" / "triton" / "backends" / "nvidia" / "bin"))

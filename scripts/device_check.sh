@@ -118,7 +118,7 @@ add correctness pretrain_20 40 '$py $root/scripts/loss_check.py run --build-dir 
 
 # speed: bench_vs_hf.json is rewritten after every round, the attention JSON after every (T, D).
 add speed bench_vs_hf 150 '$py $root/scripts/bench_vs_hf.py --device cuda --rounds 2 --steps 5 --warmup 2 --budget-s 75 --threads $(nproc) --build-dir $build --output $out/bench_vs_hf'
-add speed bench 60 '$bin/kiln-bench --json $out/bench.json'
+add speed bench 60 '$bin/kiln-bench --predict --json $out/bench.json'
 add speed bench_fp16 25 '$bin/kiln-bench --dtype fp16'
 add speed bench_fp16_volta 25 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --dtype fp16'
 add speed attention 90 '$bin/kiln-bench --ops attention --iters 3 --json $out/attention.json'
