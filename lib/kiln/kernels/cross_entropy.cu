@@ -34,6 +34,30 @@ struct OnlineSoftmax {
   }
 };
 
+// Calls f(pack, index) for every 128-bit pack of a row this thread owns (t, t + kThreads, ...), in
+// that order: whole groups of kUnroll packs loaded before the first is used, then the rest one at
+// a time. kWrite stores each pack back after f (the gradient over the logits: a thread writes only
+// its own packs). Both passes' loop.
+template <bool kWrite, typename T, typename F>
+__device__ __forceinline__ void for_each_pack(Pack<T>* xp, int64_t packs, F f) {
+  int64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < packs; i += kUnroll * kThreads) {
+    Pack<T> pk[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) pk[u] = xp[i + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      f(pk[u], i + u * kThreads);
+      if constexpr (kWrite) xp[i + u * kThreads] = pk[u];
+    }
+  }
+  for (; i < packs; i += kThreads) {
+    Pack<T> pk = xp[i];
+    f(pk, i);
+    if constexpr (kWrite) xp[i] = pk;
+  }
+}
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEntropyParams p) {
   const int64_t row = blockIdx.x;
@@ -44,25 +68,10 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEn
 
   OnlineSoftmax acc;
   if constexpr (kVec) {
-    const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
-    const int64_t packs = p.vocab / kPack<T>;
-    int64_t i = threadIdx.x;
-    // Whole groups: all kUnroll loads issued, then consumed in order.
-    for (; i + (kUnroll - 1) * kThreads < packs; i += kUnroll * kThreads) {
-      Pack<T> pk[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) pk[u] = xp[i + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-        for (int j = 0; j < kPack<T>; ++j) acc.add(static_cast<float>(pk[u].v[j]));
-      }
-    }
-    for (; i < packs; i += kThreads) {
-      const Pack<T> pk = xp[i];
+    for_each_pack<false>(reinterpret_cast<Pack<T>*>(x), p.vocab / kPack<T>, [&](const Pack<T>& pk, int64_t) {
 #pragma unroll
       for (int j = 0; j < kPack<T>; ++j) acc.add(static_cast<float>(pk.v[j]));
-    }
+    });
   } else {
     for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) acc.add(static_cast<float>(x[i]));
   }
@@ -88,28 +97,10 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_fwd_bwd_kernel(CrossEn
     return static_cast<T>(g * grad_scale);
   };
   if constexpr (kVec) {
-    Pack<T>* xp = reinterpret_cast<Pack<T>*>(x);
-    const int64_t packs = p.vocab / kPack<T>;
-    int64_t i = threadIdx.x;
-    // Loads first, then each pack's gradient stored over it (a thread writes only its own packs).
-    for (; i + (kUnroll - 1) * kThreads < packs; i += kUnroll * kThreads) {
-      Pack<T> pk[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) pk[u] = xp[i + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t base = (i + u * kThreads) * kPack<T>;
-#pragma unroll
-        for (int j = 0; j < kPack<T>; ++j) pk[u].v[j] = grad(static_cast<float>(pk[u].v[j]), base + j);
-        xp[i + u * kThreads] = pk[u];
-      }
-    }
-    for (; i < packs; i += kThreads) {
-      Pack<T> pk = xp[i];
+    for_each_pack<true>(reinterpret_cast<Pack<T>*>(x), p.vocab / kPack<T>, [&](Pack<T>& pk, int64_t i) {
 #pragma unroll
       for (int j = 0; j < kPack<T>; ++j) pk.v[j] = grad(static_cast<float>(pk.v[j]), i * kPack<T> + j);
-      xp[i] = pk;
-    }
+    });
   } else {
     for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) x[i] = grad(static_cast<float>(x[i]), i);
   }

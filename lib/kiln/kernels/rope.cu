@@ -269,12 +269,10 @@ void launch_job(const Job& p, Stream stream) {
   }
 }
 
-}  // namespace
-
-void launch_rope(const RopeParams& p, Stream stream) {
+// The fields RopeParams and RopeMixedParams share, into a Job without tensors.
+template <typename P>
+Job job_of(const P& p) {
   Job j;
-  j.t[0] = p.q;
-  j.t[1] = p.k;
   j.cos = p.cos;
   j.sin = p.sin;
   j.batch = p.batch;
@@ -284,25 +282,25 @@ void launch_rope(const RopeParams& p, Stream stream) {
   j.backward = p.backward;
   j.narrow_index_limit = p.narrow_index_limit;
   j.vectorized = p.vectorized;
+  return j;
+}
+
+}  // namespace
+
+void launch_rope(const RopeParams& p, Stream stream) {
+  Job j = job_of(p);
+  j.t[0] = p.q;
+  j.t[1] = p.k;
   KILN_DTYPE_SWITCH(p.dtype, T, [&] { launch_job<T, T, T>(j, stream); });
 }
 
 void launch_rope_mixed(const RopeMixedParams& p, Stream stream) {
-  Job j;
+  Job j = job_of(p);
   j.t[0].src = p.src;
   j.t[0].dst = p.dst;
   j.t[0].heads = p.heads;
   std::copy(p.src_stride, p.src_stride + 3, j.t[0].src_stride);
   std::copy(p.dst_stride, p.dst_stride + 3, j.t[0].dst_stride);
-  j.cos = p.cos;
-  j.sin = p.sin;
-  j.batch = p.batch;
-  j.seq = p.seq;
-  j.dim = p.dim;
-  j.table_batched = p.table_batched;
-  j.backward = p.backward;
-  j.narrow_index_limit = p.narrow_index_limit;
-  j.vectorized = p.vectorized;
   // Forward: x (dtype) into an fp32 y; backward: an fp32 dy into dx (dtype).
   if (p.dtype == DType::kFloat16) {
     p.backward ? launch_job<float, __half, float>(j, stream) : launch_job<__half, float, float>(j, stream);
