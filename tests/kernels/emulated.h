@@ -15,7 +15,8 @@
 namespace kiln::kernels::emulated {
 
 bool flash_supported(const FlashShape& shape);
-size_t flash_smem_bytes(int head_dim);
+size_t flash_smem_bytes(int head_dim, int arch);
+size_t flash_doc_ranges_ints(int batch, int seq_k);
 void launch_flash_fwd(const FlashFwdParams& params, Stream stream);
 void launch_flash_bwd(const FlashBwdParams& params, Stream stream);
 

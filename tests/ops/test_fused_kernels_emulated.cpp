@@ -329,7 +329,7 @@ TEST_CASE("the kernels plan a V100's 96 KiB of shared memory per block below sm_
   // KILN_KERNEL_ARCH=70 on an H100 plans for the V100: flash attention's head-dim-128 blocks
   // (144 KiB) then do not fit and the op runs ATen's attention, as on a V100.
   CHECK(kiln::ops::planned_smem_optin(70, 232448) == 98304);
-  CHECK(kiln::kernels::emulated::flash_smem_bytes(128) >
+  CHECK(kiln::kernels::emulated::flash_smem_bytes(128, 70) >
         static_cast<size_t>(kiln::ops::planned_smem_optin(70, 232448)));
   // RMSNorm's backward: one fp32 accumulator per column, within the planned opt-in.
   CHECK(kiln::kernels::emulated::rmsnorm_bwd_smem_bytes(2048) <= kiln::ops::planned_smem_optin(70, 98304));

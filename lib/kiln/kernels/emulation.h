@@ -19,6 +19,9 @@
 //   data). Which lane holds which element is a seeded map, so code that assumes a layout fails.
 //   Every collective checks that all 32 lanes call it with the same pointer and ldm and hold the
 //   same fragments; pointers must be 32-byte aligned and ldm a multiple of 16 bytes.
+// - ldmatrix and mma.sync.m16n8k16 (sm_80's tensor-core instructions) are warp collectives with
+//   the PTX ISA's fragment layouts, not a seeded map: a kernel's own lane arithmetic is what the
+//   hardware will run. ldmatrix's row suppliers read as they arrive, like the WMMA loads.
 // - cp.async: a copy lands at the cp.async.wait_group that retires it (Landing::kAtWait: a read
 //   before the wait sees old bytes) or as soon as it is issued (Landing::kAtIssue: a buffer that
 //   other warps still read is overwritten at once when a barrier before the copy is missing).
@@ -47,6 +50,7 @@
 //   emulation_sync.h     barriers, warp shuffles, cp.async, static shared memory
 //   emulation_launch.h   the scheduler: a launch's blocks, fibers, poisoning and canaries
 //   emulation_wmma.h     the WMMA warp collectives and nvcuda::wmma
+//   emulation_mma.h      ldmatrix and mma.sync.m16n8k16 as warp collectives (kernels/mma.cuh)
 //   emulation_runtime.h  the CUDA surface the kernels use (macros, intrinsics, runtime calls)
 #pragma once
 
@@ -59,5 +63,6 @@
 #include "kiln/kernels/emulation_sync.h"
 #include "kiln/kernels/emulation_launch.h"
 #include "kiln/kernels/emulation_wmma.h"
+#include "kiln/kernels/emulation_mma.h"
 #include "kiln/kernels/emulation_runtime.h"
 // clang-format on

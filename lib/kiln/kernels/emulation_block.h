@@ -124,17 +124,20 @@ struct Fiber {
   void* tsan_fiber = nullptr;
 };
 
-// A warp collective (WMMA) being assembled; two, by the parity of the warp's collective count.
+// A warp collective (WMMA, ldmatrix, mma.sync) being assembled; two, by the parity of the warp's
+// collective count.
 struct Collective {
   int arrived = 0;
-  int kind = 0;  // 1 load, 2 store, 3 mma
+  int kind = 0;  // 1 load, 2 store, 3 mma (WMMA); 4 ldmatrix, 5 mma.sync (emulation_mma.h)
   const void* ptr = nullptr;
   unsigned ldm = 0;
   int layout = 0;
   std::array<const void*, 32> frag_a{}, frag_b{}, frag_c{};  // each lane's fragments (its stack)
   alignas(16) unsigned char tile[256 * 4];                   // a load's elements, as each lane read its share
   float result[256];                                         // an mma's product, computed once
-  float shuffle[32];                                         // a shuffle's values
+  uint32_t shuffle[32];                                      // a shuffle's values (bits)
+  uint32_t lane_in[32][10];  // mma.sync: each lane's A (4), B (2) and C (4, fp32 bits) registers
+  uint32_t lane_out[32][4];  // mma.sync: each lane's D registers
 };
 
 struct Warp {

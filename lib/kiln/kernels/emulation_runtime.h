@@ -33,6 +33,9 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 inline float __shfl_xor_sync(unsigned, float value, int mask) {
   return ::kiln::emu::shuffle_xor(value, mask);
 }
+inline int __shfl_xor_sync(unsigned, int value, int mask) {
+  return ::kiln::emu::shuffle_xor(value, mask);
+}
 [[noreturn]] inline void __trap() {  // a variant the launcher never selects was launched
   ::kiln::emu::fail("__trap(): a kernel variant this architecture does not have was launched");
 }
@@ -42,6 +45,7 @@ inline float __expf(float x) {
 inline float __logf(float x) {
   return std::log(x);
 }
+
 inline float rsqrtf(float x) {
   return 1.f / std::sqrt(x);
 }
@@ -65,6 +69,9 @@ inline float atomicAdd(float* address, float value) {
     std::memcpy(&next, &sum, 4);
   } while (!__atomic_compare_exchange_n(bits, &old, next, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return was;
+}
+inline int atomicAdd(int* address, int value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
 using std::max;
 using std::min;

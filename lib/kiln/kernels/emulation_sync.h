@@ -44,16 +44,21 @@ inline void sync_warp() {
   wait(current_block()->warps[warp_index()].sync);
 }
 
-inline float shuffle_xor(float value, int mask) {
+// A 32-bit value's bits from lane ^ mask (float or int: __shfl_xor_sync's overloads).
+template <typename V>
+V shuffle_xor(V value, int mask) {
+  static_assert(sizeof(V) == 4, "32-bit shuffles");
   const Internal internal;
   Warp& w = current_block()->warps[warp_index()];
   const unsigned l = lane();
   Collective& c = w.slot[w.converge.generation & 1];
-  c.shuffle[l] = value;
+  std::memcpy(&c.shuffle[l], &value, 4);
   if (wait(w.converge, /*memory=*/false)) w.slot[w.converge.generation & 1].arrived = 0;
   const unsigned from = l ^ static_cast<unsigned>(mask);
   if (from >= w.lanes) fail("__shfl_xor_sync reads lane " + std::to_string(from) + " of a partial warp");
-  return c.shuffle[from];
+  V out;
+  std::memcpy(&out, &c.shuffle[from], 4);
+  return out;
 }
 
 // ---- cp.async

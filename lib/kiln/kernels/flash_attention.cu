@@ -36,9 +36,12 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include "kiln/kernels/mma.cuh"
 
 namespace KILN_KERNELS_NS {
 namespace {
@@ -643,11 +646,53 @@ void launch_bwd(const FlashBwdParams& p, Stream stream) {
   }
 }
 
-}  // namespace
+// Each 64-key tile's min and max segment id: one warp per tile.
+__global__ void flash_doc_ranges_kernel(const int* seg, int* ranges, int seq, int tiles, int total) {
+  const int tile = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (tile >= total) return;
+  const int b = tile / tiles, k0 = tile % tiles * 64;
+  const int* s = seg + size_t(b) * seq;
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int i = k0 + lane; i < min(k0 + 64, seq); i += 32) {
+    lo = min(lo, s[i]);
+    hi = max(hi, s[i]);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  if (lane == 0) {
+    ranges[2 * size_t(tile)] = lo;
+    ranges[2 * size_t(tile) + 1] = hi;
+  }
+}
 
-size_t flash_smem_bytes(int head_dim) {
+void launch_doc_ranges(const FlashShape& p, Stream stream) {
+  if (p.segment_ids == nullptr || p.doc_ranges == nullptr) return;
+  const int tiles = (p.seq_k + 63) / 64, total = p.batch * tiles;
+  KILN_LAUNCH(flash_doc_ranges_kernel, static_cast<unsigned>((total + 7) / 8), 256, 0, stream, p.segment_ids,
+              p.doc_ranges, p.seq_k, tiles, total);
+}
+
+}  // namespace
+}  // namespace KILN_KERNELS_NS
+
+#include "kiln/kernels/flash_attention_bwd.cuh"
+#include "kiln/kernels/flash_attention_fwd.cuh"
+
+namespace KILN_KERNELS_NS {
+
+size_t flash_smem_bytes(int head_dim, int arch) {
+  if (arch >= 80) {
+    return head_dim == 64 ? std::max(FwdTile<64>::kSmemBytes, bwd_sm80_smem_bytes<64>())
+                          : std::max(FwdTile<128>::kSmemBytes, bwd_sm80_smem_bytes<128>());
+  }
   return head_dim == 64 ? std::max(fwd_smem_bytes<64>(), bwd_smem_bytes<64>())
                         : std::max(fwd_smem_bytes<128>(), bwd_smem_bytes<128>());
+}
+
+size_t flash_doc_ranges_ints(int batch, int seq_k) {
+  return size_t(batch) * ((seq_k + 63) / 64) * 2;
 }
 
 bool flash_supported(const FlashShape& p) {
@@ -682,15 +727,35 @@ void dispatch(const Params& p, Fn&& fn) {
 }
 }  // namespace
 
+namespace {
+template <typename T, int D>
+void launch_fwd_sm80(const FlashFwdParams& p, Stream stream) {
+  using Tile = FwdTile<D>;
+  launch_doc_ranges(p, stream);
+  const auto kernel = flash_fwd_sm80_kernel<T, D>;
+  allow_smem(kernel, Tile::kSmemBytes);
+  const dim3 grid((p.seq_q + Tile::kBlockM - 1) / Tile::kBlockM, p.batch * p.heads_q);
+  KILN_LAUNCH(kernel, grid, Tile::kThreads, Tile::kSmemBytes, stream, p);
+}
+}  // namespace
+
 void launch_flash_fwd(const FlashFwdParams& p, Stream stream) {
   dispatch(p, [&](auto t, auto d, auto async) {
-    launch_fwd<decltype(t), decltype(d)::value, decltype(async)::value>(p, stream);
+    if constexpr (decltype(async)::value) {
+      launch_fwd_sm80<decltype(t), decltype(d)::value>(p, stream);
+    } else {
+      launch_fwd<decltype(t), decltype(d)::value, false>(p, stream);
+    }
   });
 }
 
 void launch_flash_bwd(const FlashBwdParams& p, Stream stream) {
   dispatch(p, [&](auto t, auto d, auto async) {
-    launch_bwd<decltype(t), decltype(d)::value, decltype(async)::value>(p, stream);
+    if constexpr (decltype(async)::value) {
+      launch_bwd_sm80<decltype(t), decltype(d)::value>(p, stream);
+    } else {
+      launch_bwd<decltype(t), decltype(d)::value, false>(p, stream);
+    }
   });
 }
 

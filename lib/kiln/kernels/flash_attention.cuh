@@ -20,6 +20,13 @@ struct FlashShape {
   // kernels (bf16 or fp16); 70 to 79, the Volta kernels (plain loads, fp16 only); below, none.
   // The caller may plan for a lower one than the device's (KILN_KERNEL_ARCH, ops/cuda_arch.h).
   int arch = 80;
+  // Packed documents on the sm_80 kernels: a [B, ceil(seq_k / 64), 2] int32 workspace (size:
+  // flash_doc_ranges_ints) that the launchers fill with each 64-key tile's min and max segment
+  // id; a (query tile, key tile) pair whose ranges cannot meet is then skipped, not masked.
+  // Optional: without it every tile is computed and masked.
+  int* doc_ranges = nullptr;
+  // Optional (tests): the forward adds the number of (query tile, key tile) pairs it computes.
+  int* tiles_done = nullptr;
 };
 
 struct FlashFwdParams : FlashShape {
@@ -50,10 +57,13 @@ struct FlashBwdParams : FlashShape {
 // 128, Hkv dividing Hq, seq_k >= seq_q when causal, seq_q == seq_k with segment ids).
 bool flash_supported(const FlashShape& shape);
 
-// Dynamic shared memory per block the kernels for this head_dim need (64 or 128), either variant:
-// 88 KiB at 64, 144 KiB at 128, so head_dim 128 needs a GPU that opts in to that much (A100,
-// H100; not the 96 KiB of a V100 or the 99 KiB of sm_86/sm_89 cards, where the ATen path runs).
-size_t flash_smem_bytes(int head_dim);
+// Dynamic shared memory per block the kernels for this head_dim (64 or 128) and compute
+// capability need, forward or backward, whichever is more. The Volta kernels (arch < 80) need
+// 88 KiB at 64 and 144 KiB at 128, so on a V100 (96 KiB) head_dim 128 runs the ATen path.
+size_t flash_smem_bytes(int head_dim, int arch);
+
+// The int32 count of FlashShape::doc_ranges for this batch and key length.
+size_t flash_doc_ranges_ints(int batch, int seq_k);
 
 void launch_flash_fwd(const FlashFwdParams& params, Stream stream);
 void launch_flash_bwd(const FlashBwdParams& params, Stream stream);

@@ -53,7 +53,8 @@ bool flash_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tens
   // within what the device (or, planning for Volta, a V100) lets a block opt in to.
   const KernelTarget& target = kernel_target(q.device());
   if (!target.image) return false;
-  if (target.smem_optin < static_cast<int64_t>(kernels::flash_smem_bytes(static_cast<int>(q.size(3))))) return false;
+  if (target.smem_optin < static_cast<int64_t>(kernels::flash_smem_bytes(static_cast<int>(q.size(3)), target.arch)))
+    return false;
   // 16-byte rows for cp.async (the glue makes inputs contiguous; a storage offset may still misalign)
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->is_contiguous() && !aligned16(*t)) return false;
