@@ -484,8 +484,10 @@ struct FlashCase {
   bool causal;
   bool segments = false;
   bool deterministic = false;
-  int arch = 80;      // the variant: 80 the cp.async kernels, 70 the Volta ones
-  int smem_arch = 0;  // the architecture whose shared-memory limit holds (default: arch)
+  int arch = 80;       // the variant: 80 the cp.async kernels, 70 the Volta ones
+  int smem_arch = 0;   // the architecture whose shared-memory limit holds (default: arch)
+  int doc_len = 0;     // segments: documents of about this length (0: a cut with probability 0.05)
+  bool ranges = true;  // segments: give the launchers the tile-skipping workspace (doc_ranges)
 };
 
 template <typename T>
@@ -497,10 +499,11 @@ void flash_case(const FlashCase& c, bool many) {
   // Exactly t ids (no spare capacity), so that AddressSanitizer sees a read past the end.
   std::vector<int> seg(c.segments ? c.t : 0);
   if (c.segments) {
-    std::bernoulli_distribution cut(0.05);
+    std::bernoulli_distribution cut(c.doc_len > 0 ? 1.0 / c.doc_len : 0.05);
     int id = 0;
     for (int i = 0; i < c.t; ++i) seg[i] = id += cut(rng()) ? 1 : 0;
   }
+  std::vector<int> ranges(c.segments && c.ranges ? kk::emulated::flash_doc_ranges_ints(B, c.s) : 0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int offset = c.s - c.t;
   // Reference in fp64 from the rounded inputs.
@@ -565,6 +568,7 @@ void flash_case(const FlashCase& c, bool many) {
       p.scale = static_cast<float>(scale);
       p.causal = c.causal;
       p.segment_ids = c.segments ? seg.data() : nullptr;
+      p.doc_ranges = ranges.empty() ? nullptr : ranges.data();
       p.dtype = dtype_of<T>();
       p.arch = c.arch;
     };
@@ -662,6 +666,12 @@ void all_flash(bool many) {
   flash_case<bf16>({64, 2, 1, 90, 90, true, /*segments=*/true}, many);      // packed documents
   flash_case<bf16>({64, 2, 1, 100, 100, true, false, /*det=*/true}, many);  // deterministic dQ
   flash_case<bf16>({128, 2, 1, 65, 65, true, true, true}, many);
+  // Packed documents long enough that whole tile pairs are skipped (doc_ranges), causal and not,
+  // both dQ modes; and the same without the workspace (every tile masked instead).
+  flash_case<bf16>({64, 2, 1, 300, 300, true, true, false, 80, 0, /*doc_len=*/70}, many);
+  flash_case<fp16>({64, 2, 2, 300, 300, false, true, true, 80, 0, 70}, many);
+  flash_case<bf16>({128, 2, 1, 200, 200, true, true, true, 80, 0, 50}, many);
+  flash_case<bf16>({64, 2, 1, 300, 300, true, true, false, 80, 0, 70, /*ranges=*/false}, many);
   // The Volta variants (fp16, plain tile loads), held to a V100's 96 KiB where they run there.
   flash_case<fp16>({64, 4, 2, 100, 100, true, false, false, 70}, many);
   flash_case<fp16>({64, 2, 1, 90, 90, true, true, true, 70}, many);
@@ -677,6 +687,83 @@ TEST_CASE("every kernel variant (emulated) under four schedules matches fp64 loo
 
 TEST_CASE("flash attention's variants (emulated) under four schedules match fp64 loops", "[kernels][emulated][flash]") {
   all_flash(false);
+}
+
+TEST_CASE("packed documents: the forward computes only the tile pairs the document lengths leave",
+          "[kernels][emulated][flash]") {
+  // 8 documents in 8192 tokens, causal, as kiln packs them. A (64-query, 64-key) tile pair can be
+  // skipped when no query of the one attends any key of the other: counted here from the dense
+  // mask (key <= query, same document), independently of the kernel's per-tile id ranges.
+  using T = bf16;
+  const int S = 8192, D = 64, kTile = 64;
+  const int lengths[8] = {700, 1500, 900, 1200, 600, 1100, 1300, 892};
+  std::vector<int> seg;
+  for (int d = 0; d < 8; ++d) seg.insert(seg.end(), lengths[d], d);
+  REQUIRE(static_cast<int>(seg.size()) == S);
+  const int tiles = S / kTile;
+  long needed = 0, causal = 0;
+  for (int i = 0; i < tiles; ++i) {
+    for (int j = 0; j <= i; ++j) {
+      ++causal;
+      bool any = false;
+      for (int q = i * kTile; q < (i + 1) * kTile && !any; ++q) {
+        for (int k = j * kTile; k < (j + 1) * kTile && k <= q; ++k) {
+          if (seg[q] == seg[k]) {
+            any = true;
+            break;
+          }
+        }
+      }
+      needed += any ? 1 : 0;
+    }
+  }
+  const auto q = randn<T>(size_t(S) * D), k = randn<T>(size_t(S) * D), v = randn<T>(size_t(S) * D);
+  std::vector<T> out(q.size());
+  std::vector<float> lse(S);
+  std::vector<int> ranges(kk::emulated::flash_doc_ranges_ints(1, S));
+  int done = 0;
+  kk::FlashFwdParams p;
+  p.batch = 1;
+  p.heads_q = p.heads_kv = 1;
+  p.seq_q = p.seq_k = S;
+  p.head_dim = D;
+  p.scale = 0.125f;
+  p.causal = true;
+  p.segment_ids = seg.data();
+  p.doc_ranges = ranges.data();
+  p.tiles_done = &done;
+  p.dtype = dtype_of<T>();
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  kk::emulated::launch_flash_fwd(p, nullptr);
+  const double skipped = 1.0 - double(needed) / double(causal);
+  CAPTURE(needed, causal, skipped);
+  CHECK(done == needed);
+  CHECK(skipped > 0.8);  // 8 documents: about 7/8 of the causal tile pairs are other documents'
+  // A few rows against fp64 (the first and last of some documents, and one inside).
+  for (int row : {0, 699, 700, 2199, 2200, 5000, 8191}) {
+    std::vector<double> pr(S, 0.0);
+    double m = -INFINITY;
+    for (int j = 0; j <= row; ++j) {
+      if (seg[j] != seg[row]) continue;
+      double dot = 0;
+      for (int e = 0; e < D; ++e) dot += f(q[size_t(row) * D + e]) * f(k[size_t(j) * D + e]);
+      pr[j] = dot * p.scale;
+      m = std::max(m, pr[j]);
+    }
+    double l = 0;
+    for (int j = 0; j <= row; ++j) l += seg[j] == seg[row] ? std::exp(pr[j] - m) : 0.0;
+    for (int e = 0; e < D; e += 7) {
+      double o = 0;
+      for (int j = 0; j <= row; ++j) o += seg[j] == seg[row] ? std::exp(pr[j] - m) / l * f(v[size_t(j) * D + e]) : 0.0;
+      CAPTURE(row, e);
+      CHECK(std::abs(f(out[size_t(row) * D + e]) - o) <= 3e-2 * (1 + std::abs(o)));
+    }
+    CHECK(std::abs(lse[row] - (m + std::log(l))) < 1e-3 * (1 + std::abs(m)));
+  }
 }
 
 TEST_CASE("every kernel variant (emulated) under 36 schedules and seeds", "[kernels][emulated][slow]") {

@@ -76,7 +76,12 @@ void check_case(const Case& c) {
   CAPTURE(c.dtype, c.d, c.hq, c.hkv, c.t, c.s, c.causal, c.segments, c.deterministic, c.arch);
   REQUIRE(kk::emulated::flash_supported(shape_of<kk::FlashShape>(c, in.seg)));
 
+  // Packed documents: the launchers' tile-skipping workspace, as the op allocates it.
+  const at::Tensor ranges =
+      in.seg.defined() ? at::empty({static_cast<int64_t>(kk::emulated::flash_doc_ranges_ints(2, c.s))}, at::kInt)
+                       : at::Tensor();
   auto fp = shape_of<kk::FlashFwdParams>(c, in.seg);
+  fp.doc_ranges = ranges.defined() ? ranges.data_ptr<int>() : nullptr;
   const at::Tensor out = at::empty_like(in.q);
   const at::Tensor lse = at::empty({2, c.hq, c.t}, at::kFloat);
   fp.q = in.q.data_ptr();
@@ -87,6 +92,7 @@ void check_case(const Case& c) {
   kk::emulated::launch_flash_fwd(fp, nullptr);
 
   auto bp = shape_of<kk::FlashBwdParams>(c, in.seg);
+  bp.doc_ranges = fp.doc_ranges;
   const at::Tensor delta = at::empty({2, c.hq, c.t}, at::kFloat);
   const at::Tensor dq_accum = at::zeros({2, c.hq, c.t, c.d}, at::kFloat);
   const at::Tensor dq = at::empty_like(in.q), dk = at::empty_like(in.k), dv = at::empty_like(in.v);

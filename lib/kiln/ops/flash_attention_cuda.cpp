@@ -66,6 +66,15 @@ bool flash_cuda_applies(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return kernels::flash_supported(shape);
 }
 
+namespace {
+// The launchers' workspace for skipping (query tile, key tile) pairs of different documents.
+at::Tensor doc_ranges_for(const at::Tensor& seg, const at::Tensor& k) {
+  if (!seg.defined()) return {};
+  const size_t n = kernels::flash_doc_ranges_ints(static_cast<int>(k.size(0)), static_cast<int>(k.size(2)));
+  return at::empty({static_cast<int64_t>(n)}, seg.options().dtype(at::kInt));
+}
+}  // namespace
+
 FlashForward flash_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const FlashAttentionParams& params, double scale) {
   const c10::cuda::CUDAGuard guard(q.device());
@@ -76,6 +85,8 @@ FlashForward flash_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   auto p = params_for<kernels::FlashFwdParams>(qc, kc, params, scale);
   p.segment_ids = seg.defined() ? seg.data_ptr<int>() : nullptr;
+  const at::Tensor ranges = doc_ranges_for(seg, kc);
+  p.doc_ranges = ranges.defined() ? ranges.data_ptr<int>() : nullptr;
   p.q = qc.data_ptr();
   p.k = kc.data_ptr();
   p.v = vc.data_ptr();
@@ -102,6 +113,8 @@ FlashGrads flash_backward_cuda(const at::Tensor& q, const at::Tensor& k, const a
   if (!deterministic) dq_accum = at::zeros(qc.sizes(), q.options().dtype(at::kFloat));
   auto p = params_for<kernels::FlashBwdParams>(qc, kc, params, scale);
   p.segment_ids = seg.defined() ? seg.data_ptr<int>() : nullptr;
+  const at::Tensor ranges = doc_ranges_for(seg, kc);
+  p.doc_ranges = ranges.defined() ? ranges.data_ptr<int>() : nullptr;
   p.q = qc.data_ptr();
   p.k = kc.data_ptr();
   p.v = vc.data_ptr();
