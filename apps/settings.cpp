@@ -229,6 +229,9 @@ const KeyTable<BenchSettings>& bench_table() {
       {"batch", &S::batch, "attention: batch B; default 16384 tokens / T (at least 1) on cuda, 1 on cpu"},
       {"heads", &S::heads, "attention: query heads; default 16 on cuda, 4 on cpu"},
       {"kv_heads", &S::kv_heads, "attention: key/value heads, dividing heads (GQA); default = heads"},
+      {"docs", &S::docs,
+       "attention: pack this many equal documents into each row (segment ids; kiln's kernels skip the tile pairs of "
+       "different documents, SDPA gets the [B, 1, T, T] mask); default 0, one causal sequence"},
       {"iters", &S::iters,
        "timed iterations per case (median reported; attention: fastest sample, each repeating the call for about "
        "10 ms); default 5"},
@@ -468,7 +471,7 @@ BenchSettings read_bench_settings(const CommandLine& line) {
     }
   }
   // An op's sizes without the op would be silently ignored.
-  for (const char* key : {"seqlens", "head_dims", "batch", "heads", "kv_heads"}) {
+  for (const char* key : {"seqlens", "head_dims", "batch", "heads", "kv_heads", "docs"}) {
     if (s.given.given(key) && !s.runs("attention")) {
       s.given.fail(key, "applies to ops attention, which ops does not name");
     }
@@ -486,6 +489,7 @@ BenchSettings read_bench_settings(const CommandLine& line) {
                                                                                {"batch", s.batch},
                                                                                {"heads", s.heads},
                                                                                {"kv_heads", s.kv_heads},
+                                                                               {"docs", s.docs},
                                                                                {"iters", s.iters}}) {
     check_positive(s.given, key, value);
   }

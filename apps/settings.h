@@ -146,6 +146,7 @@ struct BenchSettings {
   std::vector<int64_t> seqlens;  // empty = the device's default
   std::vector<int64_t> head_dims{64, 128};
   int64_t batch = 0, heads = 0, kv_heads = 0;
+  int64_t docs = 0;  // attention: documents packed per row (0: one causal sequence)
   int64_t iters = 5;
   std::string json;
   bool predict = false;

@@ -2,7 +2,7 @@
 """Mutation check of the emulated kernel tests: does the suite notice a missing barrier or guard?
 
 Deletes, one at a time, every __syncthreads, __syncwarp and cp.async wait in kiln's CUDA kernel
-sources (lib/kiln/kernels/*.cu and common.cuh) and turns every bounds comparison in their device
+sources (lib/kiln/kernels/*.cu, the flash-attention .cuh parts and common.cuh) and turns every bounds comparison in their device
 code into the constant that lets the guarded access through (`i < n` -> true, `i >= n` -> false).
 Each mutant is compiled into the LibTorch-free kernel tests (tests/kernels/test_kernels_strict.cpp
 against lib/kiln/kernels/emulation.h) and run:
@@ -34,10 +34,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "lib" / "kiln" / "kernels"
-SOURCES = ["flash_attention.cu", "rmsnorm.cu", "rope.cu", "swiglu.cu", "cross_entropy.cu", "common.cuh"]
+SOURCES = ["flash_attention.cu", "flash_attention_fwd.cuh", "flash_attention_bwd.cuh", "rmsnorm.cu", "rope.cu",
+           "swiglu.cu", "cross_entropy.cu", "common.cuh"]
 # Which emulated translation units include a source, and which test cases exercise it.
 USERS = {
     "flash_attention.cu": ["flash_attention"],
+    "flash_attention_fwd.cuh": ["flash_attention"],
+    "flash_attention_bwd.cuh": ["flash_attention"],
     "rmsnorm.cu": ["rmsnorm"],
     "rope.cu": ["rope"],
     "swiglu.cu": ["swiglu"],
@@ -46,6 +49,8 @@ USERS = {
 }
 FILTERS = {
     "flash_attention.cu": "[flash]~[slow]",
+    "flash_attention_fwd.cuh": "[flash]~[slow]",
+    "flash_attention_bwd.cuh": "[flash]~[slow]",
     "common.cuh": "~[slow]",
 }
 DEFAULT_FILTER = "~[flash]~[slow]"
@@ -199,7 +204,7 @@ def compile_objects(out: Path, lib: Path, variant: str, units: list[str], jobs: 
 
 
 EMULATED_UNITS = [f"{k}_emulated" for k in ("flash_attention", "rmsnorm", "rope", "swiglu", "cross_entropy")]
-FIXED_UNITS = ["test_kernels_strict", "kernel_tests_main"]
+FIXED_UNITS = ["test_kernels_strict", "test_mma_emulated", "kernel_tests_main"]
 CUDA_INCLUDE = ""
 
 

@@ -69,30 +69,82 @@ DEVICES = {  # for the predicted fraction of copy bandwidth (kiln-bench --predic
 
 @dataclasses.dataclass
 class Goal:
-    """One row: kernels whose short name matches `kernel` (a regex) must meet every set bound."""
+    """One row: kernels whose short name matches `kernel` (a regex) must meet every set bound.
+
+    A kernel is held to the first row that matches it on its architecture; a row that holds no
+    kernel of `source` on one of its architectures (a renamed kernel) is a failure too."""
     kernel: str
     why: str
     op: str | None = None  # kiln-bench's op whose kernels these are (its --predict column)
+    source: str = ""  # the kernel source (lib/kiln/kernels/<source>.cu) that must hold such a kernel
+    archs: tuple = ARCHS  # the architectures the row applies to
     memory_bound: bool = False  # bytes in flight per SM >= NEEDED_KB[arch]
     max_narrow_in_loops: int | None = None  # global accesses below 128 bits inside loops
     max_shared_in_hot_loop: int | None = None  # LDS/STS/LDSM/ATOMS in the hot loop
-    min_warps: int | None = None  # resident warps per SM
+    min_warps: int | dict | None = None  # resident warps per SM ({arch: warps} where they differ)
     # Where the launcher caps the grid at N blocks per SM: the constant's name in the source.
     blocks_per_sm_const: str | None = None
+    # Tensor-core kernels (ldmatrix + mma.sync; the rows of issue #51), read in the HMMA loop: the
+    # innermost loop holding HMMAs (SassFacts.hmma_loop).
+    ldsm_operands: bool = False  # every HMMA operand loaded from memory comes from LDSM; no LD (generic), no MOVM
+    hmma_span_stores: str | None = None  # between the HMMA loop's first and last HMMA: "none" (no STS)
+    #   or "16-bit" (STS.U16, or STS of registers an F2FP packed); either way no LDS of 32 bits or more
+    max_insns_per_hmma: float | None = None  # the HMMA loop's static instructions over its HMMAs
+    unrolled_hmma_loop: bool = False  # no loop with float math (FMNMX/MUFU/FADD/FMUL/FFMA) inside the HMMA loop
 
+    def warps_for(self, arch: int) -> int | None:
+        return self.min_warps.get(arch) if isinstance(self.min_warps, dict) else self.min_warps
+
+
+# The flash-attention rows of issue #51 (sm_80 and sm_90: ldmatrix and mma.sync; sm_70 runs the WMMA
+# kernels, which are held to no spill only). The rules, in the SASS:
+#   LDSM: Q, K, V (and the backward's dS, dO) fragments come from shared memory by ldmatrix, never by
+#     32-bit LDS (WMMA's load_matrix_sync) or generic loads; no MOVM (a transpose ldmatrix.trans avoids).
+#   The HMMA loop's span: S, P and O stay in registers, so between the first and the last HMMA of the
+#     hot loop there is no STS and no 32-bit LDS. The backward's dK/dV kernel stores dS to shared
+#     memory as 16-bit values by design (FA2 too: dS^T is the A operand of dK += dS^T Q, which needs
+#     another thread's fragments): 16-bit stores are allowed there, fp32 round trips are not.
+#   <= 8 static instructions per HMMA in the hot loop (the unmasked step; masked tiles run outside it).
+#   The softmax fully unrolled: no loop doing float math inside the hot loop. (A loop without float
+#     math is allowed: the forward's next_tile() do-while, which skips tiles of other documents.)
+#   Resident warps at head_dim 64: 8 on sm_80 (A100: 2 CTAs of 4 warps), 12 on sm_90.
+_ATTENTION = dict(source="flash_attention", archs=(80, 90), ldsm_operands=True, max_insns_per_hmma=8,
+                  unrolled_hmma_loop=True)
+_ATTENTION_D64_WARPS = {80: 8, 90: 12}
 
 # Every kernel: no spill, no stack frame. The memory-bound ones (issue #50) besides:
 GOALS = [
-    Goal(r"^rope_vec_kernel<", "RoPE, q and k in one launch, 128-bit packs (Liger's layout)", "rope",
+    Goal(r"^rope_vec_kernel<", "RoPE, q and k in one launch, 128-bit packs (Liger's layout)", "rope", "rope",
          memory_bound=True, max_narrow_in_loops=0),
     Goal(r"^rmsnorm_fwd_regs_kernel<", "RMSNorm forward, the row in registers (loop-free: the rstd store)", "rmsnorm",
-         memory_bound=True, max_narrow_in_loops=1),
-    Goal(r"^rmsnorm_bwd_regs_kernel<", "RMSNorm backward, dW in registers", "rmsnorm", memory_bound=True,
+         "rmsnorm", memory_bound=True, max_narrow_in_loops=1),
+    Goal(r"^rmsnorm_bwd_regs_kernel<", "RMSNorm backward, dW in registers", "rmsnorm", "rmsnorm", memory_bound=True,
          max_narrow_in_loops=1, max_shared_in_hot_loop=4, min_warps=32, blocks_per_sm_const="kBwdBlocksPerSm"),
-    Goal(r"^cross_entropy_fwd_bwd_kernel<.*, true>$", "cross-entropy, 128-bit packs", memory_bound=True),
-    Goal(r"^swiglu_(fwd|bwd)_kernel<.*, true>$", "SwiGLU, 128-bit packs (the pattern that works)", "swiglu",
+    Goal(r"^cross_entropy_fwd_bwd_kernel<.*, true>$", "cross-entropy, 128-bit packs", source="cross_entropy",
+         memory_bound=True),
+    Goal(r"^swiglu_(fwd|bwd)_kernel<.*, true>$", "SwiGLU, 128-bit packs (the pattern that works)", "swiglu", "swiglu",
          memory_bound=True, max_narrow_in_loops=0),
+    # Flash attention on sm_80+ (issue #51; the rules above). head_dim 64 first: it adds the warps.
+    Goal(r"^flash_fwd_sm80_kernel<\w+, 64>$", "attention forward (FA2 class), head_dim 64", hmma_span_stores="none",
+         min_warps=_ATTENTION_D64_WARPS, **_ATTENTION),
+    Goal(r"^flash_fwd_sm80_kernel<", "attention forward (FA2 class)", hmma_span_stores="none", **_ATTENTION),
+    Goal(r"^flash_bwd_\w*sm80\w*<\w+, 64\b", "attention backward (FA2 class), head_dim 64: dS stored as 16-bit",
+         hmma_span_stores="16-bit", min_warps=_ATTENTION_D64_WARPS, **_ATTENTION),
+    Goal(r"^flash_bwd_\w*sm80", "attention backward (FA2 class): dS stored as 16-bit", hmma_span_stores="16-bit",
+         **_ATTENTION),
 ]
+
+# Dynamic shared memory per block, which the launchers pass at launch and the cubin does not
+# record: (kernel regex, source, the launcher's C++ constant; {D} is the kernel's second template
+# argument, the head dim). The compiler evaluates them (dynamic_smem_values): a probe includes the
+# source under the CPU emulation and names each value in a template that it never defines.
+DYNAMIC_SMEM = [
+    (r"^flash_fwd_sm80_kernel<", "flash_attention", "FwdTile<{D}>::kSmemBytes"),  # launch_fwd_sm80
+    (r"^flash_bwd_\w*sm80", "flash_attention", "bwd_sm80_smem_bytes<{D}>()"),  # launch_bwd_sm80
+    (r"^flash_fwd_kernel<", "flash_attention", "fwd_smem_bytes<{D}>()"),  # launch_fwd (WMMA)
+    (r"^flash_bwd_(dkdv|dq)_kernel<", "flash_attention", "bwd_smem_bytes<{D}>()"),  # launch_bwd (WMMA)
+]
+HEAD_DIMS = (64, 128)  # flash_attention.cuh: the head dims the kernels are built for
 
 
 # ---- SASS reading ------------------------------------------------------------------------------
@@ -110,6 +162,7 @@ class Insn:
     addr: int
     op: str
     args: str
+    pred: str = ""  # "@P0", "@!UP1": the guard, if any
 
 
 def width_bits(op: str) -> int:
@@ -137,7 +190,7 @@ def parse_sass(text: str) -> dict[str, list[Insn]]:
             continue
         m = INSN.search(line)
         if m and current is not None:
-            current.append(Insn(int(m.group(1), 16), m.group(3), m.group(4).strip()))
+            current.append(Insn(int(m.group(1), 16), m.group(3), m.group(4).strip(), (m.group(2) or "").strip()))
     return funcs
 
 

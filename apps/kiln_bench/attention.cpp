@@ -6,6 +6,9 @@
 // 4 * B * Hq * T * T * D (two T x T x D matmuls per head), halved for the causal mask; backward =
 // 2.5 x forward (five such matmuls). The sweep streams its rows and rewrites the JSON after each
 // (T, D), so a run cut short by a time limit still leaves its figures.
+// With --docs N each row holds N packed documents (segment ids): kiln's kernels skip the tile
+// pairs of different documents, SDPA (which has no segment ids) gets the [B, 1, T, T] boolean
+// mask through its public entry point, and FLOPs count only the documents' own causal triangles.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -68,16 +71,49 @@ struct AttentionRow {
   bool mismatch = false;
 };
 
+// Segment ids [B, T] of `docs` equal documents per row (the last takes the remainder).
+at::Tensor document_ids(int64_t b, int64_t t, int64_t docs, const at::Device& device) {
+  const int64_t len = std::max<int64_t>(1, t / docs);
+  return at::clamp_max(at::arange(t, at::TensorOptions().dtype(at::kLong)) / len, docs - 1)
+      .to(at::kInt)
+      .unsqueeze(0)
+      .expand({b, t})
+      .contiguous()
+      .to(device);
+}
+
+// The useful forward FLOPs of packed documents: each document's causal triangle.
+double packed_fwd_flops(int64_t b, int64_t hq, int64_t t, int64_t d, int64_t docs) {
+  const int64_t len = std::max<int64_t>(1, t / docs);
+  double f = 0;
+  for (int64_t i = 0; i < docs; ++i) {
+    const int64_t l = i + 1 < docs ? len : t - len * (docs - 1);
+    f += attention_fwd_flops(b, hq, l, d, true);
+  }
+  return f;
+}
+
 // kiln, then the SDPA implementations of this device (the first one that runs is the reference).
-std::vector<AttentionImpl> attention_impls(bool cuda, bool gqa) {
+// With segment ids: kiln with them, and SDPA with the equivalent boolean mask.
+std::vector<AttentionImpl> attention_impls(bool cuda, bool gqa, const at::Tensor& seg) {
   std::vector<AttentionImpl> impls;
   impls.push_back({"kiln",
-                   [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                   [seg](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                      // kiln's kernels whatever the process-wide default (attention=aten: SDPA).
                      const kiln::ops::BackendScope kiln_kernels("kiln");
-                     return kiln::ops::flash_attention(q, k, v, {.causal = true});
+                     return kiln::ops::flash_attention(q, k, v, {.causal = true, .segment_ids = seg});
                    },
                    false});
+  if (seg.defined()) {
+    const int64_t t = seg.size(1);
+    const at::Tensor causal = at::ones({t, t}, seg.options().dtype(at::kBool)).tril();
+    const at::Tensor mask = (seg.unsqueeze(2) == seg.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B, 1, T, T]
+    impls.push_back({"sdpa mask", [mask, gqa](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                       return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, std::nullopt,
+                                                               /*enable_gqa=*/gqa);
+                     }});
+    return impls;
+  }
   if (cuda) {
     impls.push_back({"sdpa flash", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                        return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, /*is_causal=*/true));
@@ -110,30 +146,38 @@ void run_attention(const AttentionSweep& sw, const at::TensorOptions& opt, const
                    nlohmann::json& out, const std::function<void()>& flush_json) {
   const at::Device device = opt.device();
   const bool cuda = device.is_cuda();
-  const std::vector<AttentionImpl> impls = attention_impls(cuda, sw.kv_heads != sw.heads);
   const double tol = mismatch_tolerance(c10::typeMetaToScalarType(opt.dtype()));
-  out["attention_setup"] = {{"heads", sw.heads},
-                            {"kv_heads", sw.kv_heads},
-                            {"causal", true},
-                            {"iters", sw.iters},
-                            {"seqlens", sw.seqlens},
-                            {"head_dims", sw.head_dims},
-                            {"flops", "forward = 4*B*Hq*T*T*D / 2 (causal); backward = 2.5 x forward"},
-                            {"mismatch_tolerance", tol}};
+  out["attention_setup"] = {
+      {"heads", sw.heads},
+      {"kv_heads", sw.kv_heads},
+      {"causal", true},
+      {"iters", sw.iters},
+      {"seqlens", sw.seqlens},
+      {"head_dims", sw.head_dims},
+      {"docs", sw.docs},
+      {"flops", sw.docs > 0 ? "forward = sum over documents of 4*B*Hq*L*L*D / 2; backward = 2.5 x forward"
+                            : "forward = 4*B*Hq*T*T*D / 2 (causal); backward = 2.5 x forward"},
+      {"mismatch_tolerance", tol}};
   out["attention"] = nlohmann::json::array();
   out["attention_ratios"] = nlohmann::json::array();
   fmt::print(
       "\nattention: kiln = ops::flash_attention (CUDA kernel where it applies, else the blocked ATen "
-      "reference); causal, Hq = {}, Hkv = {}, {}; backward = (fwd+bwd) - fwd; FLOPs: fwd = 4*B*Hq*T*T*D / 2, "
+      "reference); causal, Hq = {}, Hkv = {}, {}{}; backward = (fwd+bwd) - fwd; FLOPs: fwd = 4*B*Hq*T*T*D / 2{}, "
       "bwd = 2.5 x fwd\n",
-      sw.heads, sw.kv_heads, dtype_name);
+      sw.heads, sw.kv_heads, dtype_name,
+      sw.docs > 0 ? fmt::format(", {} packed documents per row (SDPA: a [B, 1, T, T] mask)", sw.docs) : "",
+      sw.docs > 0 ? " per document" : "");
   int mismatches = 0;
   std::vector<std::string> summary;
   std::string summary_versus;
   for (const int64_t t : sw.seqlens) {
     for (const int64_t d : sw.head_dims) {
       const int64_t b = sw.batch > 0 ? sw.batch : (cuda ? std::max<int64_t>(1, 16384 / t) : 1);
-      const double flops_fwd = attention_fwd_flops(b, sw.heads, t, d, true), flops_bwd = kBwdFlopFactor * flops_fwd;
+      const double flops_fwd =
+          sw.docs > 0 ? packed_fwd_flops(b, sw.heads, t, d, sw.docs) : attention_fwd_flops(b, sw.heads, t, d, true);
+      const double flops_bwd = kBwdFlopFactor * flops_fwd;
+      const at::Tensor seg = sw.docs > 0 ? document_ids(b, t, sw.docs, device) : at::Tensor();
+      const std::vector<AttentionImpl> impls = attention_impls(cuda, sw.kv_heads != sw.heads, seg);
       const at::Tensor q = at::randn({b, sw.heads, t, d}, opt).requires_grad_(true);
       const at::Tensor k = at::randn({b, sw.kv_heads, t, d}, opt).requires_grad_(true);
       const at::Tensor v = at::randn({b, sw.kv_heads, t, d}, opt).requires_grad_(true);
@@ -224,6 +268,7 @@ void run_attention(const AttentionSweep& sw, const at::TensorOptions& opt, const
                      static_cast<double>(r.peak_fwd_bwd) / (1 << 20), diff);
         }
         nlohmann::json j = {{"seqlen", t},
+                            {"docs", sw.docs},
                             {"head_dim", d},
                             {"batch", b},
                             {"heads", sw.heads},
@@ -247,16 +292,19 @@ void run_attention(const AttentionSweep& sw, const at::TensorOptions& opt, const
         }
         out["attention"].push_back(j);
       }
-      // The goal: kiln at least the SDPA flash backend's TFLOP/s (on CPU: the CPU SDPA's).
-      const std::string versus = cuda ? "sdpa flash" : "sdpa (cpu)";
+      // The goals: kiln at least the SDPA flash backend's TFLOP/s (on CPU: the CPU SDPA's); with
+      // packed documents twice SDPA with its mask.
+      const std::string versus = sw.docs > 0 ? "sdpa mask" : cuda ? "sdpa flash" : "sdpa (cpu)";
+      const std::string goal = !cuda         ? ""
+                               : sw.docs > 0 ? " (goal on an H200: >= 2.0 both)"
+                                             : " (goal on an H200: >= 1.0 both)";
       const AttentionRow& kiln_row = rows[0];
       const auto other =
           std::find_if(rows.begin(), rows.end(), [&](const AttentionRow& r) { return r.impl == versus; });
       if (kiln_row.error.empty() && other != rows.end() && other->error.empty()) {
         const std::string rf = ratio_text(kiln_row.tflops_fwd, other->tflops_fwd);
         const std::string rb = ratio_text(kiln_row.tflops_bwd, other->tflops_bwd);
-        fmt::print("\nkiln / {} TFLOP/s: fwd {}, bwd {}{}\n", versus, rf, rb,
-                   cuda ? " (goal on an H200: >= 1.0 both)" : "");
+        fmt::print("\nkiln / {} TFLOP/s: fwd {}, bwd {}{}\n", versus, rf, rb, goal);
         summary.push_back(fmt::format("| {} | {} | {} | {} |", t, d, rf, rb));
         summary_versus = versus;
         out["attention_ratios"].push_back({{"seqlen", t},
@@ -275,7 +323,9 @@ void run_attention(const AttentionSweep& sw, const at::TensorOptions& opt, const
   }
   if (!summary.empty()) {
     fmt::print("\n## kiln / {} TFLOP/s{}\n\n| T | D | fwd | bwd |\n|---:|---:|---:|---:|\n", summary_versus,
-               cuda ? " (goal on an H200: >= 1.0 forward and backward)" : "");
+               !cuda         ? ""
+               : sw.docs > 0 ? " (goal on an H200: >= 2.0 forward and backward)"
+                             : " (goal on an H200: >= 1.0 forward and backward)");
     for (const std::string& line : summary) fmt::print("{}\n", line);
   }
   if (mismatches > 0) fmt::print("\nWARNING: {} output mismatch(es) against SDPA, see above\n", mismatches);

@@ -42,6 +42,7 @@ struct AttentionSweep {
   std::vector<int64_t> seqlens, head_dims;
   int64_t batch = 0;  // 0: 16384 tokens / T on cuda, 1 on cpu
   int64_t heads = 0, kv_heads = 0;
+  int64_t docs = 0;  // > 0: that many equal documents per row (the last takes the remainder)
   int iters = 1;
 };
 

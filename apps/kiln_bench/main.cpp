@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       if (sweep.heads % sweep.kv_heads != 0) {
         s.given.fail("kv_heads", fmt::format("({}) must divide heads ({})", sweep.kv_heads, sweep.heads));
       }
+      sweep.docs = s.docs;
       sweep.iters = iters;
     }
     const at::TensorOptions opt = at::TensorOptions().device(device).dtype(dtype);

@@ -78,3 +78,26 @@ def test_bad_attention_options_are_named(run_kiln):
     assert r.returncode == 2 and "key 'seqlens'" in r.stderr and "'x'" in r.stderr
     r = run_kiln("kiln-bench", "--device", "cpu", "--ops", "attention", "--heads", "4", "--kv-heads", "3")
     assert r.returncode == 2 and "key 'kv_heads'" in r.stderr
+
+
+def test_packed_documents_against_sdpa_with_its_mask(kiln_bin, tmp_path):
+    # --docs 3 at T = 100: documents of 33, 33 and 34 tokens. kiln gets the segment ids, SDPA the
+    # [B, 1, T, T] mask built from them; the outputs must agree (an independent mask: causal and
+    # same document), and the FLOPs count each document's causal triangle only.
+    path = tmp_path / "docs.json"
+    cmd = [kiln_bin("kiln-bench"), "--device", "cpu", "--ops", "attention", "--seqlens", "100", "--head-dims",
+           str(HEAD_DIM), "--docs", "3", "--iters", "1", "--json", path]
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(path.read_text())
+    rows = {row["impl"]: row for row in doc["attention"]}
+    assert set(rows) == {"kiln", "sdpa mask"} and doc["attention_setup"]["docs"] == 3
+    f = sum(fwd_flops(1, HEADS, n, HEAD_DIM) for n in (33, 33, 34))
+    for row in rows.values():
+        assert row["supported"] and row["docs"] == 3, row
+        assert row["flops_fwd"] == pytest.approx(f, rel=1e-12)
+    assert rows["kiln"]["reference"] == "sdpa mask" and rows["kiln"]["max_abs_diff_vs_sdpa"] < 1e-4
+    assert doc["attention_ratios"][0]["versus"] == "sdpa mask"
+    r = subprocess.run([str(kiln_bin("kiln-bench")), "--device", "cpu", "--docs", "3"], capture_output=True, text=True)
+    assert r.returncode == 2 and "key 'docs'" in r.stderr
