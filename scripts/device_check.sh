@@ -120,9 +120,10 @@ add correctness pretrain_20 40 '$py $root/scripts/loss_check.py run --build-dir 
 add speed bench_vs_hf 150 '$py $root/scripts/bench_vs_hf.py --device cuda --rounds 2 --steps 5 --warmup 2 --budget-s 75 --threads $(nproc) --build-dir $build --output $out/bench_vs_hf'
 add speed bench 60 '$bin/kiln-bench --predict --json $out/bench.json'
 add speed bench_fp16 25 '$bin/kiln-bench --dtype fp16'
-add speed bench_fp16_volta 25 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --dtype fp16'
+add speed bench_fp16_volta 20 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --dtype fp16'
 add speed attention 90 '$bin/kiln-bench --ops attention --iters 3 --json $out/attention.json'
-add speed attention_volta 30 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --ops attention --dtype fp16 --head-dims 64 --seqlens 1024,4096 --iters 3'
+add speed attention_volta 20 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --ops attention --dtype fp16 --head-dims 64 --seqlens 1024,4096 --iters 3'
+add speed attention_docs 20 '$bin/kiln-bench --ops attention --docs 8 --seqlens 8192 --iters 3 --json $out/attention_docs.json'
 
 # scale
 dist_run='"${torchrun[@]}" $bin/kiln-pretrain --max_steps 20 --logging_steps 5 --eval_steps 0 --save_steps 0 --bf16 true'
@@ -245,7 +246,7 @@ summary() {
   for name in bench bench_fp16 bench_fp16_volta; do
     [[ -f "$out/$name.log" ]] && { echo "== $name"; grep -E "^(\||#|[a-z_ ]+:)" "$out/$name.log"; }
   done
-  for name in attention attention_volta; do
+  for name in attention attention_volta attention_docs; do
     [[ -f "$out/$name.log" ]] || continue
     echo "== $name"
     if grep -q "^## kiln" "$out/$name.log"; then
