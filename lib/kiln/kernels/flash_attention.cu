@@ -1,28 +1,29 @@
-// Flash attention, FlashAttention-2 style, on WMMA tensor-core tiles (the C++ face of mma.sync:
-// bf16/fp16 in, fp32 accumulate), with cp.async copies from global into shared memory.
+// Flash attention (FlashAttention-2's algorithm; docs/attention.md): the launchers, and two
+// generations of kernels, chosen at launch from FlashShape::arch:
+//   sm_80 and later, bf16/fp16: flash_attention_fwd.cuh and flash_attention_bwd.cuh, in
+//     ldmatrix and mma.sync.m16n8k16 (kernels/mma.cuh) with the softmax in registers;
+//   sm_70 (Volta), fp16: the first generation, below, on WMMA tiles (the C++ face of Volta's
+//     16x16x16 fp16 tensor-core op, fp32 accumulate), which Volta can run: it has no ldmatrix,
+//     no m16n8k16, no bf16 and no cp.async. At head_dim 64 its blocks need 88 KiB of shared
+//     memory, within the 96 KiB a V100 block may opt in to; at 128 they need 144 KiB, so there
+//     the ATen path runs.
+// A kernel that does not exist on the architecture being compiled (the sm_80 ones, or bf16,
+// below sm_80) compiles to a trap, and the launcher never selects it there.
 //
-// Two variants of every kernel (template flag kAsync), chosen at launch from FlashShape::arch:
-//   sm_80 and later: tiles copied with cp.async, the next key tile in flight while one is used;
-//   sm_70 (Volta): the same tiles and carve-up with plain 16-byte loads and stores (Volta has no
-//     cp.async), fp16 only (its tensor cores have no bf16; WMMA's 16x16x16 fp16 shape with fp32
-//     accumulation is Volta's own). At head_dim 64 the blocks need 88 KiB of shared memory, within
-//     the 96 KiB a V100 block may opt in to; at 128 they need 144 KiB, so there the ATen path runs.
-// A variant that does not exist on the architecture being compiled (cp.async or bf16 below
-// sm_80) compiles to a trap, and the launcher never selects it there.
-//
-// Forward: one CTA = 64 query rows of one (batch, query head); 4 warps of 16 rows each. Per key
-//   tile of 64 (double-buffered: tile j + 1 is in flight while tile j is used):
+// The Volta kernels. Forward: one CTA = 64 query rows of one (batch, query head); 4 warps of 16
+//   rows each. Per key tile of 64 (double-buffered: tile j + 1 is loaded before tile j is used):
 //   S = Q K^T (fp32, shared memory), per-row online softmax by the warp (running max m,
 //   denominator l, rescale alpha), P in the input dtype, O = alpha * O + P V with O in fp32 shared
 //   memory (a fragment's element-to-row mapping is unspecified, and rows must be rescaled).
 //   Writes O / l and lse = m + log l.
-// Backward: D = rowsum(dO * O) first (one warp per row). Then one CTA per 64 keys of one
-//   (batch, KV head), warp w owning keys 16w..16w+15, loops over every query head of its group
-//   and every query tile that can see its keys: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
-//   dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q stay in registers (WMMA accumulators)
-//   for the whole loop, so GQA's sum over the group needs no atomics and K/V are never repeated.
-//   dQ += dS K is either added to an fp32 buffer with atomics (default) or, deterministic,
-//   computed by a second kernel per 64 queries that recomputes the tiles over the keys in order.
+// Backward: D = rowsum(dO * O) first (one warp per row; both generations). Then one CTA per 64
+//   keys of one (batch, KV head), warp w owning keys 16w..16w+15, loops over every query head of
+//   its group and every query tile that can see its keys: S^T = K Q^T, dP^T = V dO^T,
+//   P^T = exp(S^T - lse), dS^T = P^T (dP^T - D); dV += P^T dO and dK += dS^T Q stay in registers
+//   (WMMA accumulators) for the whole loop, so GQA's sum over the group needs no atomics and K/V
+//   are never repeated. dQ += dS K is either added to an fp32 buffer with atomics (default) or,
+//   deterministic, computed by a second kernel per 64 queries that recomputes the tiles over the
+//   keys in order.
 // GQA: query head hq reads KV head hq / (Hq / Hkv). Causal tiles entirely past the diagonal are
 // skipped in all three loops. Segment ids (packed documents) mask pairs whose ids differ.
 // 16-bit tiles are stored with 8 elements of padding per row against shared-memory bank
@@ -57,64 +58,31 @@ constexpr int kLd = D + 8;  // 16-bit [64 x D] tiles (Q, K, V, dO)
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Whether the variant (T, kAsync) exists on the architecture this pass compiles for.
-template <typename T, bool kAsync>
-__host__ __device__ constexpr bool variant_compiled() {
+// Whether this compilation pass has the Volta kernels for T: an sm_70 pass only fp16 (Volta's
+// tensor cores have no bf16); later passes both (KILN_KERNEL_ARCH=70 runs them on an A100/H100).
+template <typename T>
+__host__ __device__ constexpr bool volta_variant_compiled() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  return !kAsync && std::is_same_v<T, __half>;
+  return std::is_same_v<T, __half>;
 #else
   return true;
 #endif
 }
 
-// ---- Tile copies. kAsync: cp.async (sm_80+), completed by cp_async_wait; the emulation defers
-// each copy to that wait as the hardware may, so a missing wait shows as garbage. Otherwise a
-// plain 16-byte load and store, complete at once.
-template <bool kAsync>
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  if constexpr (kAsync) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_bytes = valid ? 16 : 0;  // 0: nothing is read, the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
-    return;
-#elif defined(KILN_CUDA_EMULATION)
-    ::kiln::emu::cp_async16(smem, gmem, valid);
-    return;
-#endif
-  }
+// 16 bytes of a tile: a plain load and store (Volta has no cp.async), zero past the end.
+__device__ __forceinline__ void copy16(void* smem, const void* gmem, bool valid) {
   *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
-}
-template <bool kAsync>
-__device__ __forceinline__ void cp_async_commit() {
-  if constexpr (kAsync) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#elif defined(KILN_CUDA_EMULATION)
-    ::kiln::emu::cp_async_commit();
-#endif
-  }
-}
-template <bool kAsync, int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  if constexpr (kAsync) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#elif defined(KILN_CUDA_EMULATION)
-    ::kiln::emu::cp_async_wait(kPending);
-#endif
-  }
 }
 
 // Starts copying rows [row0, row0 + 64) of a [rows, D] matrix into a [64 x kLd<D>] tile; rows
 // past `rows` become zero.
-template <typename T, int D, bool kAsync>
-__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int row0, int rows) {
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int row0, int rows) {
   constexpr int kVec = 8, kChunks = D / kVec;  // 16 bytes of 16-bit values
   for (int i = threadIdx.x; i < kBlock * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks * kVec;
     const bool valid = row0 + r < rows;
-    cp_async16<kAsync>(dst + r * kLd<D> + c, valid ? src + size_t(row0 + r) * D + c : src, valid);
+    copy16(dst + r * kLd<D> + c, valid ? src + size_t(row0 + r) * D + c : src, valid);
   }
 }
 
@@ -214,7 +182,7 @@ constexpr size_t fwd_smem_bytes() {
          + 3 * rounded(kBlock * 4);                      // segment ids: queries, keys x2
 }
 
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 __device__ __forceinline__ void flash_fwd_body(const FlashFwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
@@ -244,10 +212,9 @@ __device__ __forceinline__ void flash_fwd_body(const FlashFwdParams& p) {
   const int offset = p.seq_k - p.seq_q;  // causal alignment: query i sees keys <= i + offset
   const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
 
-  load_tile_async<T, D, kAsync>(q_s, q, q0, p.seq_q);
-  load_tile_async<T, D, kAsync>(k_s2, k, 0, p.seq_k);
-  load_tile_async<T, D, kAsync>(v_s2, v, 0, p.seq_k);
-  cp_async_commit<kAsync>();
+  load_tile<T, D>(q_s, q, q0, p.seq_q);
+  load_tile<T, D>(k_s2, k, 0, p.seq_k);
+  load_tile<T, D>(v_s2, v, 0, p.seq_k);
   load_segments(qseg_s, seg, q0, p.seq_q, -1);
   load_segments(kseg_s2, seg, 0, p.seq_k, -2);
   for (int i = lane; i < kRows * D; i += 32) o_w[i] = 0.f;
@@ -262,12 +229,10 @@ __device__ __forceinline__ void flash_fwd_body(const FlashFwdParams& p) {
     T* v_s = v_s2 + buf * kBlock * kLdT;
     const int* kseg_s = kseg_s2 + buf * kBlock;
     if (k0 + kBlock < k_end) {  // prefetch the next tile into the other buffer
-      load_tile_async<T, D, kAsync>(k_s2 + next * kBlock * kLdT, k, k0 + kBlock, p.seq_k);
-      load_tile_async<T, D, kAsync>(v_s2 + next * kBlock * kLdT, v, k0 + kBlock, p.seq_k);
+      load_tile<T, D>(k_s2 + next * kBlock * kLdT, k, k0 + kBlock, p.seq_k);
+      load_tile<T, D>(v_s2 + next * kBlock * kLdT, v, k0 + kBlock, p.seq_k);
       load_segments(kseg_s2 + next * kBlock, seg, k0 + kBlock, p.seq_k, -2);
     }
-    cp_async_commit<kAsync>();
-    cp_async_wait<kAsync, 1>();  // everything but the prefetch has landed
     __syncthreads();
 
     mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);  // S = Q_w K^T
@@ -319,7 +284,6 @@ __device__ __forceinline__ void flash_fwd_body(const FlashFwdParams& p) {
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
-  cp_async_wait<kAsync, 0>();
 
   // out = O / l, lse = m + log(l), for the rows that exist; a row that saw no key gets out = 0
   // and lse = +inf (so the backward's exp(s - lse) is 0 there).
@@ -394,7 +358,7 @@ struct BwdSmem {
   }
 };
 
-template <typename T, int D, bool kAtomicDQ, bool kAsync>
+template <typename T, int D, bool kAtomicDQ>
 __device__ __forceinline__ void flash_bwd_dkdv_body(const FlashBwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
@@ -416,9 +380,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_body(const FlashBwdParams& p) {
   const int* seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
   const int offset = p.seq_k - p.seq_q;
 
-  load_tile_async<T, D, kAsync>(k_s, static_cast<const T*>(p.k) + kv_off, k0, p.seq_k);
-  load_tile_async<T, D, kAsync>(v_s, static_cast<const T*>(p.v) + kv_off, k0, p.seq_k);
-  cp_async_commit<kAsync>();
+  load_tile<T, D>(k_s, static_cast<const T*>(p.k) + kv_off, k0, p.seq_k);
+  load_tile<T, D>(v_s, static_cast<const T*>(p.v) + kv_off, k0, p.seq_k);
   load_segments(kseg_s, seg, k0, p.seq_k, -2);
 
   Acc dk[D / 16], dv[D / 16];
@@ -438,16 +401,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_body(const FlashBwdParams& p) {
     const float* delta = p.delta + bhq * p.seq_q;
     for (int q0 = q_begin; q0 < p.seq_q; q0 += kBlock) {
       __syncthreads();  // the previous tile's Q, dO and dS are no longer read
-      load_tile_async<T, D, kAsync>(q_s, q, q0, p.seq_q);
-      load_tile_async<T, D, kAsync>(do_s, dout, q0, p.seq_q);
-      cp_async_commit<kAsync>();
+      load_tile<T, D>(q_s, q, q0, p.seq_q);
+      load_tile<T, D>(do_s, dout, q0, p.seq_q);
       if (threadIdx.x < kBlock) {
         const int qi = q0 + threadIdx.x;
         lse_s[threadIdx.x] = qi < p.seq_q ? lse[qi] : 0.f;
         delta_s[threadIdx.x] = qi < p.seq_q ? delta[qi] : 0.f;
       }
       load_segments(qseg_s, seg, q0, p.seq_q, -1);
-      cp_async_wait<kAsync, 0>();
       __syncthreads();
 
       mma_abt<T, D>(st_w, k_s + warp * kRows * kLdT, kLdT, q_s, kLdT);    // S^T = K_w Q^T
@@ -499,7 +460,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_body(const FlashBwdParams& p) {
 }
 
 // Deterministic dQ: one CTA per 64 queries of one (batch, query head), over the key tiles in order.
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 __device__ __forceinline__ void flash_bwd_dq_body(const FlashBwdParams& p) {
   KILN_DYNAMIC_SMEM(smem);
   constexpr int kLdT = kLd<D>;
@@ -524,9 +485,8 @@ __device__ __forceinline__ void flash_bwd_dq_body(const FlashBwdParams& p) {
   const int offset = p.seq_k - p.seq_q;
   const int k_end = p.causal ? min(p.seq_k, q0 + kBlock + offset) : p.seq_k;
 
-  load_tile_async<T, D, kAsync>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
-  load_tile_async<T, D, kAsync>(do_s, static_cast<const T*>(p.dout) + q_off, q0, p.seq_q);
-  cp_async_commit<kAsync>();
+  load_tile<T, D>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
+  load_tile<T, D>(do_s, static_cast<const T*>(p.dout) + q_off, q0, p.seq_q);
   if (threadIdx.x < kBlock) {
     const int qi = q0 + threadIdx.x;
     lse_s[threadIdx.x] = qi < p.seq_q ? p.lse[size_t(bh) * p.seq_q + qi] : 0.f;
@@ -540,11 +500,9 @@ __device__ __forceinline__ void flash_bwd_dq_body(const FlashBwdParams& p) {
 
   for (int k0 = 0; k0 < k_end; k0 += kBlock) {
     __syncthreads();  // the previous K, V tiles are no longer read
-    load_tile_async<T, D, kAsync>(k_s, k, k0, p.seq_k);
-    load_tile_async<T, D, kAsync>(v_s, v, k0, p.seq_k);
-    cp_async_commit<kAsync>();
+    load_tile<T, D>(k_s, k, k0, p.seq_k);
+    load_tile<T, D>(v_s, v, k0, p.seq_k);
     load_segments(kseg_s, seg, k0, p.seq_k, -2);
-    cp_async_wait<kAsync, 0>();
     __syncthreads();
 
     mma_abt<T, D>(s_w, q_s + warp * kRows * kLdT, kLdT, k_s, kLdT);    // S = Q_w K^T
@@ -561,35 +519,34 @@ __device__ __forceinline__ void flash_bwd_dq_body(const FlashBwdParams& p) {
     __syncwarp();
     mma_acc<T, D, wmma::row_major>(dq, ds_w, kLdP, k_s, kLdT);  // dQ_w += dS K
   }
-  cp_async_wait<kAsync, 0>();
   store_rows<T, D>(dq, f_w, p.scale, static_cast<T*>(p.dq) + q_off, q0 + warp * kRows, p.seq_q);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Kernels: each variant that exists on the architecture compiled for, else a trap.
 
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(FlashFwdParams p) {
-  if constexpr (variant_compiled<T, kAsync>()) {
-    flash_fwd_body<T, D, kAsync>(p);
+  if constexpr (volta_variant_compiled<T>()) {
+    flash_fwd_body<T, D>(p);
   } else {
     __trap();
   }
 }
 
-template <typename T, int D, bool kAtomicDQ, bool kAsync>
+template <typename T, int D, bool kAtomicDQ>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_dkdv_kernel(FlashBwdParams p) {
-  if constexpr (variant_compiled<T, kAsync>()) {
-    flash_bwd_dkdv_body<T, D, kAtomicDQ, kAsync>(p);
+  if constexpr (volta_variant_compiled<T>()) {
+    flash_bwd_dkdv_body<T, D, kAtomicDQ>(p);
   } else {
     __trap();
   }
 }
 
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_bwd_dq_kernel(FlashBwdParams p) {
-  if constexpr (variant_compiled<T, kAsync>()) {
-    flash_bwd_dq_body<T, D, kAsync>(p);
+  if constexpr (volta_variant_compiled<T>()) {
+    flash_bwd_dq_body<T, D>(p);
   } else {
     __trap();
   }
@@ -610,16 +567,16 @@ void allow_smem(K kernel, size_t bytes) {
   }
 }
 
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 void launch_fwd(const FlashFwdParams& p, Stream stream) {
   constexpr size_t bytes = fwd_smem_bytes<D>();
-  const auto kernel = flash_fwd_kernel<T, D, kAsync>;
+  const auto kernel = flash_fwd_kernel<T, D>;
   allow_smem(kernel, bytes);
   const dim3 grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
   KILN_LAUNCH(kernel, grid, kThreads, bytes, stream, p);
 }
 
-template <typename T, int D, bool kAsync>
+template <typename T, int D>
 void launch_bwd(const FlashBwdParams& p, Stream stream) {
   const size_t rows = size_t(p.batch) * p.heads_q * p.seq_q;
   const auto delta_kernel = flash_bwd_delta_kernel<T, D>;
@@ -628,15 +585,15 @@ void launch_bwd(const FlashBwdParams& p, Stream stream) {
   constexpr size_t bytes = bwd_smem_bytes<D>();
   const dim3 kv_grid((p.seq_k + kBlock - 1) / kBlock, p.batch * p.heads_kv);
   if (p.deterministic) {
-    const auto dkdv = flash_bwd_dkdv_kernel<T, D, false, kAsync>;
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, false>;
     allow_smem(dkdv, bytes);
     KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
-    const auto dq = flash_bwd_dq_kernel<T, D, kAsync>;
+    const auto dq = flash_bwd_dq_kernel<T, D>;
     allow_smem(dq, bytes);
     const dim3 q_grid((p.seq_q + kBlock - 1) / kBlock, p.batch * p.heads_q);
     KILN_LAUNCH(dq, q_grid, kThreads, bytes, stream, p);
   } else {
-    const auto dkdv = flash_bwd_dkdv_kernel<T, D, true, kAsync>;
+    const auto dkdv = flash_bwd_dkdv_kernel<T, D, true>;
     allow_smem(dkdv, bytes);
     KILN_LAUNCH(dkdv, kv_grid, kThreads, bytes, stream, p);
     const size_t n = rows * D;
@@ -704,10 +661,11 @@ bool flash_supported(const FlashShape& p) {
 }
 
 namespace {
-// T from the dtype, D from the head dim, kAsync from the architecture: one of eight instantiations.
+// T from the dtype, D from the head dim, the generation from the architecture (sm_80: the
+// second; below, the Volta kernels, fp16 only): six instantiations.
 template <typename Params, typename Fn>
 void dispatch(const Params& p, Fn&& fn) {
-  const bool async = p.arch >= 80;
+  const bool sm80 = p.arch >= 80;
   auto by_d = [&](auto t, auto a) {
     using T = decltype(t);
     if (p.head_dim == 64) {
@@ -717,9 +675,9 @@ void dispatch(const Params& p, Fn&& fn) {
     }
   };
   if (p.dtype == DType::kBFloat16) {
-    if (!async) throw std::invalid_argument("flash attention: bf16 needs compute capability 8.0 (arch < 80 given)");
+    if (!sm80) throw std::invalid_argument("flash attention: bf16 needs compute capability 8.0 (arch < 80 given)");
     by_d(__nv_bfloat16{}, std::true_type{});
-  } else if (async) {
+  } else if (sm80) {
     by_d(__half{}, std::true_type{});
   } else {
     by_d(__half{}, std::false_type{});
@@ -740,21 +698,21 @@ void launch_fwd_sm80(const FlashFwdParams& p, Stream stream) {
 }  // namespace
 
 void launch_flash_fwd(const FlashFwdParams& p, Stream stream) {
-  dispatch(p, [&](auto t, auto d, auto async) {
-    if constexpr (decltype(async)::value) {
+  dispatch(p, [&](auto t, auto d, auto sm80) {
+    if constexpr (decltype(sm80)::value) {
       launch_fwd_sm80<decltype(t), decltype(d)::value>(p, stream);
     } else {
-      launch_fwd<decltype(t), decltype(d)::value, false>(p, stream);
+      launch_fwd<decltype(t), decltype(d)::value>(p, stream);
     }
   });
 }
 
 void launch_flash_bwd(const FlashBwdParams& p, Stream stream) {
-  dispatch(p, [&](auto t, auto d, auto async) {
-    if constexpr (decltype(async)::value) {
+  dispatch(p, [&](auto t, auto d, auto sm80) {
+    if constexpr (decltype(sm80)::value) {
       launch_bwd_sm80<decltype(t), decltype(d)::value>(p, stream);
     } else {
-      launch_bwd<decltype(t), decltype(d)::value, false>(p, stream);
+      launch_bwd<decltype(t), decltype(d)::value>(p, stream);
     }
   });
 }

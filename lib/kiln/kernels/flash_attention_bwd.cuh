@@ -14,8 +14,9 @@
 //   tiles, which stay resident anyway: held in registers (BwdTile::kKVRegs) they add 32 at
 //   D 64 and spill beside dK, dV (64 fp32) and the scores; at D 128 dK and dV alone are 128.
 // - A tile's scores are computed in chunks (BwdTile::kChunk*): S^T, P^T, dV, then dP^T, dS^T,
-//   dK, so that only one chunk's S^T and dP^T are live (at D 128, 16 queries of the dK/dV
-//   kernel, 32 keys of the dQ kernel; at D 64 the whole tile).
+//   dK, so that only one chunk's S^T and dP^T are live (16 queries of the dK/dV kernel; 16 keys
+//   of the dQ kernel at D 64, 32 at D 128), and the atomic dQ is computed in column passes. At
+//   D 64 that fits 168 registers, 3 CTAs = 12 warps per SM on sm_90 (ptxas -v: no spill).
 // - The query tiles (Q, dO, and lse, delta for their 64 rows) are double-buffered: tile i+1 is
 //   copied with cp.async while tile i is computed, one barrier per tile (two with the atomic dQ).
 // - dQ, default: dS^T goes to a swizzled shared tile, and after a barrier each warp computes dQ
@@ -47,8 +48,8 @@ struct BwdTile {
   static constexpr int kBlockM = 64, kBlockN = 64;  // query rows, key rows of a tile
   static constexpr bool kKVRegs = false;            // K's and V's A fragments in registers (spills; see the top)
   // Keys per chunk of the dQ kernel's tile (kChunk) and queries per chunk of the dK/dV kernel's
-  // (kChunkKV): one chunk's scores are live at a time; at D 128 a whole tile's (64 fp32
-  // registers) would not fit beside the accumulators (ptxas -v: spills at 32 for dK/dV).
+  // (kChunkKV): one chunk's scores are live at a time, so that D 64 fits 168 registers (3 CTAs
+  // per SM, kMinBlocks) and D 128 255 (ptxas -v: larger chunks spill beside the accumulators).
   static constexpr int kChunk = D == 64 ? 16 : 32, kChunkKV = 16;
   static_assert(kChunk % 16 == 0 && kChunkKV % 16 == 0, "a chunk is whole k16 steps of the next product");
   static constexpr int kStages = 2;  // query-tile buffers of the dK/dV kernel
