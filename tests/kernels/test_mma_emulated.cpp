@@ -129,7 +129,7 @@ void probe() {
   }
 }
 
-void collective_in_branch_kernel(int) {
+[[maybe_unused]] void collective_in_branch_kernel(int) {
   uint32_t r[1];
   KILN_DYNAMIC_SMEM(smem);
   if (threadIdx.x < 16) tc::ldmatrix<1, false>(r, smem);  // half a warp: never converges
@@ -157,6 +157,8 @@ TEST_CASE("the swizzle maps a tile's chunks one to one and ldmatrix's 8 rows to 
   }
 }
 
+#ifndef KILN_EMU_TSAN  // (a launch abandoned inside a collective leaves ThreadSanitizer's ignore scope open)
 TEST_CASE("a collective that only part of a warp reaches fails the launch", "[kernels][emulated]") {
   CHECK_THROWS(emu::launch(collective_in_branch_kernel, dim3(1), dim3(32), size_t(64), 0));
 }
+#endif
