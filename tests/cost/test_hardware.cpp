@@ -137,3 +137,37 @@ TEST_CASE("kernel choices: RoPE and attention from the spec and the device", "[p
   CHECK(kernel_choices("kiln", "bf16", false, &*a100, 64).attention == "sdpa");  // the CPU
   CHECK_THROWS_WITH(kernel_choices("kiln", "int8", false), Catch::Matchers::Contains("'int8'"));
 }
+
+TEST_CASE("hardware rows carry the datasheet L2 per family, the CPU's none", "[profile][traffic]") {
+  // The architecture whitepapers' L2 sizes, counted in MiB: Volta 6,144 KB, A100 40 MB, H100
+  // (SXM5 and PCIe) and H200 (the same GH100) 50 MB.
+  const double mib = 1024.0 * 1024.0;
+  const std::pair<const char*, double> l2[] = {
+      {"V100", 6 * mib}, {"A100", 40 * mib}, {"H100", 50 * mib}, {"H200", 50 * mib}};
+  std::set<std::string> families;
+  for (const auto& spec : kiln::cost::hardware_specs()) {
+    families.insert(spec.family);
+    bool known = false;
+    for (const auto& [family, bytes] : l2) {
+      if (spec.family == family) {
+        CHECK(spec.l2_bytes == bytes);
+        known = true;
+      }
+    }
+    CHECK(known);  // every row's family has its L2 here
+  }
+  CHECK(families == std::set<std::string>{"V100", "A100", "H100", "H200"});
+  CHECK(kiln::cost::hardware_spec("V100-PCIe-16GB")->l2_bytes == 6291456);
+  CHECK(kiln::cost::hardware_spec("A100-80GB")->l2_bytes == 41943040);
+  CHECK(kiln::cost::hardware_spec("H100-PCIe-80GB")->l2_bytes == 52428800);
+  CHECK(kiln::cost::hardware_spec("H200-141GB")->l2_bytes == 52428800);
+  // A row built elsewhere (the CPU's, cost/cpu_peak.h) keeps the default: no GEMM re-read term.
+  CHECK(kiln::cost::HardwareSpec{}.l2_bytes == 0);
+  // SMs, the same whitepapers: V100 80, A100 108, H100 SXM5 132 and PCIe 114, H200 132.
+  CHECK(kiln::cost::hardware_spec("V100-32GB")->sms == 80);
+  CHECK(kiln::cost::hardware_spec("A100-PCIe-40GB")->sms == 108);
+  CHECK(kiln::cost::hardware_spec("H100-80GB")->sms == 132);
+  CHECK(kiln::cost::hardware_spec("H100-PCIe-80GB")->sms == 114);
+  CHECK(kiln::cost::hardware_spec("H200-141GB")->sms == 132);
+  CHECK(kiln::cost::HardwareSpec{}.sms == 0);
+}

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -507,4 +508,225 @@ TEST_CASE("traffic: modelled utilisation of a measured step", "[traffic]") {
   CHECK(kiln::cost::kiln_attention_path(true, *kiln::cost::hardware_spec("V100-32GB"), "fp16", 64) == "flash");
   CHECK(kiln::cost::kiln_attention_path(true, *kiln::cost::hardware_spec("A100-80GB"), "bf16", 128) == "flash");
   CHECK(kiln::cost::kiln_attention_path(false, *kiln::cost::hardware_spec("A100-80GB"), "bf16", 64) == "sdpa");
+}
+
+namespace {
+
+// configs/reference/llama3-100m.yaml's model (the reference runs' "100M"), spelled out so the
+// figures below do not move with that file: V 128256 (tied), H 512, F 2048, 9 layers, 8 heads of
+// 64, 2 KV heads.
+kiln::model::LlamaConfig llama3_100m() {
+  kiln::model::LlamaConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = 512;
+  c.intermediate_size = 2048;
+  c.num_hidden_layers = 9;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.max_position_embeddings = 8192;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = true;
+  c.source = "test";
+  return c;
+}
+
+// One 8 x 1024 micro-batch in bf16 on a GPU with kiln's choices there (the fused loss head), or
+// with linear_ce=aten (the full-logits head, built from the same GEMMs as the eager column's).
+RunDescription llama3_100m_run(bool fused_loss_head = true) {
+  RunDescription o;
+  o.batch = 8;
+  o.seq_len = 1024;
+  o.dtype = "bf16";
+  o.cuda = true;
+  o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
+  o.kernels.attention = "flash";
+  o.kernels.fused_loss_head = fused_loss_head;
+  return o;
+}
+
+double eager_bytes(const TrafficReport& r, const std::string& component, Pass pass) {
+  const auto* row = r.find(component, pass);
+  REQUIRE(row != nullptr);
+  return row->eager_step().bytes;
+}
+
+}  // namespace
+
+TEST_CASE("traffic: GemmDram's default keeps the compulsory bytes", "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  CHECK(kiln::cost::gemm_reread_bytes(8192, 512, 128256, 2, GemmDram{}) == 0);
+  const std::pair<kiln::model::LlamaConfig, RunDescription> cases[] = {
+      {small_config(), small_options()}, {llama3_100m(), llama3_100m_run()}, {llama3_100m(), llama3_100m_run(false)}};
+  for (const auto& [config, run] : cases) {
+    const TrafficReport three = kiln::cost::traffic_model(config, run);
+    const TrafficReport dflt = kiln::cost::traffic_model(config, run, {}, GemmDram{});
+    // No L2 given: other tiles change nothing either.
+    const TrafficReport tiles =
+        kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = 0, .tile_m = 64, .tile_n = 256});
+    REQUIRE(dflt.rows.size() == three.rows.size());
+    REQUIRE(tiles.rows.size() == three.rows.size());
+    for (size_t i = 0; i < three.rows.size(); ++i) {
+      CHECK(dflt.rows[i].kiln.bytes == three.rows[i].kiln.bytes);
+      CHECK(dflt.rows[i].eager.bytes == three.rows[i].eager.bytes);
+      CHECK(tiles.rows[i].kiln.bytes == three.rows[i].kiln.bytes);
+      CHECK(tiles.rows[i].eager.bytes == three.rows[i].eager.bytes);
+    }
+    CHECK(dflt.kiln_step().bytes == three.kiln_step().bytes);
+    CHECK(dflt.eager_step().bytes == three.eager_step().bytes);
+  }
+  // The hand-derived compulsory q_proj of the first test stays as it was.
+  const TrafficReport r = kiln::cost::traffic_model(small_config(), small_options(), {}, GemmDram{});
+  CHECK(r.find("q_proj", Pass::kForward)->kiln.bytes == 32768 + 8192 + 32768);
+  CHECK_THROWS_AS(kiln::cost::gemm_reread_bytes(1, 1, 1, 2, GemmDram{.l2_bytes = -1}), std::invalid_argument);
+  CHECK_THROWS_AS(kiln::cost::gemm_reread_bytes(1, 1, 1, 2, GemmDram{.l2_bytes = 1, .tile_m = 0}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("traffic: the LM head's GEMM re-reads past a V100's and an A100's L2, by hand", "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  const auto config = llama3_100m();
+  const RunDescription run = llama3_100m_run();
+  CHECK(config.num_parameters() == 99886592);  // the YAML's count
+  const TrafficReport base = kiln::cost::traffic_model(config, run);
+  const double v100_l2 = kiln::cost::hardware_spec("V100-32GB")->l2_bytes;  // 6 MiB
+  const double a100_l2 = kiln::cost::hardware_spec("A100-80GB")->l2_bytes;  // 40 MiB
+  const TrafficReport v100 = kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = v100_l2});
+  const TrafficReport a100 = kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = a100_l2});
+
+  // The eager head's forward, logits = x W^T in bf16 with N = 8 x 1024 = 8192 rows:
+  //   A = x [8192, 512]       2 * 8192 * 512   =     8,388,608 bytes (8 MiB)
+  //   B = W^T [512, 128256]   2 * 512 * 128256 =   131,334,144 bytes
+  //   tiles 128 x 128: ceil(8192 / 128) = 64 rows, ceil(128256 / 128) = 1002 columns.
+  // V100, L2 6 MiB: the smaller operand (8 MiB) exceeds half of it (3,145,728), so
+  //   re-read A per further column: 8,388,608 * 1001 = 8,396,996,608
+  //   re-read B per further row:   131,334,144 * 63 = 8,274,051,072   <- the cheaper
+  const double head = eager_bytes(base, "LM head + loss", Pass::kForward);
+  CHECK(eager_bytes(v100, "LM head + loss", Pass::kForward) - head == 8274051072.0);
+  // A100, L2 40 MiB: 8 MiB fits in half of it (20,971,520): nothing re-read.
+  CHECK(eager_bytes(a100, "LM head + loss", Pass::kForward) == head);
+  // Backward, dY [8192, 128256] bf16 = 2,101,346,304 bytes:
+  //   dX = dY W:   A = dY [8192, 128256], B = W [128256, 512] (131,334,144), 64 x 4 tiles:
+  //                min(2,101,346,304 * 3, 131,334,144 * 63) = 6,304,038,912 (both L2s: 131 MB > 20 MiB)
+  //   dW = dY^T X: A = dY^T [128256, 8192], B = X [8192, 512] (8 MiB), 1002 x 4 tiles:
+  //                V100 min(2,101,346,304 * 3, 8,388,608 * 1001) = 6,304,038,912; A100: X fits, 0
+  const double head_bwd = eager_bytes(base, "LM head + loss", Pass::kBackward);
+  CHECK(eager_bytes(v100, "LM head + loss", Pass::kBackward) - head_bwd == 2 * 6304038912.0);
+  CHECK(eager_bytes(a100, "LM head + loss", Pass::kBackward) - head_bwd == 6304038912.0);
+  // The same head under kiln's linear_ce=aten; kiln's fused chunked head keeps its bytes.
+  const TrafficReport aten =
+      kiln::cost::traffic_model(config, llama3_100m_run(false), {}, GemmDram{.l2_bytes = v100_l2});
+  CHECK(aten.find("LM head + loss", Pass::kForward)->kiln.bytes ==
+        kiln::cost::traffic_model(config, llama3_100m_run(false)).find("LM head + loss", Pass::kForward)->kiln.bytes +
+            8274051072.0);
+  CHECK(v100.kiln_step("LM head + loss", Pass::kForward).bytes ==
+        base.kiln_step("LM head + loss", Pass::kForward).bytes);
+  CHECK(v100.kiln_step("LM head + loss", Pass::kBackward).bytes ==
+        base.kiln_step("LM head + loss", Pass::kBackward).bytes);
+  CHECK(v100.kiln_step("attention core", Pass::kForward).bytes ==
+        base.kiln_step("attention core", Pass::kForward).bytes);
+
+  // A layer's projections on the V100: every forward and dX operand pair has one under 3 MiB (the
+  // weights are at most 2 MiB); the dW GEMMs' dY^T [n_out, 8192] and X [8192, k] do not:
+  //   q_proj, o_proj: 8 MiB and 8 MiB, 4 x 4 tiles: 8,388,608 * 3                 =  25,165,824
+  //   gate, up:       dY^T [2048, 8192] 32 MiB, X [8192, 512] 8 MiB, 16 x 4 tiles:
+  //                   min(33,554,432 * 3, 8,388,608 * 15)                           = 100,663,296
+  //   down:           dY^T [512, 8192] 8 MiB, X [8192, 2048] 32 MiB, 4 x 16 tiles:
+  //                   min(8,388,608 * 15, 33,554,432 * 3)                           = 100,663,296
+  //   k, v:           dY^T [128, 8192] 2 MiB fits                                    = 0
+  // Per layer 352,321,536, x 9 layers; on the A100 every smaller operand fits in 20 MiB.
+  const double layers_v100 = 9 * (2 * 25165824.0 + 3 * 100663296.0);
+  CHECK(v100.kiln_step().bytes - base.kiln_step().bytes == layers_v100);
+  CHECK(v100.eager_step().bytes - base.eager_step().bytes == layers_v100 + 8274051072.0 + 2 * 6304038912.0);
+  CHECK(a100.kiln_step().bytes == base.kiln_step().bytes);
+  CHECK(a100.eager_step().bytes - base.eager_step().bytes == 6304038912.0);
+}
+
+TEST_CASE("traffic: with a 40 MB L2 the LM head's forward re-reads nothing, with 6 MB it does",
+          "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  const auto config = llama3_100m();
+  const RunDescription run = llama3_100m_run(false);
+  const TrafficReport base = kiln::cost::traffic_model(config, run);
+  const auto head = [&](double l2) {
+    const TrafficReport r = kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = l2});
+    return r.find("LM head + loss", Pass::kForward)->kiln.bytes;
+  };
+  const double compulsory = base.find("LM head + loss", Pass::kForward)->kiln.bytes;
+  CHECK(head(40.0 * 1024 * 1024) == compulsory);  // the 8 MiB hidden states fit in 20 MiB
+  CHECK(head(6.0 * 1024 * 1024) > compulsory);
+  // The threshold: resident when 8 MiB <= L2 / 2.
+  CHECK(head(16.0 * 1024 * 1024) == compulsory);
+  CHECK(head(16.0 * 1024 * 1024 - 1) > compulsory);
+}
+
+TEST_CASE("traffic: a smaller L2 never gives fewer bytes", "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  const double mib = 1024.0 * 1024.0;
+  // From one that holds every operand (the compulsory figures) down to one byte.
+  const double l2s[] = {1e15, 50 * mib, 40 * mib, 16 * mib, 6 * mib, 2 * mib, 1 * mib, 64 * 1024.0, 1};
+  const std::pair<kiln::model::LlamaConfig, RunDescription> cases[] = {
+      {small_config(), small_options()}, {llama3_100m(), llama3_100m_run()}, {llama3_100m(), llama3_100m_run(false)}};
+  for (auto [config, run] : cases) {
+    for (const std::string recompute : {"none", "full"}) {
+      run.recompute = recompute;
+      const TrafficReport base = kiln::cost::traffic_model(config, run);
+      TrafficReport previous = kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = l2s[0]});
+      REQUIRE(previous.rows.size() == base.rows.size());
+      for (size_t i = 0; i < base.rows.size(); ++i) {
+        CHECK(previous.rows[i].kiln.bytes == base.rows[i].kiln.bytes);
+        CHECK(previous.rows[i].eager.bytes == base.rows[i].eager.bytes);
+      }
+      for (const double l2 : l2s) {
+        const TrafficReport r = kiln::cost::traffic_model(config, run, {}, GemmDram{.l2_bytes = l2});
+        REQUIRE(r.rows.size() == previous.rows.size());
+        for (size_t i = 0; i < r.rows.size(); ++i) {
+          CHECK(r.rows[i].kiln.bytes >= previous.rows[i].kiln.bytes);
+          CHECK(r.rows[i].eager.bytes >= previous.rows[i].eager.bytes);
+          CHECK(r.rows[i].kiln.gemm_flops == base.rows[i].kiln.gemm_flops);  // bytes only
+        }
+        CHECK(r.kiln_step().bytes >= previous.kiln_step().bytes);
+        CHECK(r.eager_step().bytes >= previous.eager_step().bytes);
+        previous = r;
+      }
+      // At one byte every GEMM with more than one tile row and column re-reads.
+      CHECK(previous.eager_step().bytes > base.eager_step().bytes);
+    }
+  }
+}
+
+TEST_CASE("traffic: GEMM re-reads past the L2 per step, llama3-100m 8 x 1024 bf16 (printed)", "[.][gemm_dram_print]") {
+  using kiln::cost::GemmDram;
+  const auto config = llama3_100m();
+  for (const bool fused : {true, false}) {
+    const TrafficReport base = kiln::cost::traffic_model(config, llama3_100m_run(fused));
+    for (const char* device : {"V100-32GB", "A100-80GB"}) {
+      const double l2 = kiln::cost::hardware_spec(device)->l2_bytes;
+      const TrafficReport r = kiln::cost::traffic_model(config, llama3_100m_run(fused), {}, GemmDram{.l2_bytes = l2});
+      WARN(device << (fused ? " (fused loss head)" : " (linear_ce=aten)") << ": kiln " << base.kiln_step().bytes
+                  << " + " << r.kiln_step().bytes - base.kiln_step().bytes << ", eager " << base.eager_step().bytes
+                  << " + " << r.eager_step().bytes - base.eager_step().bytes);
+    }
+  }
+}
+
+TEST_CASE("traffic: a wave of SMs shares its tiles' slices through the L2 (GemmDram::sms)", "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  // llama3-100m's LM head forward at 8 x 1024 tokens in fp16: A = hidden [8192, 512] (8 MiB),
+  // B = W^T [512, 128256] (131,334,144 bytes). A V100's 80 SMs run blocks of 9 x 9 tiles of
+  // 128 x 128: ceil(128256 / 1152) = 112 block columns, ceil(8192 / 1152) = 8 block rows.
+  const double a = 2.0 * 8192 * 512, b = 2.0 * 512 * 128256;
+  const GemmDram v100{6.0 * 1024 * 1024, 128, 128, 80};
+  CHECK(kiln::cost::gemm_reread_bytes(8192, 512, 128256, 2, v100) == std::min(a * 111, b * 7));
+  // One tile at a time (sms 0) re-reads the operand per tile row or column.
+  const GemmDram single{6.0 * 1024 * 1024};
+  CHECK(kiln::cost::gemm_reread_bytes(8192, 512, 128256, 2, single) == std::min(a * 1001, b * 63));
+  // More SMs in a wave never re-read more.
+  double previous = kiln::cost::gemm_reread_bytes(8192, 512, 128256, 2, single);
+  for (double sms : {4.0, 16.0, 80.0, 108.0, 132.0, 1024.0}) {
+    const double r = kiln::cost::gemm_reread_bytes(8192, 512, 128256, 2, GemmDram{6.0 * 1024 * 1024, 128, 128, sms});
+    CHECK(r <= previous);
+    previous = r;
+  }
+  CHECK_THROWS_AS(kiln::cost::gemm_reread_bytes(1, 1, 1, 2, GemmDram{1, 128, 128, -1}), std::invalid_argument);
 }

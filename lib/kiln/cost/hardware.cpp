@@ -40,6 +40,10 @@ const std::vector<HardwareSpec>& hardware_specs() {
   //         the PCIe card's 102 is twice its 51).
   //   H200: NVIDIA H200 data sheet, SXM (the same GH100 compute as the H100 SXM: 67 FP32, 989
   //         BF16/FP16, 494.5 TF32 dense; 4.8 TB/s); non-tensor FP16/BF16 as the H100 SXM's.
+  // L2 cache (l2_bytes), SXM and PCIe alike: the Volta whitepaper, Table 1 (V100: 6,144 KB); the
+  // Ampere (A100) whitepaper, Table 1 (A100: 40 MB); the Hopper whitepaper, Table 3 (H100 SXM5 and
+  // PCIe: 50 MB); the H200, the same GH100 die as the H100 SXM (50 MB). Counted as MiB.
+  // SMs (sms), the same documents: V100 80, A100 108, H100 SXM5 132, H100 PCIe 114, H200 132.
   auto v100 = [](const char* name, bool pcie, double memory) {
     const double fp32 = pcie ? 14.0 : 15.7;
     return HardwareSpec{.name = name,
@@ -50,6 +54,8 @@ const std::vector<HardwareSpec>& hardware_specs() {
                         .fp16 = pcie ? 112.0 : 125.0,
                         .fp32 = fp32,
                         .memory_bandwidth = 900e9,
+                        .l2_bytes = 6.0 * 1024 * 1024,
+                        .sms = 80,
                         .bf16_vector = fp32,
                         .fp16_vector = 2 * fp32,
                         .tf32 = 0,
@@ -67,6 +73,8 @@ const std::vector<HardwareSpec>& hardware_specs() {
                         .fp16 = 312.0,
                         .fp32 = 19.5,
                         .memory_bandwidth = bandwidth,
+                        .l2_bytes = 40.0 * 1024 * 1024,
+                        .sms = 108,
                         .bf16_vector = 39.0,
                         .fp16_vector = 78.0,
                         .tf32 = 156.0,
@@ -85,6 +93,8 @@ const std::vector<HardwareSpec>& hardware_specs() {
                         .fp16 = tensor,
                         .fp32 = fp32,
                         .memory_bandwidth = bandwidth,
+                        .l2_bytes = 50.0 * 1024 * 1024,
+                        .sms = pcie ? 114.0 : 132.0,
                         .bf16_vector = pcie ? 102.0 : 133.8,
                         .fp16_vector = pcie ? 102.0 : 133.8,
                         .tf32 = tensor / 2,

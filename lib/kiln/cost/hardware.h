@@ -24,6 +24,11 @@ struct HardwareSpec {
   // (tensor_bf16, tensor_fp16), the FP32 units for fp32 (kiln leaves TF32 off).
   double bf16 = 0, fp16 = 0, fp32 = 0;
   double memory_bandwidth = 0;  // bytes/s (HBM)
+  // The L2 cache in bytes (NVIDIA's "MB" is MiB here: the Volta whitepaper's "6144 KB"), from the
+  // architecture whitepapers; 0 = unknown or none modelled (the CPU's row): the traffic model adds
+  // no GEMM re-read term for it (cost/traffic.h, GemmDram).
+  double l2_bytes = 0;
+  double sms = 0;  // streaming multiprocessors (0: not a GPU)
   // Non-tensor ("vector") dense TFLOP/s of bf16/fp16 arithmetic on the SM's FP units, and the
   // tensor cores' TF32 (not used for MFU: torch's allow_tf32 is off for matmuls by default).
   double bf16_vector = 0, fp16_vector = 0, tf32 = 0;

@@ -63,9 +63,17 @@ struct Passes {
 // y [M, n_out] = x [M, k] W^T, W [n_out, k], all in e-byte elements (the compute dtype: the
 // autocast copy of the weight under bf16/fp16). Forward reads x and W, writes y. Backward:
 // dx = dy W (R dy, W; W dx) and dW = dy^T x (R dy, x; W dW): 2 GEMMs of the forward's FLOPs.
-Passes gemm(double m, double k, double n_out, double e) {
+// With an L2 in `dram`, each of the three adds its operands' re-reads (gemm_reread_bytes, C [M, N]
+// = A [M, K] B [K, N]):
+//   forward  y = x W^T:   A = x [m, k],        B = W^T [k, n_out]  (M m, K k, N n_out)
+//   dx       dx = dy W:   A = dy [m, n_out],   B = W [n_out, k]    (M m, K n_out, N k)
+//   dW       dW = dy^T x: A = dy^T [n_out, m], B = x [m, k]        (M n_out, K m, N k)
+Passes gemm(double m, double k, double n_out, double e, const GemmDram& dram) {
   const double flops = 2.0 * m * k * n_out;
-  return {{flops, 0, e * (m * k + k * n_out + m * n_out)}, {2.0 * flops, 0, e * 2.0 * (m * n_out + m * k + k * n_out)}};
+  const double fwd_rereads = gemm_reread_bytes(m, k, n_out, e, dram);
+  const double bwd_rereads = gemm_reread_bytes(m, n_out, k, e, dram) + gemm_reread_bytes(n_out, m, k, e, dram);
+  return {{flops, 0, e * (m * k + k * n_out + m * n_out) + fwd_rereads},
+          {2.0 * flops, 0, e * 2.0 * (m * n_out + m * k + k * n_out) + bwd_rereads}};
 }
 
 // RMSNorm over n rows of h fp32 elements (the residual stream), fp32 weight and output.
@@ -237,6 +245,27 @@ Passes attention_eager(const AttentionShape& s, double c, bool autocast) {
 
 }  // namespace
 
+double gemm_reread_bytes(double m, double k, double n, double e, const GemmDram& dram) {
+  if (dram.l2_bytes < 0) throw std::invalid_argument("gemm_reread_bytes: l2_bytes must be >= 0");
+  if (!(dram.tile_m >= 1) || !(dram.tile_n >= 1)) {
+    throw std::invalid_argument("gemm_reread_bytes: tile_m and tile_n must be >= 1");
+  }
+  if (!(dram.sms >= 0)) throw std::invalid_argument("gemm_reread_bytes: sms must be >= 0");
+  if (dram.l2_bytes == 0) return 0.0;
+  // The GEMM's output tiles (traffic.h, GemmDram): ceil(M / tm) rows and ceil(N / tn) columns of
+  // them; each tile reads its tm x K slice of A and its K x tn slice of B. Compulsory traffic reads
+  // each operand once; without the L2 holding one of them, A is read again for every further tile
+  // column or B for every further tile row, whichever the schedule makes cheaper. When the smaller
+  // operand fits in half the L2 (the other half for the streaming operand's tiles and C's), it
+  // stays resident and nothing is re-read.
+  const double bytes_a = e * m * k, bytes_b = e * k * n;
+  if (std::min(bytes_a, bytes_b) <= dram.l2_bytes / 2) return 0.0;
+  // A wave of `sms` tiles shares its slices through the L2: blocks of w x w tiles (traffic.h).
+  const double w = dram.sms > 0 ? std::ceil(std::sqrt(dram.sms)) : 1.0;
+  const double block_rows = std::ceil(m / (w * dram.tile_m)), block_cols = std::ceil(n / (w * dram.tile_n));
+  return std::min(bytes_a * (block_cols - 1), bytes_b * (block_rows - 1));
+}
+
 LossHeadAccumulator loss_head_accumulator(int64_t tokens, int64_t vocab, int64_t hidden, int64_t chunk_tokens,
                                           bool zero_filled) {
   if (chunk_tokens < 1) throw std::invalid_argument("loss_head_accumulator: chunk_tokens must be >= 1");
@@ -250,7 +279,29 @@ LossHeadAccumulator loss_head_accumulator(int64_t tokens, int64_t vocab, int64_t
   return acc;
 }
 
-TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& o) {
+namespace {
+
+// transformers' LlamaSdpaAttention (4.45) under autocast: q, k, v arrive in the compute dtype c;
+// repeat_kv copies K and V to every query head (R c ekv W c eq each; backward sums them back, R c eq
+// W c ekv each); SDPA's fused kernel then sees no GQA and no casts. In fp32 the same without casts.
+Passes attention_sdpa_hf(const AttentionShape& s, double c) {
+  AttentionShape repeated = s;
+  double repeat_fwd = 0, repeat_bwd = 0;
+  if (s.gqa) {
+    repeated.ekv = s.eq;
+    repeat_fwd = 2 * (c * s.ekv + c * s.eq);
+    repeat_bwd = 2 * (c * s.eq + c * s.ekv);
+  }
+  Passes p = attention_sdpa(repeated, c, false);
+  p.fwd.bytes += repeat_fwd;
+  p.bwd.bytes += repeat_bwd;
+  return p;
+}
+
+}  // namespace
+
+TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& o, const EagerStack& es,
+                            const GemmDram& dram) {
   o.validate();
   const model::LlamaConfig& m = config;
   const double b = static_cast<double>(o.batch), t = static_cast<double>(o.seq_len);
@@ -306,7 +357,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   const Passes norm_eager = rmsnorm_unfused(n, h);
   add_passes("input RMSNorm", per_layer, norm_kiln, norm_eager, true);
   // The projections: pure GEMMs in the compute dtype (autocast's casts are their own row).
-  const Passes q_proj = gemm(n, h, q, c), kv_proj = gemm(n, h, kv, c);
+  const Passes q_proj = gemm(n, h, q, c, dram), kv_proj = gemm(n, h, kv, c, dram);
   add_passes("q_proj", per_layer, q_proj, q_proj, true);
   add_passes("k_proj", per_layer, kv_proj, kv_proj, true);
   add_passes("v_proj", per_layer, kv_proj, kv_proj, true);
@@ -329,13 +380,13 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   const Passes attn_kiln = k.attention == "flash"  ? attention_flash(as)
                            : k.attention == "sdpa" ? attention_sdpa(as, c, autocast)
                                                    : attention_math(as, c, autocast);
-  const Passes attn_eager = attention_eager(as, c, autocast);
+  const Passes attn_eager = es.sdpa_attention ? attention_sdpa_hf(as, c) : attention_eager(as, c, autocast);
   // Model FLOPs: flops.h's causal count, forward and twice it for backward, whatever runs.
   const double attn_model = per_token.attention_forward / layers * n;
   add("attention core", Pass::kForward, per_layer, attn_kiln.fwd, attn_eager.fwd, attn_model, true);
   add("attention core", Pass::kBackward, per_layer, attn_kiln.bwd, attn_eager.bwd, 2 * attn_model, true);
 
-  const Passes o_proj = gemm(n, q, h, c);
+  const Passes o_proj = gemm(n, q, h, c, dram);
   add_passes("o_proj", per_layer, o_proj, o_proj, true);
 
   // Residual adds, two per layer: x (fp32) + branch (c) -> fp32, R 4NH + cNH W 4NH. Backward: the
@@ -346,7 +397,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   add("residual adds (2)", Pass::kBackward, per_layer, res_bwd, res_bwd, 0, true);
 
   add_passes("post-attention RMSNorm", per_layer, norm_kiln, norm_eager, true);
-  const Passes up = gemm(n, h, f, c), down = gemm(n, f, h, c);
+  const Passes up = gemm(n, h, f, c, dram), down = gemm(n, f, h, c, dram);
   add_passes("gate_proj", per_layer, up, up, true);
   add_passes("up_proj", per_layer, up, up, true);
   add_passes("SwiGLU", per_layer, k.fused_swiglu ? swiglu_fused(n * f, c) : swiglu_unfused(n * f, c),
@@ -385,16 +436,23 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
     // logits W cNV; logits.float() R cNV W 4NV; cross_entropy: log_softmax R W 4NV, nll_loss
     // (a gather). Backward: nll_loss's dense gradient W 4NV; log_softmax's R 8NV W 4NV; the
     // float() cast back R 4NV W cNV; dX, dW GEMMs; hidden and weight gradients cast back to fp32.
-    // FLOPs: log_softmax max, subtract, exp, sum (4 per logit), its backward 3.
+    // FLOPs: log_softmax max, subtract, exp, sum (4 per logit), its backward 3. With an L2 in
+    // `dram` its three GEMMs add their re-reads as the projections' do (gemm()).
     const double casts = autocast ? (4 + c) * (n * h + v * h) : 0.0;
     const double upcast = autocast ? (c + 4) * n * v : 0.0;
-    const Passes g = gemm(n, h, v, c);
+    const Passes g = gemm(n, h, v, c, dram);
     head_eager.fwd = {g.fwd.gemm_flops, 4 * n * v, g.fwd.bytes + casts + upcast + 8 * n * v + 16 * n};
     head_eager.bwd = {g.bwd.gemm_flops, 3 * n * v, g.bwd.bytes + casts + upcast + 4 * n * v + 12 * n * v};
     // kiln's linear_ce=aten head is the same chain (ops::linear_cross_entropy_reference: the trainer
     // always takes the loss through ops::linear_cross_entropy, whose labels are shifted instead of
     // the logits, so no copy of them is made).
     head_kiln = head_eager;
+    if (es.shifted_logits_copy) {
+      // transformers 4.45: shift_logits = logits[..., :-1, :].contiguous() (R 4NV W 4NV); its
+      // backward zero-fills the full gradient and copies the slice in (W 4NV, R 4NV W 4NV).
+      head_eager.fwd.bytes += 8 * n * v;
+      head_eager.bwd.bytes += 12 * n * v;
+    }
   }
   if (k.fused_loss_head) {
     // kiln's chunked linear + cross-entropy (ops/linear_cross_entropy.cpp): the gradients are
@@ -409,7 +467,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
     // 8 VH bytes per chunk whatever its rows (loss_head_accumulator), so the chunk rule
     // (ops::auto_chunk_tokens on CUDA: at least 1024 rows and at least H, at most N) sets k.
     // Backward: grad_hidden and grad_weight scaled by the loss's gradient (R W hb), then cast back
-    // to fp32 (R hb W 4) through the forward's casts.
+    // to fp32 (R hb W 4) through the forward's casts. GemmDram's re-read term is not applied here:
+    // the chunks' GEMMs keep their compulsory bytes (traffic.h).
     const bool low = autocast && k.loss_head_low_precision;
     const double hb = low ? c : 4.0;
     r.loss_head_accumulator =

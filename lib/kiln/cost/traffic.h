@@ -18,7 +18,8 @@
 // Bytes are compulsory traffic: every tensor an op (kernel) reads is counted once, every tensor it
 // writes once, at its dtype's size. Re-reads that a kernel's tiles or rows serve from L2 (a GEMM's
 // operand tiles, flash attention's K/V tiles per query tile, the loss kernel's second pass over a
-// row) are not counted, so the figures are a lower bound of what a DRAM counter measures. FLOPs:
+// row) are not counted, so the figures are a lower bound of what a DRAM counter measures; the
+// GEMMs' operand re-reads past a given L2 can be added on request (GemmDram below). FLOPs:
 // 2 per multiply-add for matmuls ("GEMM", tensor cores under bf16/fp16); one per arithmetic
 // operation for everything else ("other", the FP32 units), exp, rsqrt and division counted as one.
 // Each component's derivation is written beside it in traffic.cpp.
@@ -97,9 +98,50 @@ struct TrafficReport {
   const TrafficRow* find(const std::string& component, Pass pass) const;
 };
 
+// What the eager column models (the `eager` Cost of every row). The default is modeling_llama.py
+// with attn_implementation="eager" (the T x T scores materialised). The reference stack
+// (cost/reference.h: LLaMA-Factory 0.9 on transformers 4.45, what the reference runs ran) takes
+// transformers' SDPA path instead: K and V repeated to every head (repeat_kv's copies), then
+// ATen's fused SDPA on the projections' dtype (no casts: autocast's SDPA inputs already are), and
+// its loss upcasts the logits and copies the shifted ones (`shift_logits.contiguous()`) before
+// cross_entropy.
+struct EagerStack {
+  bool sdpa_attention = false;
+  bool shifted_logits_copy = false;
+};
+
+// GEMM operand re-reads past the L2 (0 = compulsory traffic only, the default).
+// A tiled GEMM C [M, N] = A [M, K] B [K, N] computes C in tm x tn output tiles, each reading a
+// tm x K slice of A and a K x tn slice of B (NVIDIA, Deep Learning Performance documentation,
+// "Matrix Multiplication Background User's Guide"). The SMs run one tile each at a time, a wave of
+// `sms` tiles that the kernel's raster keeps together as a block of about sqrt(sms) x sqrt(sms)
+// tiles sharing their slices through the L2 (sms 0: one tile at a time). A is read once per column
+// of such blocks and B once per row of them unless the L2 keeps one operand. With e-byte elements,
+// bytes_A = e M K and bytes_B = e K N, w = ceil(sqrt(sms)) (1 without sms):
+//   - min(bytes_A, bytes_B) <= l2_bytes / 2: no re-reads (the smaller operand stays resident while
+//     the other streams through once);
+//   - else min(bytes_A (ceil(N / (w tn)) - 1), bytes_B (ceil(M / (w tm)) - 1)): the cheaper of
+//     re-reading A for every further block column or B for every further block row.
+// A step function of the L2's size, so a smaller L2 never gives fewer bytes. Set l2_bytes and sms
+// to HardwareSpec's (cost/hardware.h) to model a device. It applies to every projection GEMM
+// (forward and its two backward GEMMs) and to the full-logits LM head (the eager column's, and
+// kiln's under linear_ce=aten); kiln's chunked loss head and attention keep compulsory bytes.
+struct GemmDram {
+  double l2_bytes = 0;
+  double tile_m = 128, tile_n = 128;
+  double sms = 0;
+};
+
+// The re-read bytes of one GEMM C [m, n] = A [m, k] B [k, n] of e-byte elements under `dram`'s
+// rule (0 when dram.l2_bytes is 0). Throws std::invalid_argument for a negative L2 or a tile
+// dimension under 1.
+double gemm_reread_bytes(double m, double k, double n, double e, const GemmDram& dram);
+
 // One optimizer step of `run` (cost/run.h): per micro-batch its shapes, dtype, recomputation and
-// kernels; per step its accumulation, clipping and data parallelism.
-TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& run);
+// kernels; per step its accumulation, clipping and data parallelism. `dram` adds the GEMMs'
+// re-reads past an L2 (GemmDram); the default keeps the compulsory bytes.
+TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescription& run, const EagerStack& eager = {},
+                            const GemmDram& dram = {});
 
 // The roofline of a device for a compute dtype.
 struct Roofline {
