@@ -22,6 +22,7 @@
 #include "kiln/model/llama_config.h"
 #include "kiln/profile/command_keys.h"
 #include "kiln/profile/plan_report.h"
+#include "kiln/profile/reference_report.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
 
@@ -40,13 +41,16 @@ void print_help() {
   fmt::print(
       "Usage: kiln-profile COMMAND [--KEY VALUE ...]\n\n"
       "Commands:\n"
-      "  sweep    measure training speed and memory over a grid of cutoff_len x batch size x gradient\n"
-      "           accumulation, each point a short run of kiln-pretrain's step, beside the analytic FLOP\n"
-      "           and memory models (docs/performance.md)\n"
-      "  plan     the settings that fit a device's memory per cutoff_len, ranked by predicted speed, from\n"
-      "           the analytic models (nothing is allocated)\n"
-      "  explain  the modelled FLOPs and memory traffic of one step per component, kiln's and an eager HF\n"
-      "           step's, against a device's roofline (nothing runs)\n\n"
+      "  sweep      measure training speed and memory over a grid of cutoff_len x batch size x gradient\n"
+      "             accumulation, each point a short run of kiln-pretrain's step, beside the analytic FLOP\n"
+      "             and memory models (docs/performance.md)\n"
+      "  plan       the settings that fit a device's memory per cutoff_len, ranked by predicted speed, from\n"
+      "             the analytic models (nothing is allocated)\n"
+      "  explain    the modelled FLOPs and memory traffic of one step per component, kiln's and an eager HF\n"
+      "             step's, against a device's roofline (nothing runs)\n"
+      "  reference  the reference LLaMA-Factory runs (configs/reference/llamafactory_runs.yaml) predicted,\n"
+      "             speed and nvidia-smi memory against their measured figures, beside kiln's own\n"
+      "             prediction for the same work (nothing runs)\n\n"
       "kiln-profile COMMAND --help lists the command's keys.\n{}",
       kSpellingHelp);
 }
@@ -67,6 +71,16 @@ void print_command_help(Command command) {
           " [--KEY VALUE ...]\n\n"
           "The settings (micro-batch, accumulation, recomputation) that fit the device's memory at each\n"
           "cutoff_len, ranked by predicted speed, from the analytic models only (docs/performance.md).\n\n");
+      break;
+    case Command::kReference:
+      fmt::print(
+          "Usage: kiln-profile reference [--json] [--output_dir DIR] [--KEY VALUE ...]\n\n"
+          "Every row of the reference runs' data file with its measured speed, nvidia-smi memory and counters, the\n"
+          "reference stack's prediction (LLaMA-Factory 0.9 on transformers 4.45: SDPA attention, gradient\n"
+          "checkpointing, fp32 logits, foreach AdamW; host and device time; allocated peak, stranded cached blocks "
+          "and\n"
+          "the CUDA context) and the ratio, and kiln's own prediction for the same work on the same GPU\n"
+          "(docs/performance.md, \"The reference runs, predicted\"). Nothing runs.\n\n");
       break;
     case Command::kExplain:
       fmt::print(
@@ -264,6 +278,20 @@ int sweep(const std::string& config_path, const kiln::profile::Overrides& overri
   return 0;
 }
 
+// kiln-profile reference: the reference runs' rows predicted (profile/reference_report.h).
+int reference(const kiln::profile::Overrides& overrides) {
+  const auto settings = kiln::profile::read_reference_settings(overrides);
+  const auto report = kiln::profile::reference_report(settings.data, settings.host_costs);
+  fmt::print("{}", settings.json ? kiln::profile::reference_json(report) : kiln::profile::reference_markdown(report));
+  std::fflush(stdout);
+  if (!settings.output_dir.empty()) {
+    for (const auto& path : kiln::profile::write_reference_reports(report, settings.output_dir, settings.formats)) {
+      fmt::print(stderr, "kiln-profile: wrote {}\n", path);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,6 +311,8 @@ int main(int argc, char** argv) {
       command = Command::kPlan;
     } else if (first == "explain") {
       command = Command::kExplain;
+    } else if (first == "reference") {
+      command = Command::kReference;
     } else {
       // The modes of kiln-profile before its subcommands: say the new spelling.
       for (const std::string& old : {"--plan", "--explain"}) {
@@ -293,10 +323,10 @@ int main(int argc, char** argv) {
                           old, old.substr(2), old.substr(2)));
         }
       }
-      throw std::invalid_argument(
-          fmt::format("give a subcommand first: sweep, plan or explain{} (kiln-profile --help; a measured sweep "
-                      "is kiln-profile sweep --config FILE or --model M ...)",
-                      first.empty() ? "" : fmt::format(", not '{}'", first)));
+      throw std::invalid_argument(fmt::format(
+          "give a subcommand first: sweep, plan, explain or reference{} (kiln-profile --help; a measured sweep "
+          "is kiln-profile sweep --config FILE or --model M ...)",
+          first.empty() ? "" : fmt::format(", not '{}'", first)));
     }
     std::vector<std::string> rest(args.begin() + 1, args.end());
     if (std::find(rest.begin(), rest.end(), "-h") != rest.end() ||
@@ -321,6 +351,8 @@ int main(int argc, char** argv) {
         return plan(overrides);
       case Command::kExplain:
         return explain(overrides);
+      case Command::kReference:
+        return reference(overrides);
       case Command::kSweep:
         break;
     }

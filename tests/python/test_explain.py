@@ -203,7 +203,7 @@ def test_a_key_of_another_subcommand_is_refused(run_kiln, command, flag, key):
 @pytest.mark.parametrize("args, words", [
     (["--plan", "--explain", "--model", "tiny"], "--plan is now a subcommand: kiln-profile plan"),
     (["--model", "tiny", "--explain"], "--explain is now a subcommand: kiln-profile explain"),
-    (["--model", "tiny"], "give a subcommand first: sweep, plan or explain, not '--model'"),
+    (["--model", "tiny"], "give a subcommand first: sweep, plan, explain or reference, not '--model'"),
     (["explain", "--device-memory", "A100-80GB", "--model", "tiny", "--device", "gpu"],
      "key 'device': 'gpu' is not auto, cpu or cuda"),
 ])

@@ -158,6 +158,20 @@ const KeyTable<ExplainSettings>& explain_table() {
   return table;
 }
 
+const KeyTable<ReferenceSettings>& reference_table() {
+  using R = ReferenceSettings;
+  static const KeyTable<R> table = {
+      {"data", &R::data,
+       "the reference runs' figures (default: configs/reference/llamafactory_runs.yaml, compiled in)"},
+      {"host_costs", &R::host_costs,
+       "the host costs per op and per step (default: configs/reference/host_costs.yaml, compiled in)"},
+      {"json", &R::json, "print the rows as JSON instead of Markdown"},
+      {"format", &R::formats, "md,json,html (default: all three; files only with output_dir)"},
+      {"output_dir", &R::output_dir, "directory for reference.{md,json,html}; default none (--output)"},
+  };
+  return table;
+}
+
 std::vector<std::string> names(Command command) {
   std::vector<std::string> out;
   for (const auto& doc : command_keys(command)) out.push_back(doc.name);
@@ -201,6 +215,8 @@ const char* command_name(Command command) {
       return "plan";
     case Command::kExplain:
       return "explain";
+    case Command::kReference:
+      return "reference";
   }
   return "?";
 }
@@ -215,7 +231,8 @@ config::Spelling command_spelling(Command) {
                {"no-overlap", "ddp_overlap", "false"}};
   // Every subcommand's boolean keys stand alone, so that one given to another subcommand is
   // refused as such, not read as taking the next argument for its value.
-  for (const auto& keys : {config::boolean_keys(sweep_table()), config::boolean_keys(explain_table())}) {
+  for (const auto& keys : {config::boolean_keys(sweep_table()), config::boolean_keys(explain_table()),
+                           config::boolean_keys(reference_table())}) {
     s.switches.insert(s.switches.end(), keys.begin(), keys.end());
   }
   return s;
@@ -254,6 +271,8 @@ std::vector<config::KeyDoc> command_keys(Command command) {
       return config::key_docs(plan_table());
     case Command::kExplain:
       return config::key_docs(explain_table());
+    case Command::kReference:
+      return config::key_docs(reference_table());
   }
   return {};
 }
@@ -263,7 +282,7 @@ void check_command_keys(Command command, const Overrides& overrides) {
   for (const auto& [key, value] : overrides) {
     if (has(own, key)) continue;
     std::vector<std::string> others;
-    for (const Command c : {Command::kSweep, Command::kPlan, Command::kExplain}) {
+    for (const Command c : {Command::kSweep, Command::kPlan, Command::kExplain, Command::kReference}) {
       if (c != command && (has(names(c), key) || (key == "config" && c == Command::kSweep))) {
         others.push_back(command_name(c));
       }
@@ -272,7 +291,7 @@ void check_command_keys(Command command, const Overrides& overrides) {
       fail("command line", key, "unknown key (misspelled, or not supported by this version of kiln); " + hint(command));
     }
     std::string takers = others[0];
-    if (others.size() == 2) takers += " and " + others[1];
+    for (size_t i = 1; i < others.size(); ++i) takers += (i + 1 == others.size() ? " and " : ", ") + others[i];
     fail("command line", key,
          fmt::format("not a key of kiln-profile {} (kiln-profile {} take{} it); {}", command_name(command), takers,
                      others.size() == 1 ? "s" : "", hint(command)));
@@ -394,6 +413,19 @@ ExplainSettings read_explain_settings(const Overrides& overrides) {
   if (const auto problem = train::recomputation_problem(s.gradient_checkpointing, s.gradient_checkpointing_policy,
                                                         s.gradient_checkpointing_every)) {
     fail(s.source, problem->first, problem->second);
+  }
+  return s;
+}
+
+ReferenceSettings read_reference_settings(const Overrides& overrides) {
+  check_command_keys(Command::kReference, overrides);
+  ReferenceSettings s;
+  ConfigReader r = config::overrides_reader(overrides);
+  config::read_keys(r, s, reference_table());
+  r.finish(hint(Command::kReference));
+  for (const std::string& f : s.formats) {
+    if (f != "md" && f != "json" && f != "html")
+      fail(s.source, "format", fmt::format("'{}' is not md, json or html", f));
   }
   return s;
 }

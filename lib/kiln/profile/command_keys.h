@@ -32,8 +32,8 @@ namespace kiln::profile {
 
 using Overrides = std::vector<std::pair<std::string, std::string>>;
 
-enum class Command { kSweep, kPlan, kExplain };
-const char* command_name(Command command);  // "sweep", "plan", "explain"
+enum class Command { kSweep, kPlan, kExplain, kReference };
+const char* command_name(Command command);  // "sweep", "plan", "explain", "reference"
 
 // How `command`'s command line may write its keys: kebab case, the older flags' aliases, its
 // boolean keys as switches.
@@ -99,5 +99,16 @@ ExplainDevice explain_device(const ExplainSettings& settings);
 // run (train::describe_run) on `device` for a job of world_size ranks.
 cost::RunDescription explain_run(const ExplainSettings& settings, const model::LlamaConfig& model,
                                  const ExplainDevice& device);
+
+// kiln-profile reference: the reference runs' rows predicted (profile/reference_report.h).
+struct ReferenceSettings {
+  std::string source = "command line";
+  std::string data;        // the data file; "" = configs/reference/llamafactory_runs.yaml as compiled in
+  std::string host_costs;  // the host costs; "" = configs/reference/host_costs.yaml as compiled in
+  bool json = false;       // print JSON instead of Markdown
+  std::vector<std::string> formats{"md", "json", "html"};
+  std::string output_dir;  // "" = write no files
+};
+ReferenceSettings read_reference_settings(const Overrides& overrides);
 
 }  // namespace kiln::profile
