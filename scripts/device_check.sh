@@ -13,7 +13,9 @@
 #   speed        kiln's training step against transformers' on this GPU (scripts/bench_vs_hf.py:
 #                llama-100m at 1024 x 8 and 8192 x 1, llama-3.2-1b at 2048 x 4, bf16), kiln-bench
 #                (the fused ops against ATen; fp16 both ways), the attention sweep (kiln's flash
-#                kernels against SDPA flash and cuDNN; then fp16 on the Volta kernels).
+#                kernels against SDPA flash and cuDNN; then fp16 on the Volta kernels), the constants
+#                kiln-profile reference takes from elsewhere until measured (the CUDA context, the
+#                host's seconds per CUDA op, SDPA's backends' rates: scripts/measure_gpu_constants.py).
 #   scale        NCCL data parallel under torchrun with one rank per GPU (world size 1 on one GPU):
 #                kiln-pretrain, ZeRO stage 0 and 2; the comm benchmark; the [counters] and
 #                [component_times] tests; kiln-profile's counted sweeps (tiny, llama-100m).
@@ -27,7 +29,7 @@
 # to fit (what the single 540 s script ran before): NCCL runs 20 steps per stage (40), the comm
 # benchmark and the counted kiln-profile steps have shorter limits (45 s, 25-90 s), and the tiny
 # user-replay, 1B and [per_component] steps moved to `extra`; the [counters] tests no longer run
-# twice (correctness leaves them to scale). bench_vs_hf gets more (150 s, no new round after 75 s).
+# twice (correctness leaves them to scale). bench_vs_hf gets more (140 s, no new round after 75 s).
 #
 # With the device tool, after building the programs here for sm_90 (docs/kernels.md, "The GPU
 # check") and packing them with `scripts/bundle_deps.sh --prebuilt build-device --no-python
@@ -117,13 +119,14 @@ add correctness initcheck_volta 25 'sanitize initcheck volta'
 add correctness pretrain_20 40 '$py $root/scripts/loss_check.py run --build-dir $build --device cuda --output $out/pretrain_20'
 
 # speed: bench_vs_hf.json is rewritten after every round, the attention JSON after every (T, D).
-add speed bench_vs_hf 150 '$py $root/scripts/bench_vs_hf.py --device cuda --rounds 2 --steps 5 --warmup 2 --budget-s 75 --threads $(nproc) --build-dir $build --output $out/bench_vs_hf'
+add speed bench_vs_hf 140 '$py $root/scripts/bench_vs_hf.py --device cuda --rounds 2 --steps 5 --warmup 2 --budget-s 75 --threads $(nproc) --build-dir $build --output $out/bench_vs_hf'
 add speed bench 60 '$bin/kiln-bench --predict --json $out/bench.json'
 add speed bench_fp16 25 '$bin/kiln-bench --dtype fp16'
 add speed bench_fp16_volta 20 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --dtype fp16'
 add speed attention 90 '$bin/kiln-bench --ops attention --iters 3 --json $out/attention.json'
 add speed attention_volta 20 'KILN_KERNEL_ARCH=70 $bin/kiln-bench --ops attention --dtype fp16 --head-dims 64 --seqlens 1024,4096 --iters 3'
 add speed attention_docs 20 '$bin/kiln-bench --ops attention --docs 8 --seqlens 8192 --iters 3 --json $out/attention_docs.json'
+add speed gpu_constants 15 '$py $root/scripts/measure_gpu_constants.py --output $out/gpu_constants.json'
 
 # scale
 dist_run='"${torchrun[@]}" $bin/kiln-pretrain --max_steps 20 --logging_steps 5 --eval_steps 0 --save_steps 0 --bf16 true'
