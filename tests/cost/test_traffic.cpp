@@ -730,3 +730,44 @@ TEST_CASE("traffic: a wave of SMs shares its tiles' slices through the L2 (GemmD
   }
   CHECK_THROWS_AS(kiln::cost::gemm_reread_bytes(1, 1, 1, 2, GemmDram{1, 128, 128, -1}), std::invalid_argument);
 }
+
+TEST_CASE("traffic: log_softmax's repeated passes over rows an SM's worth of which exceed the L2",
+          "[traffic][gemm_dram]") {
+  using kiln::cost::GemmDram;
+  // ATen's log_softmax over rows too long for shared memory reads each row three times forward and
+  // the incoming gradient twice backward (SoftMax.cu); with one row in flight per SM and those rows
+  // past the L2, the repeats are DRAM traffic: 8 bytes per logit forward, 4 backward.
+  const auto config = llama3_100m();  // 128,256 fp32 logits per row: 513 KB
+  const RunDescription run = llama3_100m_run(false);
+  const double n = 8.0 * 1024, v = 128256, h = 512, c = 2;
+  const TrafficReport plain = kiln::cost::traffic_model(config, run);
+  for (const char* device : {"V100-32GB", "A100-80GB", "H100-80GB"}) {
+    const auto hw = *kiln::cost::hardware_spec(device);
+    const GemmDram dram{hw.l2_bytes, 128, 128, hw.sms};
+    INFO(device);
+    REQUIRE(hw.sms * 4 * v > hw.l2_bytes);  // 80-132 rows of 513 KB: 41-68 MB, past 6-50 MB
+    const TrafficReport r = kiln::cost::traffic_model(config, run, {}, dram);
+    const auto* fwd = r.find("LM head + loss", Pass::kForward);
+    const auto* bwd = r.find("LM head + loss", Pass::kBackward);
+    CHECK(fwd->eager.bytes == Approx(plain.find("LM head + loss", Pass::kForward)->eager.bytes +
+                                     kiln::cost::gemm_reread_bytes(n, h, v, c, dram) + 8 * n * v));
+    CHECK(bwd->eager.bytes == Approx(plain.find("LM head + loss", Pass::kBackward)->eager.bytes +
+                                     kiln::cost::gemm_reread_bytes(n, v, h, c, dram) +
+                                     kiln::cost::gemm_reread_bytes(v, n, h, c, dram) + 4 * n * v));
+  }
+  // llama-100m's 32,000 logits (128 KB a row): past a V100's 6 MB with 80 SMs, within an A100's 40.
+  kiln::model::LlamaConfig small = llama3_100m();
+  small.vocab_size = 32000;
+  const TrafficReport small_plain = kiln::cost::traffic_model(small, run);
+  const auto a100 = *kiln::cost::hardware_spec("A100-80GB");
+  const TrafficReport small_a100 =
+      kiln::cost::traffic_model(small, run, {}, GemmDram{a100.l2_bytes, 128, 128, a100.sms});
+  CHECK(small_a100.find("LM head + loss", Pass::kForward)->eager.bytes ==
+        Approx(small_plain.find("LM head + loss", Pass::kForward)->eager.bytes +
+               kiln::cost::gemm_reread_bytes(n, h, 32000, c, GemmDram{a100.l2_bytes, 128, 128, a100.sms})));
+  // Without SMs (the one-tile rule) the row term stays off.
+  const TrafficReport no_sms = kiln::cost::traffic_model(config, run, {}, GemmDram{6.0 * 1024 * 1024});
+  CHECK(no_sms.find("LM head + loss", Pass::kForward)->eager.bytes ==
+        Approx(plain.find("LM head + loss", Pass::kForward)->eager.bytes +
+               kiln::cost::gemm_reread_bytes(n, h, v, c, GemmDram{6.0 * 1024 * 1024})));
+}

@@ -429,6 +429,17 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   add_passes("final RMSNorm", a, norm_kiln, norm_eager, false);
 
   // ---- LM head + loss over all N rows. Model FLOPs 2NVH forward, 4NVH for the gradients.
+  // ATen's log_softmax over rows too long for shared memory (V fp32 logits, past the 48-228 KiB an
+  // SM holds: aten/src/ATen/native/cuda/SoftMax.cu, cunn_SoftMaxForward) passes over each row three
+  // times (its max, its sum of exponentials, the write) and its backward (cunn_SoftMaxBackward)
+  // twice over the incoming gradient (its sum, the write); the compulsory count above takes one
+  // read each. The repeats come from the L2 unless the rows in flight, one per SM, exceed it: then
+  // they are DRAM traffic, 8 bytes per logit forward and 4 backward (with GemmDram's L2 and SMs).
+  Passes softmax_rereads;
+  if (dram.l2_bytes > 0 && dram.sms > 0 && dram.sms * 4 * v > dram.l2_bytes) {
+    softmax_rereads.fwd.bytes = 8 * n * v;
+    softmax_rereads.bwd.bytes = 4 * n * v;
+  }
   Passes head_kiln, head_eager;
   const double head_fwd = 2 * n * v * h;
   {
@@ -443,6 +454,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
     const Passes g = gemm(n, h, v, c, dram);
     head_eager.fwd = {g.fwd.gemm_flops, 4 * n * v, g.fwd.bytes + casts + upcast + 8 * n * v + 16 * n};
     head_eager.bwd = {g.bwd.gemm_flops, 3 * n * v, g.bwd.bytes + casts + upcast + 4 * n * v + 12 * n * v};
+    head_eager.fwd.bytes += softmax_rereads.fwd.bytes;
+    head_eager.bwd.bytes += softmax_rereads.bwd.bytes;
     // kiln's linear_ce=aten head is the same chain (ops::linear_cross_entropy_reference: the trainer
     // always takes the loss through ops::linear_cross_entropy, whose labels are shifted instead of
     // the logits, so no copy of them is made).

@@ -126,6 +126,8 @@ struct EagerStack {
 // to HardwareSpec's (cost/hardware.h) to model a device. It applies to every projection GEMM
 // (forward and its two backward GEMMs) and to the full-logits LM head (the eager column's, and
 // kiln's under linear_ce=aten); kiln's chunked loss head and attention keep compulsory bytes.
+// With l2_bytes and sms, the full-logits head's log_softmax also repeats its passes over rows in
+// DRAM when a row per SM exceeds the L2 (traffic.cpp, "LM head + loss").
 struct GemmDram {
   double l2_bytes = 0;
   double tile_m = 128, tile_n = 128;
