@@ -77,10 +77,9 @@ void print_command_help(Command command) {
           "Usage: kiln-profile reference [--json] [--output_dir DIR] [--KEY VALUE ...]\n\n"
           "Every row of the reference runs' data file with its measured speed, nvidia-smi memory and counters, the\n"
           "reference stack's prediction (LLaMA-Factory 0.9 on transformers 4.45: SDPA attention, gradient\n"
-          "checkpointing, fp32 logits, foreach AdamW; host and device time; allocated peak, stranded cached blocks "
-          "and\n"
-          "the CUDA context) and the ratio, and kiln's own prediction for the same work on the same GPU\n"
-          "(docs/performance.md, \"The reference runs, predicted\"). Nothing runs.\n\n");
+          "checkpointing, fp32 logits, foreach AdamW; host and device time; the caching allocator's segments,\n"
+          "replayed tensor by tensor, and the CUDA context) and the ratio, and kiln's own prediction for the same\n"
+          "work on the same GPU (docs/performance.md, \"The reference runs, predicted\"). Nothing runs.\n\n");
       break;
     case Command::kExplain:
       fmt::print(

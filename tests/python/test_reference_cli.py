@@ -90,6 +90,11 @@ def test_a_bad_data_file_names_the_file_and_the_key(run_kiln, tmp_path):
     r = run_kiln("kiln-profile", "reference", "--data", bad, timeout=60)
     assert r.returncode == 2
     assert str(bad) in r.stderr and "tables[0].rows[0].speed" in r.stderr and "unit 'fast'" in r.stderr
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(DATA.read_text().replace("memory_gb: 4.5}", "memroy_gb: 4.5}", 1))
+    r = run_kiln("kiln-profile", "reference", "--data", misspelt, timeout=60)
+    assert r.returncode == 2
+    assert str(misspelt) in r.stderr and "tables[0].rows[5].memroy_gb" in r.stderr and "unknown key" in r.stderr
     r = run_kiln("kiln-profile", "reference", "--data", tmp_path / "missing.yaml", timeout=60)
     assert r.returncode == 2 and "missing.yaml" in r.stderr
     r = run_kiln("kiln-profile", "reference", "--cutoff_len", "8", timeout=60)

@@ -14,8 +14,8 @@
 //     times the host time per op (measured there), plus the trainer's own per-step cost; per
 //     synchronisation the host and the device wait for each other, so a stretch between two
 //     synchronisations takes the larger of the two times;
-//   - memory as nvidia-smi shows it: the allocated peak of the phase that has it, the caching
-//     allocator's blocks the peak cannot reuse, and the CUDA context.
+//   - memory as nvidia-smi shows it: the caching allocator's segments when the step's tensors are
+//     replayed through a model of its rules (cost/caching_allocator.h), and the CUDA context.
 #pragma once
 
 #include <string>

@@ -67,7 +67,24 @@ T need(const YAML::Node& node, const std::string& key, const std::string& source
     return v.as<T>();
   } catch (const YAML::Exception&) {
     fail(source, where + key,
-         fmt::format("'{}' is not a {}", YAML::Dump(v), std::is_same_v<T, std::string> ? "string" : "number"));
+         fmt::format("'{}' is not a {}", YAML::Dump(v),
+                     std::is_same_v<T, std::string> ? "string"
+                     : std::is_same_v<T, bool>      ? "boolean"
+                                                    : "number"));
+  }
+}
+
+// A mapping's keys must be among `known`: a misspelt key is an error, never a figure silently lost.
+void only_keys(const YAML::Node& node, std::initializer_list<const char*> known, const std::string& source,
+               const std::string& where) {
+  if (!node.IsMap()) fail(source, where.empty() ? "" : where.substr(0, where.size() - 1), "not a mapping");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) == known.end()) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      fail(source, where + key, "unknown key (known: " + list + ")");
+    }
   }
 }
 
@@ -206,6 +223,7 @@ ReferenceReport reference_report(const std::string& data_path, const std::string
   for (size_t ti = 0; ti < tables.size(); ++ti) {
     const YAML::Node t = tables[ti];
     const std::string where = fmt::format("tables[{}].", ti);
+    only_keys(t, {"name", "gpu", "device", "model", "fp16", "bf16", "num_gpu", "rows", "notes"}, data.source, where);
     const std::string name = need<std::string>(t, "name", data.source, where);
     const std::string model_name = need<std::string>(t, "model", data.source, where);
     const int64_t gpus = maybe<int64_t>(t, "num_gpu", data.source, where).value_or(1);
@@ -215,6 +233,11 @@ ReferenceReport reference_report(const std::string& data_path, const std::string
     for (size_t ri = 0; ri < rows.size(); ++ri) {
       const YAML::Node row = rows[ri];
       const std::string at = fmt::format("{}rows[{}].", where, ri);
+      // tflops: the user's own estimate of the achieved rate, kept as written (not a measurement).
+      only_keys(row,
+                {"speed", "batch", "accumulation", "cutoff_len", "memory_gb", "memory_bandwidth", "tensor_core",
+                 "fp_engine", "fp32_engine", "tflops"},
+                data.source, at);
       const auto speed = maybe<std::string>(row, "speed", data.source, at);
       if (!speed || gpus != 1) {
         report.unmeasured.push_back(fmt::format("{}: batch {}, cutoff_len {} ({} GPUs): {}", name,
@@ -233,6 +256,7 @@ ReferenceReport reference_report(const std::string& data_path, const std::string
       r.model = model_name;
       const bool fp16 = maybe<bool>(t, "fp16", data.source, where).value_or(false);
       const bool bf16 = maybe<bool>(t, "bf16", data.source, where).value_or(false);
+      if (fp16 && bf16) fail(data.source, where + "bf16", "fp16 and bf16 are both true: a run has one of them");
       r.dtype = fp16 ? "fp16" : bf16 ? "bf16" : "fp32";
       r.batch = need<int64_t>(row, "batch", data.source, at);
       r.accumulation = need<int64_t>(row, "accumulation", data.source, at);
