@@ -2,6 +2,7 @@
 // input names its source and key. Reference: the error contract (file/command line, key, value).
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -92,6 +93,51 @@ TEST_CASE("training_args.json holds the keys the LLaMA-Factory table acts on too
   CHECK(j.at("report_to") == "tensorboard");
   CHECK(j.at("seed") == 9);
   for (const auto& key : kiln::train::pretrain_config_keys()) CHECK(j.contains(key));
+}
+
+TEST_CASE("lr_scheduler_kwargs: a mapping or a JSON string, each key checked", "[train][config][schedule]") {
+  // kLlamaFactory says lr_scheduler_type: cosine.
+  const std::string path =
+      write_yaml("kwargs.yaml", std::string(kLlamaFactory) + "lr_scheduler_kwargs: {num_cycles: 2}\n");
+  CHECK(load_pretrain_config(path).lr_scheduler_kwargs.numbers.at("num_cycles") == 2.0);
+  const auto cli =
+      load_pretrain_config(path, {{"lr_scheduler_type", "warmup_stable_decay"},
+                                  {"lr_scheduler_kwargs", R"({"num_decay_steps": 5, "decay_type": "1-sqrt"})"}});
+  CHECK(cli.lr_scheduler_kwargs.numbers == std::map<std::string, double>{{"num_decay_steps", 5.0}});  // replaced
+  CHECK(cli.lr_scheduler_kwargs.strings.at("decay_type") == "1-sqrt");
+  const std::string json =
+      write_yaml("json.yaml", std::string(kLlamaFactory) + "lr_scheduler_kwargs: '{\"num_cycles\": 0.75}'\n");
+  CHECK(load_pretrain_config(json).lr_scheduler_kwargs.numbers.at("num_cycles") == 0.75);
+  auto err = [](const std::string& extra, const std::vector<std::pair<std::string, std::string>>& overrides = {}) {
+    const std::string path = write_yaml("bad_kwargs.yaml", std::string(kLlamaFactory) + extra);
+    return error_of([&] { load_pretrain_config(path, overrides); });
+  };
+  // A key of no schedule, a key of another schedule, a value of the wrong type: each named.
+  CHECK_THAT(err("lr_scheduler_kwargs: {num_cycle: 2}\n"),
+             Contains("bad_kwargs.yaml") && Contains("lr_scheduler_kwargs.num_cycle") && Contains("unknown"));
+  CHECK_THAT(err("lr_scheduler_kwargs: {lr_end: 1.0e-7}\n"),
+             Contains("lr_scheduler_kwargs.lr_end") && Contains("cosine") && Contains("num_cycles"));
+  CHECK_THAT(err("lr_scheduler_kwargs: {num_cycles: many}\n"),
+             Contains("lr_scheduler_kwargs.num_cycles") && Contains("many"));
+  CHECK_THAT(err("lr_scheduler_kwargs: {num_decay_steps: 2.5}\n", {{"lr_scheduler_type", "warmup_stable_decay"}}),
+             Contains("lr_scheduler_kwargs.num_decay_steps") && Contains("2.5"));
+  CHECK_THAT(err("lr_scheduler_kwargs: [1, 2]\n"), Contains("lr_scheduler_kwargs") && Contains("mapping"));
+  CHECK_THAT(err("", {{"lr_scheduler_kwargs", R"({"num_cycles": 2})"}, {"lr_scheduler_type", "constant"}}),
+             Contains("command line") && Contains("lr_scheduler_kwargs.num_cycles") && Contains("constant"));
+  // Types: HF's that follow the step, not reduce_lr_on_plateau; HF's own refusals.
+  CHECK_THAT(err("", {{"lr_scheduler_type", "reduce_lr_on_plateau"}}),
+             Contains("lr_scheduler_type") && Contains("reduce_lr_on_plateau") && Contains("not supported"));
+  CHECK_THAT(err("", {{"lr_scheduler_type", "cosine_with_min_lr"}}),
+             Contains("lr_scheduler_kwargs") && Contains("min_lr_rate"));
+  CHECK_THAT(err("lr_scheduler_kwargs: {lr_end: 1.0}\n", {{"lr_scheduler_type", "polynomial"}}),
+             Contains("lr_scheduler_kwargs.lr_end") && Contains("smaller"));
+  CHECK_THAT(err("decay_ratio: 0.2\nlr_scheduler_kwargs: {num_decay_steps: 10}\n",
+                 {{"lr_scheduler_type", "warmup_stable_decay"}}),
+             Contains("decay_ratio"));
+  for (const std::string type : {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+                                 "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay"}) {
+    CHECK_NOTHROW(load_pretrain_config(write_yaml("types.yaml", kLlamaFactory), {{"lr_scheduler_type", type}}));
+  }
 }
 
 TEST_CASE("bad pretraining configs name the file and key", "[train][config]") {

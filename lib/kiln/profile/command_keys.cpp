@@ -6,11 +6,13 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 
 #include "kiln/common/device.h"
 #include "kiln/cost/cpu_peak.h"
 #include "kiln/cost/memory.h"
+#include "kiln/optim/schedule.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/pretrain_keys.h"
@@ -245,13 +247,15 @@ std::vector<config::KeyDoc> command_keys(Command command) {
       const train::PretrainConfig d;
       const std::vector<std::pair<std::string, std::string>> help = {
           {"learning_rate", fmt::format("AdamW's peak learning rate (default {:g})", d.learning_rate)},
-          {"lr_scheduler_type", fmt::format("cosine, linear, constant, constant_with_warmup or warmup_stable_decay "
-                                            "over the point's steps (default {})",
-                                            d.lr_scheduler_type)},
+          {"lr_scheduler_type", fmt::format("{} over the point's steps, with HF's default arguments "
+                                            "(kiln-pretrain also takes lr_scheduler_kwargs) (default {})",
+                                            fmt::join(optim::schedule_types(), ", "), d.lr_scheduler_type)},
           {"warmup_ratio", fmt::format("warmup share of the point's steps (default {:g})", d.warmup_ratio)},
           {"warmup_steps", fmt::format("warmup steps; > 0 wins over warmup_ratio (default {})", d.warmup_steps)},
           {"min_lr_ratio", fmt::format("floor of cosine and warmup_stable_decay (default {:g})", d.min_lr_ratio)},
-          {"decay_ratio", fmt::format("warmup_stable_decay's decay share (default {:g})", d.decay_ratio)},
+          {"decay_ratio",
+           "> 0: warmup_stable_decay decays over this share of the steps (default 0: "
+           "LLaMA-Factory's split, or lr_scheduler_kwargs' step counts)"},
           {"weight_decay", fmt::format("AdamW's weight decay (default {:g})", d.weight_decay)},
           {"adam_beta1", fmt::format("AdamW's beta1 (default {:g})", d.adam_beta1)},
           {"adam_beta2", fmt::format("AdamW's beta2 (default {:g})", d.adam_beta2)},

@@ -145,12 +145,15 @@ void PretrainConfig::validate() const {
     fail("num_train_epochs", fmt::format("must be > 0 when max_steps is not set, got {}", num_train_epochs));
   }
   if (!(learning_rate > 0)) fail("learning_rate", fmt::format("must be > 0, got {}", learning_rate));
-  static const char* kSchedules[] = {"cosine", "linear", "constant", "constant_with_warmup", "warmup_stable_decay"};
-  if (std::none_of(std::begin(kSchedules), std::end(kSchedules),
-                   [&](const char* s) { return lr_scheduler_type == s; })) {
-    fail("lr_scheduler_type", fmt::format("must be one of cosine, linear, constant, constant_with_warmup, "
-                                          "warmup_stable_decay; got '{}'",
-                                          lr_scheduler_type));
+  try {
+    optim::ScheduleConfig schedule{.type = lr_scheduler_type,
+                                   .min_lr_ratio = min_lr_ratio,
+                                   .decay_ratio = decay_ratio,
+                                   .initial_lr = learning_rate,
+                                   .kwargs = lr_scheduler_kwargs};
+    optim::check_schedule(schedule);
+  } catch (const optim::ScheduleError& e) {
+    fail(e.key, e.what());
   }
   in_range("warmup_ratio", warmup_ratio, 0, 1, true);
   at_least("warmup_steps", warmup_steps, 0);
@@ -300,6 +303,12 @@ std::string pretrain_config_json(const PretrainConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& key : pretrain_key_table()) {
     std::visit([&](auto member) { j[key.name] = c.*member; }, key.field);
+  }
+  if (!c.lr_scheduler_kwargs.empty()) {
+    nlohmann::json kwargs = nlohmann::json::object();
+    for (const auto& [key, value] : c.lr_scheduler_kwargs.numbers) kwargs[key] = value;
+    for (const auto& [key, value] : c.lr_scheduler_kwargs.strings) kwargs[key] = value;
+    j["lr_scheduler_kwargs"] = kwargs;
   }
   j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (hf/lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/export.h"
+#include "kiln/optim/schedule.h"
 
 namespace kiln::train {
 
@@ -56,11 +57,12 @@ struct KILN_API PretrainConfig {
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs (as in HF)
 
   double learning_rate = 5e-5;
-  std::string lr_scheduler_type = "linear";  // cosine, linear, constant, constant_with_warmup, warmup_stable_decay
+  std::string lr_scheduler_type = "linear";   // HF's SchedulerType values (optim::schedule_types())
+  optim::ScheduleKwargs lr_scheduler_kwargs;  // HF's, checked against the type (optim/schedule.h)
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;   // > 0 overrides warmup_ratio (as in HF)
-  double min_lr_ratio = 0.0;  // floor of cosine / warmup_stable_decay, as a fraction of learning_rate
-  double decay_ratio = 0.1;   // warmup_stable_decay: fraction of all steps spent decaying
+  double min_lr_ratio = 0.0;  // floor of cosine / warmup_stable_decay's decay, as a fraction of learning_rate
+  double decay_ratio = 0.0;   // > 0: warmup_stable_decay decays over this fraction of all steps (kiln's split)
   double weight_decay = 0.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;

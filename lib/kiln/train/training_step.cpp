@@ -46,7 +46,9 @@ optim::ScheduleConfig schedule_of(const PretrainConfig& c, int64_t total_steps) 
                                .total_steps = total_steps,
                                .warmup_steps = optim::resolve_warmup_steps(c.warmup_steps, c.warmup_ratio, total_steps),
                                .min_lr_ratio = c.min_lr_ratio,
-                               .decay_ratio = c.decay_ratio};
+                               .decay_ratio = c.decay_ratio,
+                               .initial_lr = c.learning_rate,
+                               .kwargs = c.lr_scheduler_kwargs};
 }
 
 void apply_recomputation(model::LlamaForCausalLM& model, const Recomputation& r) {

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
@@ -94,10 +96,7 @@ const std::vector<Entry>& table() {
       {"quantization_bit", {"__never__"}, "", "kiln does not train quantized models"},
       {"quantization_method", {"__never__"}, "", "kiln does not train quantized models"},
       {"rope_scaling", {"__never__"}, "", "set rope_scaling in the model's config.json (or model YAML) instead"},
-      {"lr_scheduler_kwargs",
-       {"__never__"},
-       "",
-       "not supported: use min_lr_ratio (cosine, warmup_stable_decay floor) and decay_ratio (warmup_stable_decay)"},
+      {"lr_scheduler_kwargs", {}, "", "", C::kActed},  // a mapping or a JSON string: see read_schedule_kwargs
       {"adapter_name_or_path", {"__never__"}, "", kFullOnly},
       {"lora_rank", {"__never__"}, "", kFullOnly},
       {"lora_alpha", {"__never__"}, "", kFullOnly},
@@ -247,6 +246,41 @@ std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_vi
   return LfKeyVerdict{e->cls, e->info};
 }
 
+namespace {
+
+// lr_scheduler_kwargs: a YAML mapping, or a JSON object in a string (LLaMA-Factory's command line,
+// HF's TrainingArguments). Each key is read with its kind (optim::all_schedule_kwargs: a number,
+// an integer or a string), so a wrong type or an unknown key is an error naming
+// lr_scheduler_kwargs.<key>; whether the key belongs to lr_scheduler_type is validate()'s check.
+// A later source (the command line) replaces the whole mapping, as HF does.
+void read_schedule_kwargs(config::ConfigReader& r, const std::string& text, optim::ScheduleKwargs& out) {
+  const auto json = nlohmann::json::parse(text, nullptr, false);
+  std::optional<config::ConfigReader> k;
+  if (!json.is_discarded() && json.is_object()) {
+    k.emplace(YAML::Load(text), r.source(), "lr_scheduler_kwargs.");  // JSON is YAML
+  } else {
+    k.emplace(r.child("lr_scheduler_kwargs"));  // a mapping, or the error "expected a mapping"
+  }
+  out = {};
+  std::vector<std::string> names;
+  for (const optim::KwargSpec& s : optim::all_schedule_kwargs()) {
+    names.emplace_back(s.name);
+    if (!k->has(s.name) || k->is_null(s.name)) continue;
+    if (s.kind == optim::KwargKind::kString) {
+      k->read(s.name, out.strings[s.name]);
+    } else if (s.kind == optim::KwargKind::kInteger) {
+      int64_t v = 0;
+      k->read(s.name, v);
+      out.numbers[s.name] = static_cast<double>(v);
+    } else {
+      k->read(s.name, out.numbers[s.name]);
+    }
+  }
+  k->finish(fmt::format("the schedules' keyword arguments are {}", fmt::join(names, ", ")));
+}
+
+}  // namespace
+
 void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
   for (const auto& e : table()) {
     if (!r.has(e.key)) continue;
@@ -259,6 +293,7 @@ void read_lf_keys(config::ConfigReader& r, PretrainConfig& c) {
     }
     const std::string v = lower(*value);
     const std::string key = e.key;
+    if (key == "lr_scheduler_kwargs") read_schedule_kwargs(r, *value, c.lr_scheduler_kwargs);
     if (key == "disable_gradient_checkpointing" && v == "true") c.gradient_checkpointing = false;
     if (key == "do_eval") c.do_eval = v == "true" ? 1 : 0;
     if (key == "eval_strategy" || key == "evaluation_strategy") c.eval_strategy = v;
