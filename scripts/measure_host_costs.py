@@ -397,7 +397,8 @@ def kiln_sweep(d, layers, dtype, steps, trace, hidden=128, intermediate=384):
     if trace:
         cmd += ["--trace_dir", str(out / "trace")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # Bounded: a hung kiln-profile is killed (its own process, started here) rather than left behind.
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=120)
     prof = json.loads((out / "profile.json").read_text())
     if not trace:
         return prof
@@ -565,7 +566,7 @@ def main():
     other = None
     if args.other_python:
         r = subprocess.run([args.other_python, __file__, "--counts-json"], check=True,
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, timeout=300)
         other = json.loads(r.stdout.strip().splitlines()[-1])
         print("other", other, flush=True)
     spo = hf_seconds_per_op()

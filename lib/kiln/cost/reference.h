@@ -65,9 +65,9 @@ struct HostModel {
   // Whether each micro-batch ends in a device synchronisation (transformers' Trainer: its
   // isnan/isinf check of the loss, logging_nan_inf_filter); kiln's step synchronises once per
   // logging window, not per micro-batch or step (train/trainer_outputs.cpp).
+  // Then the optimizer's part is its own stretch, max(host, device), whether or not it ends in a
+  // synchronisation (GradScaler's found_inf under fp16) or overlaps the next micro-batch's issue.
   bool sync_per_micro_batch = false;
-  // Whether the optimizer step ends in one (GradScaler.get_scale()/found_inf under fp16).
-  bool sync_per_step = false;
 };
 
 struct StepTime {

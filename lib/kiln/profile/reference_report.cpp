@@ -15,10 +15,9 @@
 #include "kiln/cost/hardware.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/model/presets.h"
+#include "kiln/profile/command_keys.h"
 #include "kiln/profile/report.h"
 #include "kiln/profile/report_internal.h"
-#include "kiln/train/pretrain_config.h"
-#include "kiln/train/run_description.h"
 
 namespace kiln::profile {
 
@@ -276,17 +275,16 @@ ReferenceReport reference_report(const std::string& data_path, const std::string
       if (!r.fp_engine) r.fp_engine = maybe<double>(row, "fp32_engine", data.source, at);
 
       const model::LlamaConfig model = reference_model(model_name);
-      // kiln's run: kiln-pretrain's keys for the same work, its defaults otherwise.
-      train::PretrainConfig pc;
-      pc.source = data.source;
-      train::set_compute_dtype(pc, r.dtype);
-      pc.cutoff_len = r.cutoff_len;
-      pc.per_device_train_batch_size = r.batch;
-      pc.gradient_accumulation_steps = r.accumulation;
-      train::RunTarget target;
-      target.cuda = true;
-      target.hardware = *hardware;
-      const cost::RunDescription kiln_run = train::describe_run(pc, model, target);
+      // kiln's run: described as kiln-profile explain describes one (kiln-pretrain's keys for the
+      // same work, its defaults otherwise) on this hardware row.
+      ExplainSettings es;
+      es.source = data.source;
+      es.model = model_name;
+      es.cutoff_len = r.cutoff_len;
+      es.per_device_train_batch_size = r.batch;
+      es.gradient_accumulation_steps = r.accumulation;
+      es.dtype = r.dtype;
+      const cost::RunDescription kiln_run = explain_run(es, model, ExplainDevice{true, *hardware, hardware->source});
       const cost::RunDescription ref_run = cost::reference_run(kiln_run);
       const cost::Roofline roof = cost::roofline(*hardware, r.dtype);
 
@@ -299,7 +297,6 @@ ReferenceReport reference_report(const std::string& data_path, const std::string
           9.0 * static_cast<double>(model.num_hidden_layers) + 2.0 + (model.tie_word_embeddings ? 0 : 1);
       cost::HostModel ref_host = host_model(host, "transformers", r.dtype, tensors);
       ref_host.sync_per_micro_batch = true;
-      ref_host.sync_per_step = r.dtype == "fp16";
       r.predicted = cost::step_time(ref_traffic, roof, ref_host, true);
       r.predicted_memory = cost::reference_memory(model, ref_run);
       r.counters_at_measured = cost::modelled_utilisation(ref_traffic, roof, *r.measured_seconds, true);
