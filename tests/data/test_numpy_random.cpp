@@ -3,6 +3,7 @@
 // (written by make_numpy_permutations.py; test_numpy_permutations_fixture.py keeps it equal to the
 // installed numpy): SeedSequence's state, PCG64's state, raw stream and buffered 32-bit draws, and
 // default_rng(seed).permutation(n) for every seed and n there.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -135,4 +136,26 @@ TEST_CASE("numpy random_interval: 32-bit draws below 2^32, 64-bit above", "[nump
 
   NumpyPcg64 e(11), f(11);
   CHECK(numpy_random_interval(e, ~0ULL) == f.next_uint64());
+}
+
+TEST_CASE("numpy Generator.choice with probabilities equals numpy's draws", "[numpy_random]") {
+  const nlohmann::json g = golden();
+  REQUIRE(g["choices"].size() >= 5);
+  for (const auto& c : g["choices"]) {
+    const uint64_t seed = std::stoull(c["seed"].get<std::string>());
+    const auto p = c["p"].get<std::vector<double>>();
+    const int64_t size = c["size"].get<int64_t>();
+    NumpyPcg64 rng(seed);
+    INFO("seed " << seed << " size " << size);
+    CHECK(numpy_choice(rng, p, size) == c["draws"][0].get<std::vector<int64_t>>());
+    CHECK(numpy_choice(rng, p, size) == c["draws"][1].get<std::vector<int64_t>>());
+  }
+}
+
+TEST_CASE("numpy's checks of choice's probabilities, in numpy's words", "[numpy_random]") {
+  CHECK_NOTHROW(numpy_check_probabilities({0.7, 0.2, 0.1}));
+  CHECK_NOTHROW(numpy_check_probabilities({0.5, 0.5 + 1e-9}));  // within sqrt(eps) ~ 1.49e-8
+  CHECK_THROWS_WITH(numpy_check_probabilities({0.5, 0.6}), "Probabilities do not sum to 1");
+  CHECK_THROWS_WITH(numpy_check_probabilities({1.5, -0.5}), "Probabilities are not non-negative");
+  CHECK_THROWS_WITH(numpy_check_probabilities({0.5, std::nan("")}), "Probabilities contain NaN");
 }

@@ -23,6 +23,7 @@ def test_fixture_matches_installed_numpy():
     stored = json.loads((FIXTURES / "numpy_permutations.json").read_text())
     fresh = json.loads(script.dump(script.build()))
     assert stored["seeds"] == fresh["seeds"], f"numpy {np.__version__} disagrees with the stored fixture"
+    assert stored["choices"] == fresh["choices"], f"numpy {np.__version__}: Generator.choice disagrees"
 
 
 def test_fixture_covers_llamafactory_notes_vectors():

@@ -550,4 +550,9 @@ int32_t HfTokenizer::token_to_id(std::string_view content) const {
   return it == impl_->content_to_id.end() ? -1 : it->second;
 }
 
+bool HfTokenizer::is_added_token(std::string_view content) const {
+  return std::any_of(impl_->added.begin(), impl_->added.end(),
+                     [&](const hf::AddedToken& a) { return a.content == content; });
+}
+
 }  // namespace kiln::data

@@ -45,6 +45,8 @@ class HfTokenizer final : public Tokenizer {
   uint64_t fingerprint() const override;
   std::string name() const override;
   int32_t token_to_id(std::string_view content) const;  // -1 when absent
+  // Whether tokenizer.json's added_tokens hold `content` (matched before pre-tokenization).
+  bool is_added_token(std::string_view content) const;
 
  private:
   struct Impl;

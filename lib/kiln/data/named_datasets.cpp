@@ -47,7 +47,9 @@ std::string file_type(const std::string& path) {
   return p.extension().string();
 }
 
-constexpr int kCacheFormat = 1;  // bump when the shards made from the same inputs would change
+// Bump when the shards made from the same inputs would change. 2: kiln_dataset.json records each
+// dataset's documents.
+constexpr int kCacheFormat = 2;
 
 }  // namespace
 
@@ -87,6 +89,17 @@ std::vector<NamedDataset> parse_dataset_info(const std::string& json_text, const
                       e["formatting"].dump()));
     }
     if (e.contains("num_samples")) fail("num_samples (random sampling) is not supported; use max_samples");
+    if (e.contains("split")) {
+      // LLaMA-Factory hands `split` to datasets.load_dataset; a local file's one split is "train".
+      // Slices ("train[:10]", "train[10%:]") select rows there, before max_samples; kiln does not
+      // read them, so anything but the whole train split is refused rather than ignored.
+      if (!e["split"].is_string() || e["split"].get<std::string>() != "train") {
+        fail(
+            fmt::format("split {}: kiln reads the whole train split of a local dataset (split \"train\"); slices "
+                        "and other splits are not supported: cut the file, or use max_samples for its first rows",
+                        e["split"].dump()));
+      }
+    }
     NamedDataset d;
     d.name = name;
     if (e.contains("columns")) {
@@ -143,8 +156,9 @@ std::vector<NamedDataset> resolve_datasets(const std::string& names, const std::
 }
 
 std::string named_datasets_key(const Tokenizer& tokenizer, const std::vector<NamedDataset>& datasets,
-                               int64_t max_samples) {
+                               int64_t max_samples, int32_t separator_id) {
   uint64_t h = xxh64(fmt::format("kiln-named-datasets {} {} {}", kCacheFormat, tokenizer.fingerprint(), max_samples));
+  if (separator_id >= 0) h = xxh64(fmt::format("separator {}", separator_id), h);
   std::vector<char> buffer(size_t{1} << 20);
   for (const auto& d : datasets) {
     h = xxh64(d.text_column, xxh64(fmt::format("dataset {}", d.files.size()), h));
@@ -166,7 +180,8 @@ std::string named_datasets_key(const Tokenizer& tokenizer, const std::vector<Nam
 PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::vector<NamedDataset>& datasets,
                                         const NamedDatasetOptions& options) {
   PreparedDatasets out;
-  out.key = named_datasets_key(tokenizer, datasets, options.max_samples);
+  for (const auto& d : datasets) out.names.push_back(d.name);
+  out.key = named_datasets_key(tokenizer, datasets, options.max_samples, options.separator_id);
   std::string names;
   for (const auto& d : datasets) names += (names.empty() ? "" : "+") + d.name;
   const fs::path dir = !options.tokenized_path.empty()
@@ -193,11 +208,13 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
                                            stored.empty() ? "" : fmt::format("; it holds key {}", stored)));
     }
     info(fmt::format("datasets {}: using the shards rank 0 prepared in {} (key {})", names, dir.string(), out.key));
+    out.documents = named_dataset_documents(out.shard_dir);
     return out;
   }
   if (stored == out.key && !options.overwrite_cache) {
     info(fmt::format("datasets {}: reusing the tokenized shards in {} (key {}; overwrite_cache: true tokenizes again)",
                      names, dir.string(), out.key));
+    out.documents = named_dataset_documents(out.shard_dir);
     return out;
   }
   if (fs::exists(dir) && !fs::is_empty(dir) && !fs::exists(dir / "meta.json") && !fs::exists(record)) {
@@ -220,6 +237,7 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
   t.txt_unit = TxtUnit::kLine;  // HF's text loader: one example per line
   t.max_documents_per_group = options.max_samples;
   t.on_progress = options.on_progress;
+  t.separator_id = options.separator_id;
   // Built beside the destination and renamed into place: a crash never leaves a folder that
   // looks complete, and concurrent processes (ranks) each build their own and one wins.
   const fs::path tmp = dir.parent_path() / fmt::format(".{}.tmp{}", dir.filename().string(), ::getpid());
@@ -230,8 +248,14 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
     out.report = tokenize_to_shards(tokenizer, t);
     std::ofstream rec(tmp / "kiln_dataset.json");
     nlohmann::json j = {{"key", out.key}, {"tokenizer", tokenizer.name()}, {"max_samples", options.max_samples}};
-    for (const auto& d : datasets)
-      j["datasets"].push_back({{"name", d.name}, {"files", d.files}, {"column", d.text_column}});
+    out.documents = out.report.group_documents;
+    out.documents.resize(datasets.size(), 0);
+    if (options.separator_id >= 0) j["separator_id"] = options.separator_id;
+    for (size_t i = 0; i < datasets.size(); ++i) {
+      const auto& d = datasets[i];
+      j["datasets"].push_back(
+          {{"name", d.name}, {"files", d.files}, {"column", d.text_column}, {"documents", out.documents[i]}});
+    }
     rec << j.dump(1) << "\n";
     rec.close();
     if (!rec) throw std::runtime_error(fmt::format("'{}': cannot write kiln_dataset.json", tmp.string()));
@@ -253,6 +277,21 @@ PreparedDatasets prepare_named_datasets(const Tokenizer& tokenizer, const std::v
       "datasets {}: tokenized {} documents, {} tokens ({} bytes) in {:.2f} s into {} (key {}){}", names,
       out.report.documents, out.report.tokens, out.report.bytes, out.report.seconds, dir.string(), out.key,
       out.report.nulls > 0 ? fmt::format("; {} null texts read as empty documents", out.report.nulls) : ""));
+  return out;
+}
+
+std::vector<int64_t> named_dataset_documents(const std::string& shard_dir) {
+  const fs::path file = fs::path(shard_dir) / "kiln_dataset.json";
+  std::vector<int64_t> out;
+  try {
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error("cannot open");
+    const auto j = nlohmann::json::parse(in);
+    for (const auto& d : j.at("datasets")) out.push_back(d.at("documents").get<int64_t>());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "{}: no documents per dataset recorded ({}); overwrite_cache: true tokenizes again", file.string(), e.what()));
+  }
   return out;
 }
 

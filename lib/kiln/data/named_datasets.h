@@ -38,6 +38,9 @@ struct NamedDatasetOptions {
   // Never tokenize: the folder must already hold these datasets (the ranks after rank 0, which
   // prepared them); otherwise an error. overwrite_cache is then ignored.
   bool reuse_only = false;
+  // The id written after each document (-1: the tokenizer's EOS); LLaMA-Factory's templates
+  // change it (train/hf/lf_template.h). Part of the cache key.
+  int32_t separator_id = -1;
   std::function<void(const TokenizeProgress&)> on_progress;
   std::function<void(const std::string&)> on_info;  // "reusing ..." / "tokenized ..." lines
 };
@@ -47,11 +50,19 @@ struct PreparedDatasets {
   std::string key;         // 16 hex digits: content, columns, max_samples, tokenizer
   bool tokenized = false;  // false: the cache was reused
   TokenizeReport report;   // when tokenized
+  // Documents of each dataset, in `datasets` order (their shards hold them one after another):
+  // what a mixture (data/mixture.h) interleaves.
+  std::vector<int64_t> documents;
+  std::vector<std::string> names;  // the datasets' names, in that order (a name listed twice once)
 };
 
 // The cache key of these datasets for this tokenizer (reads every file once).
 std::string named_datasets_key(const Tokenizer& tokenizer, const std::vector<NamedDataset>& datasets,
-                               int64_t max_samples);
+                               int64_t max_samples, int32_t separator_id = -1);
+
+// The documents per dataset that a prepared folder's kiln_dataset.json records; std::runtime_error
+// naming the file when it records none.
+std::vector<int64_t> named_dataset_documents(const std::string& shard_dir);
 
 // Shards of the datasets' documents (each followed by EOS, no BOS) in order, reusing the folder
 // when it already holds them (its kiln_dataset.json has the same key) unless overwrite_cache.

@@ -5,8 +5,12 @@
 // them against the installed numpy.
 #include "kiln/data/numpy_random.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 namespace kiln::data {
@@ -188,6 +192,93 @@ std::vector<int64_t> numpy_permutation(uint64_t seed, int64_t n) {
     std::swap(arr[i], arr[j]);
   }
   return arr;
+}
+
+double numpy_random_double(NumpyPcg64& rng) {
+  return static_cast<double>(rng.next_uint64() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void numpy_check_probabilities(const std::vector<double>& p) {
+  // _generator.pyx Generator.choice: p_sum = kahan_sum(p); NaN, negative entries and a sum
+  // farther than atol = sqrt(finfo(float64).eps) from 1 are errors, in this order.
+  if (p.empty()) throw std::invalid_argument("a must be a positive integer unless no samples are taken");
+  double sum = p[0], c = 0.0;  // distributions.c kahan_sum
+  for (size_t i = 1; i < p.size(); ++i) {
+    const double y = p[i] - c;
+    const double t = sum + y;
+    c = (t - sum) - y;
+    sum = t;
+  }
+  if (std::isnan(sum)) throw std::invalid_argument("Probabilities contain NaN");
+  if (std::any_of(p.begin(), p.end(), [](double v) { return v < 0; }))
+    throw std::invalid_argument("Probabilities are not non-negative");
+  if (std::abs(sum - 1.0) > std::sqrt(std::numeric_limits<double>::epsilon()))
+    throw std::invalid_argument("Probabilities do not sum to 1");
+}
+
+std::vector<int64_t> numpy_choice(NumpyPcg64& rng, const std::vector<double>& p, int64_t size) {
+  numpy_check_probabilities(p);
+  std::vector<double> cdf(p.size());
+  double run = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) cdf[i] = run += p[i];  // ndarray.cumsum: sequential
+  const double last = cdf.back();
+  for (double& v : cdf) v /= last;
+  std::vector<int64_t> out(static_cast<size_t>(std::max<int64_t>(size, 0)));
+  for (auto& idx : out) {
+    const double u = numpy_random_double(rng);
+    idx = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();  // searchsorted side='right'
+  }
+  return out;
+}
+
+uint64_t numpy_bounded_uint64(NumpyPcg64& rng, uint64_t range) {
+  // distributions.c random_bounded_uint64 with use_masked false.
+  if (range == 0) return 0;
+  if (range <= 0xffffffffULL) {
+    if (range == 0xffffffffULL) return rng.next_uint32();
+    // buffered_bounded_lemire_uint32.
+    const uint32_t rng_excl = static_cast<uint32_t>(range) + 1;
+    uint64_t m = static_cast<uint64_t>(rng.next_uint32()) * rng_excl;
+    uint32_t leftover = static_cast<uint32_t>(m);
+    if (leftover < rng_excl) {
+      const uint32_t threshold = (0xffffffffU - static_cast<uint32_t>(range)) % rng_excl;
+      while (leftover < threshold) {
+        m = static_cast<uint64_t>(rng.next_uint32()) * rng_excl;
+        leftover = static_cast<uint32_t>(m);
+      }
+    }
+    return m >> 32;
+  }
+  if (range == ~0ULL) return rng.next_uint64();
+  // bounded_lemire_uint64, the __SIZEOF_INT128__ branch.
+  const uint64_t rng_excl = range + 1;
+  u128 m = static_cast<u128>(rng.next_uint64()) * rng_excl;
+  uint64_t leftover = static_cast<uint64_t>(m);
+  if (leftover < rng_excl) {
+    const uint64_t threshold = (~0ULL - range) % rng_excl;
+    while (leftover < threshold) {
+      m = static_cast<u128>(rng.next_uint64()) * rng_excl;
+      leftover = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+std::vector<int64_t> numpy_integers(NumpyPcg64& rng, int64_t low, int64_t high, int64_t size) {
+  // _bounded_integers.pyx.in _rand_int64: an empty size returns before any check.
+  if (size <= 0) return {};
+  // format_bounds_error(closed=False, low).
+  if (high <= low) throw std::invalid_argument(low == 0 ? "high <= 0" : "low >= high");
+  const uint64_t range = static_cast<uint64_t>(high) - 1 - static_cast<uint64_t>(low);
+  std::vector<int64_t> out(static_cast<size_t>(size));
+  for (auto& v : out) v = static_cast<int64_t>(static_cast<uint64_t>(low) + numpy_bounded_uint64(rng, range));
+  return out;
+}
+
+void numpy_shuffle(NumpyPcg64& rng, std::vector<int64_t>& x) {
+  for (size_t i = x.size() > 0 ? x.size() - 1 : 0; i >= 1; --i) {
+    std::swap(x[i], x[numpy_random_interval(rng, i)]);
+  }
 }
 
 }  // namespace kiln::data

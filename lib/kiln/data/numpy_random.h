@@ -77,4 +77,39 @@ uint64_t numpy_random_interval(NumpyPcg64& rng, uint64_t max);
 // n-1 down to 1, swapping element i with element random_interval(i). n <= 0 gives an empty vector.
 std::vector<int64_t> numpy_permutation(uint64_t seed, int64_t n);
 
+// Generator.random(): next_double of PCG64 (pcg64.h pcg64_next_double), (next_uint64 >> 11) x 2^-53,
+// a 64-bit draw that leaves the buffered 32-bit half alone.
+double numpy_random_double(NumpyPcg64& rng);
+
+// Generator.choice(n, size, p=p) with replacement (_generator.pyx): p is checked as numpy checks
+// it (1-d of n non-negative numbers whose Kahan sum is within sqrt(DBL_EPSILON) of 1; otherwise
+// std::invalid_argument with numpy's words), then cdf = cumsum(p) / cdf[-1], `size` uniform draws
+// u = random(), and each index = cdf.searchsorted(u, side='right'). Datasets' interleave_datasets
+// draws its sources this way, 1000 at a time (data/mixture.h).
+void numpy_check_probabilities(const std::vector<double>& p);
+std::vector<int64_t> numpy_choice(NumpyPcg64& rng, const std::vector<double>& p, int64_t size);
+
+// random_bounded_uint64(bitgen, off=0, rng, mask, use_masked=false) (distributions.c): a uniform
+// value in [0, rng] by Lemire's method, the one Generator.integers uses (_generator.pyx sets
+// _masked = False). rng 0 draws nothing; rng < 2^32 - 1 takes buffered 32-bit draws
+// (buffered_bounded_lemire_uint32, whose bcnt/buf are unused: the kept half is PCG64's own),
+// rng = 2^32 - 1 one next_uint32, rng = 2^64 - 1 one next_uint64, others bounded_lemire_uint64
+// (128-bit product, rejection below (2^64 - 1 - rng) % (rng + 1)). random_bounded_uint64_fill
+// draws its elements one after another the same way, so an array is these values in order.
+uint64_t numpy_bounded_uint64(NumpyPcg64& rng, uint64_t range);
+
+// Generator.integers(low, high, size) for the default dtype int64 and endpoint=False
+// (_generator.pyx integers -> _bounded_integers.pyx.in _rand_int64 -> random_bounded_uint64_fill):
+// low + numpy_bounded_uint64(high - 1 - low), `size` times. size <= 0 draws nothing;
+// high <= low is std::invalid_argument in numpy's words, "high <= 0" for low 0, else "low >= high"
+// (numpy checks it only when size > 0).
+// datasets' shuffle buffer draws its slots as integers(0, buffer_size, size=1000), and its
+// epoch seeds as integers(0, 1 << 63) (data/stream_order.h).
+std::vector<int64_t> numpy_integers(NumpyPcg64& rng, int64_t low, int64_t high, int64_t size);
+
+// Generator.shuffle(x) of a Python list (_generator.pyx shuffle, the "Untyped path"): for i =
+// n-1 down to 1, j = random_interval(i), swap x[i] and x[j]; the same draws as
+// numpy_permutation, from the generator's current state.
+void numpy_shuffle(NumpyPcg64& rng, std::vector<int64_t>& x);
+
 }  // namespace kiln::data

@@ -239,6 +239,14 @@ class DocumentReader {
   }
 
   int64_t bytes_done = 0, bad_lines = 0, nulls = 0;
+  // Documents handed out per group (dataset), groups 0..max.
+  std::vector<int64_t> group_documents() const {
+    int max_group = -1;
+    for (const auto& f : files_) max_group = std::max(max_group, f.group);
+    std::vector<int64_t> out(static_cast<size_t>(max_group + 1), 0);
+    for (const auto& [group, count] : group_docs_) out[static_cast<size_t>(group)] = count;
+    return out;
+  }
 
  private:
   bool group_full() const {
@@ -470,7 +478,7 @@ TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& 
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> docs;
   std::vector<std::vector<int32_t>> ids;
-  const int32_t eos = tokenizer.eos_id();
+  const int32_t eos = options.separator_id >= 0 ? options.separator_id : tokenizer.eos_id();
   const size_t chunk_bytes = size_t{4} << 20 << (threads > 1 ? 2 : 0);
   while (reader.next_chunk(chunk_bytes, docs)) {
     ids.assign(docs.size(), {});
@@ -519,6 +527,7 @@ TokenizeReport tokenize_into(const Tokenizer& tokenizer, const TokenizeOptions& 
   report.bytes = reader.bytes_done;
   report.bad_lines = reader.bad_lines;
   report.nulls = reader.nulls;
+  report.group_documents = reader.group_documents();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -42,8 +42,11 @@ struct TokenizeOptions {
   int threads = 0;            // 0 = hardware concurrency
   int64_t shard_tokens = int64_t{1} << 28;
   bool add_special_tokens = false;  // HF's flag: the post-processor's BOS before each document
-  bool skip_bad_lines = false;      // malformed JSONL lines: report and skip, instead of failing
-  bool overwrite = false;           // replace an existing shard set in output_dir
+  // The id written after each document: -1 = the tokenizer's EOS. LLaMA-Factory's templates
+  // change it at stage pt (train/hf/lf_template.h).
+  int32_t separator_id = -1;
+  bool skip_bad_lines = false;  // malformed JSONL lines: report and skip, instead of failing
+  bool overwrite = false;       // replace an existing shard set in output_dir
   std::function<void(const TokenizeProgress&)> on_progress;  // called every chunk
   std::function<void(const std::string&)> on_warning;        // skipped lines ("file:line: why")
 };
@@ -52,6 +55,7 @@ struct TokenizeReport {
   ShardSetMeta meta;
   int64_t bytes = 0, documents = 0, tokens = 0, bad_lines = 0;
   int64_t nulls = 0;  // null texts (JSON null, Parquet null), each an empty document (parquet_reader.h)
+  std::vector<int64_t> group_documents;  // documents written per input group (dataset), in group order
   double seconds = 0;
 };
 
