@@ -16,6 +16,7 @@
 #include "kiln/dist/comm.h"
 #include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/run_plan.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer.h"
@@ -24,7 +25,8 @@ namespace {
 
 void print_help() {
   fmt::print(
-      "Usage: kiln-pretrain [--config FILE|PRESET] [--dry-run [--dump-data FILE]] [--KEY VALUE ...]\n\n"
+      "Usage: kiln-pretrain [--config FILE|PRESET] [--dry-run [--dump-data FILE]] [--KEY VALUE ...]\n"
+      "       kiln-pretrain --list-keys\n\n"
       "Trains a LLaMA as configured by FILE (YAML with LLaMA-Factory key names) or a preset of\n"
       "configs/pretrain (default: quickstart, the tiny model on the embedded corpus). Every key can\n"
       "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE.\n\n"
@@ -36,6 +38,8 @@ void print_help() {
       "                   memory (no weights or optimizer state are allocated), and exit\n"
       "  --dump-data FILE with --dry-run: write the train and eval examples (token ids and labels),\n"
       "                   the banner's figures and the first epochs' order as JSON to FILE\n"
+      "  --list-keys      print every key kiln-pretrain reads as JSON, {{key: acted | accepted | refused}}\n"
+      "                   (the key table's classification; LLaMA-Factory's fields: docs/training.md)\n"
       "  -h, --help       this text\n\n"
       "Keys:");
   int col = 0;
@@ -49,7 +53,7 @@ void print_help() {
   }
   fmt::print(
       "\nLLaMA-Factory's and HF TrainingArguments' other keys (report_to, do_eval, eval_strategy, optim,\n"
-      "stage, template, ...) are acted on, accepted with an info line or refused: docs/training.md.\n"
+      "stage, template, ...) are acted on, accepted with an info line or refused: --list-keys, docs/training.md.\n"
       "\nSee docs/training.md. SIGINT/SIGTERM save a checkpoint of the last completed step and exit 0\n"
       "(nothing is saved when no step was completed since the start).\n"
       "Data parallel (docs/distributed.md): launch with torchrun --no-python --nproc-per-node N kiln-pretrain ...\n"
@@ -102,6 +106,10 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       print_help();
+      return 0;
+    }
+    if (a == "--list-keys") {  // reads nothing else: the key table's classification
+      fmt::print("{}\n", kiln::train::key_classes_json());
       return 0;
     }
     if (a == "--dry-run") {

@@ -52,9 +52,13 @@ TEST_CASE("warmup-stable-decay schedule", "[optim][schedule]") {
 }
 
 TEST_CASE("warmup steps from warmup_ratio round up as in HF", "[optim][schedule]") {
-  CHECK(kiln::optim::resolve_warmup_steps(0, 0.1, 309852) == 30986);
-  CHECK(kiln::optim::resolve_warmup_steps(0, 0.1, 6197892) == 619790);  // ceil(619789.2)
-  CHECK(kiln::optim::resolve_warmup_steps(7, 0.1, 1000) == 7);
+  // transformers 5.6, training_args.py:2111-2113: int(w) if w >= 1 else math.ceil(total * w).
+  CHECK(kiln::optim::resolve_warmup_steps(0.1, 309852) == 30986);
+  CHECK(kiln::optim::resolve_warmup_steps(0.1, 6197892) == 619790);  // ceil(619789.2)
+  CHECK(kiln::optim::resolve_warmup_steps(7, 1000) == 7);
+  CHECK(kiln::optim::resolve_warmup_steps(2.5, 1000) == 2);  // int(2.5)
+  CHECK(kiln::optim::resolve_warmup_steps(1.0, 1000) == 1);
+  CHECK(kiln::optim::resolve_warmup_steps(0, 1000) == 0);
   CHECK_THROWS_AS(lr_multiplier({.type = "poly"}, 1), std::invalid_argument);
 }
 

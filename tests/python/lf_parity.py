@@ -39,6 +39,8 @@ def _digest(rows) -> str:
 def _split(s: dict | None) -> dict | None:
     if s is None:
         return None
+    if "examples" not in s:  # eval_on_each_dataset: {dataset name: split}
+        return {name: _split(v) for name, v in s.items()}
     examples = s["examples"]
     assert len(examples) == s["num_examples"], "the summary needs every example"
     return {
@@ -63,7 +65,8 @@ def reduce_reference(r: dict) -> dict:
         "eval": _split(r["eval"]),
         "banner": figures,
         "banner_lines": t["banner_lines"],
-        "eval_banner_num_examples": r["eval"]["num_examples"] if r["eval"] else None,
+        "eval_banner_num_examples": (None if not r["eval"] else r["eval"]["num_examples"] if "examples" in r["eval"]
+                                     else {name: v["num_examples"] for name, v in r["eval"].items()}),
         "sampler": {k.removeprefix("epoch"): v for k, v in orders.items()},
     }
 
@@ -103,8 +106,10 @@ def yaml_value(v) -> str:
 
 def run_kiln(pretrain: Path, kv: dict, workdir: Path) -> tuple[int, str, str, dict | None]:
     """kiln-pretrain --dry-run --dump-data on the fixture: (exit code, stdout, stderr, dump)."""
+    kv = {k: v for k, v in kv.items() if k != "_error_key"}
+    model = kv.pop("_model", "model")
     config = {"stage": "pt", "do_train": True, "finetuning_type": "full",
-              "model_name_or_path": str(FIXTURE / "model"), "dataset_dir": str(FIXTURE / "data"),
+              "model_name_or_path": str(FIXTURE / model), "dataset_dir": str(FIXTURE / "data"),
               "output_dir": str(workdir / "out"), "overwrite_cache": False, **kv}
     yaml = "".join(f"{k}: {yaml_value(v)}\n" for k, v in config.items())
     (workdir / "case.yaml").write_text(yaml)

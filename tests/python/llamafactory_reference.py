@@ -16,6 +16,8 @@ below re-implements the pipeline:
       Trainer.get_batch_samples() for the accumulation windows (num_items_in_batch).
 
 Modes:
+  --make-chat-models DIR             DIR/model_llama3, DIR/model_qwen: DIR/model's tokenizer with a
+                                     Llama 3 or Qwen2.5 base tokenizer's special tokens (template cases).
   --make-fixture DIR                 write DIR/data (dataset_info.json, docs_a.json, docs_b.jsonl),
                                      DIR/tokenizer (tiny byte-level BPE, eos "</s>", no pad),
                                      DIR/tokenizer_bos (same, with "add_bos_token": true) and
@@ -184,6 +186,46 @@ def make_fixture(root: str) -> dict:
         "eos_token_id": tok.token_to_id("</s>"),
         "bos_token_id": tok.token_to_id("<s>"),
     }
+
+
+def make_chat_models(root: str) -> dict:
+    """ROOT/model_llama3 and ROOT/model_qwen: ROOT/model's tokenizer with the special tokens of a
+    Llama 3 base tokenizer (EOS <|end_of_text|>, no pad; <|eot_id|>, <|eom_id|>) or of a Qwen2.5
+    base tokenizer (EOS and pad <|endoftext|>; <|im_start|>, <|im_end|>) added after its
+    vocabulary, and config.json with the vocabulary grown to match (no weights: the template
+    cases are data-only)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    out = {}
+    specs = {
+        "model_llama3": (["<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"], "<|end_of_text|>", None),
+        "model_qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|endoftext|>", "<|endoftext|>"),
+    }
+    with open(os.path.join(root, "model", "config.json"), encoding="utf-8") as f:
+        base_config = json.load(f)
+    for name, (tokens, eos, pad) in specs.items():
+        dest = os.path.join(root, name)
+        os.makedirs(dest, exist_ok=True)
+        tok = Tokenizer.from_file(os.path.join(root, "model", "tokenizer.json"))
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+        tok.save(os.path.join(dest, "tokenizer.json"))
+        cfg = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": eos,
+            "model_max_length": 1000000,
+            "clean_up_tokenization_spaces": False,
+            "model_input_names": ["input_ids", "attention_mask"],
+        }
+        if pad:
+            cfg["pad_token"] = pad
+        with open(os.path.join(dest, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2)
+        config = dict(base_config, vocab_size=tok.get_vocab_size(), eos_token_id=tok.token_to_id(eos))
+        with open(os.path.join(dest, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+        out[name] = {"vocab_size": tok.get_vocab_size(), **{t: tok.token_to_id(t) for t in tokens}}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -664,6 +706,7 @@ def run_train(ns, user: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--make-fixture", metavar="DIR")
+    ap.add_argument("--make-chat-models", metavar="DIR", help="DIR/model_llama3 and DIR/model_qwen from DIR/model")
     ap.add_argument("--data", help="folder with dataset_info.json")
     ap.add_argument("--tokenizer", help="folder with tokenizer.json/tokenizer_config.json")
     ap.add_argument("--model", help="model folder for --train-run")
@@ -686,6 +729,8 @@ def main() -> int:
     user = parse_kv(ns.kv, ns.config)
     if ns.make_fixture:
         result = make_fixture(os.path.abspath(ns.make_fixture))
+    elif ns.make_chat_models:
+        result = make_chat_models(os.path.abspath(ns.make_chat_models))
     elif ns.banner_only is not None:
         result = run_banner_only(ns, user)
     elif ns.train_run:
@@ -699,8 +744,13 @@ def main() -> int:
             cases = json.load(f)
         result = {}
         for name, kv in cases.items():
+            kv = dict(kv)
+            case_ns = argparse.Namespace(**vars(ns))
+            if "_model" in kv:  # a sibling folder of --tokenizer (fixtures/lf_parity/model_llama3, ...)
+                case_ns.tokenizer = os.path.join(os.path.dirname(os.path.abspath(ns.tokenizer)), kv.pop("_model"))
+            kv.pop("_error_key", None)
             try:
-                result[name] = run_reference(ns, dict(kv))
+                result[name] = run_reference(case_ns, kv)
             except (Exception, SystemExit) as e:  # LLaMA-Factory's refusal is a result too
                 result[name] = {"error": f"{type(e).__name__}: {e}"}
     else:

@@ -275,7 +275,9 @@ def test_evaluation_follows_hf_rules(kiln_bin, fixture_dir, tmp_path):
     out = tmp_path / "no_data"
     res = kiln_run(kiln_bin, fixture_dir, out, **quick, val_size=None, do_eval=None)
     assert res.returncode != 0
-    assert "eval_strategy: steps needs evaluation data: set val_size" in res.stderr
+    # LLaMA-Factory's check and words (hparams/parser.py:362-365), naming the key.
+    assert "key 'eval_strategy': steps needs evaluation data" in res.stderr
+    assert "Please make sure eval_dataset be provided or val_size >1e-6" in res.stderr
     assert len(res.stderr.strip().splitlines()[-1]) < 300
 
 

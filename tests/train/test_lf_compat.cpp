@@ -40,7 +40,7 @@ TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused nami
   for (const char* type : {"lora", "freeze"}) {
     CHECK_THAT(classify_lf_key("finetuning_type", type)->message, Contains(type) && Contains("finetuning_type: full"));
   }
-  CHECK(classify_lf_key("lora_rank", "8")->cls == LfKeyClass::kRefused);
+  CHECK(classify_lf_key("lora_rank", "16")->cls == LfKeyClass::kRefused);  // 8, LLaMA-Factory's default, is inert
   CHECK(classify_lf_key("do_train", "false")->cls == LfKeyClass::kRefused);
   CHECK(classify_lf_key("eval_strategy", "epoch")->cls == LfKeyClass::kRefused);
   // No effect: one reason each; the defaults of the value-dependent ones are silent.
@@ -110,7 +110,7 @@ TEST_CASE("the LLaMA-Factory pretraining YAML of issue 15 loads; a misspelled ke
   CHECK_THAT(
       error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "trust_remote_cod: true\n", "lf.yaml"); }),
       Contains("lf.yaml") && Contains("'trust_remote_cod'") && Contains("unknown key"));
-  CHECK_THAT(error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "lora_rank: 8\n", "lf.yaml"); }),
+  CHECK_THAT(error_of([&] { kiln::train::pretrain_config_from_yaml_text(yaml + "lora_rank: 16\n", "lf.yaml"); }),
              Contains("'lora_rank'") && Contains("finetuning_type: full"));
   // HF: eval_strategy steps without eval_steps evaluates every logging_steps.
   const auto d = kiln::train::pretrain_config_from_yaml_text(
@@ -155,7 +155,9 @@ TEST_CASE("dataset_info.json: files, folders, columns.prompt; hub entries and mi
     "ms": {"ms_hub_url": "x/y", "file_name": "a.json"},
     "om": {"om_hub_url": "x/y"},
     "script": {"script_url": "s"},
-    "sft": {"file_name": "a.json", "formatting": "sharegpt"}
+    "sft": {"file_name": "a.json", "formatting": "sharegpt"},
+    "train_split": {"file_name": "a.json", "split": "train"},
+    "sliced": {"file_name": "a.json", "split": "train[:10]"}
   })";
   const auto ds = kiln::data::parse_dataset_info(info, " a, b ,f", dir.string(), "info.json");
   REQUIRE(ds.size() == 3);
@@ -182,6 +184,9 @@ TEST_CASE("dataset_info.json: files, folders, columns.prompt; hub entries and mi
   REQUIRE(pq[1].files.size() == 2);
   CHECK(fs::path(pq[1].files[0]).filename() == "a.jsonl.zst");
   CHECK_THAT(err("sft"), Contains("sharegpt"));
+  // datasets' split: the whole train split is what kiln reads; a slice would select other rows.
+  CHECK(kiln::data::parse_dataset_info(info, "train_split", dir.string(), "info.json").size() == 1);
+  CHECK_THAT(err("sliced"), Contains("'sliced'") && Contains("split \"train[:10]\"") && Contains("not supported"));
   CHECK_THAT(error_of([&] { kiln::data::parse_dataset_info("[1]", "a", dir.string(), "info.json"); }),
              Contains("info.json"));
 }
@@ -216,9 +221,24 @@ TEST_CASE("named datasets: documents + EOS in order, max_samples per dataset, a 
   const auto first = kiln::data::prepare_named_datasets(tok, datasets, o);
   CHECK(first.tokenized);
   CHECK(tokens_of(first.shard_dir) == expected({"alpha", "beta", "gamma", "jl1", "jl2", "delta", "eps"}));
+  // Each dataset's documents (what a mixture interleaves), also when the cache is reused.
+  CHECK(first.documents == std::vector<int64_t>{3, 2, 2});
+  CHECK(first.names == std::vector<std::string>{"arr", "jl", "b"});
+  CHECK(kiln::data::named_dataset_documents(first.shard_dir) == std::vector<int64_t>{3, 2, 2});
   const auto again = kiln::data::prepare_named_datasets(tok, datasets, o);
   CHECK_FALSE(again.tokenized);
   CHECK(again.shard_dir == first.shard_dir);
+  CHECK(again.documents == first.documents);
+  // Another token after each document (a template's): other shards, under another key.
+  {
+    auto sep = o;
+    sep.separator_id = 7;
+    const auto other = kiln::data::prepare_named_datasets(tok, datasets, sep);
+    CHECK(other.key != first.key);
+    auto ids = expected({"alpha", "beta", "gamma", "jl1", "jl2", "delta", "eps"});
+    for (auto& id : ids) id = id == tok.eos_id() ? 7 : id;
+    CHECK(tokens_of(other.shard_dir) == ids);
+  }
   o.overwrite_cache = true;
   CHECK(kiln::data::prepare_named_datasets(tok, datasets, o).tokenized);
   o.overwrite_cache = false;

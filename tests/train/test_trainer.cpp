@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -666,4 +667,104 @@ TEST_CASE("bf16 on a GPU below compute capability 8.0 is refused naming the GPU 
   c.bf16 = false;
   c.fp16 = true;
   CHECK_NOTHROW(kiln::train::check_dtype_for_gpu(c, "Tesla V100-SXM2-32GB", 7, 0));
+}
+
+namespace {
+
+// An HF config folder: config.json alone (no weights, no tokenizer: the embedded corpus's byte
+// ids fit its vocab_size). initializer_range 0.05, not the default, so the init must read it.
+fs::path config_folder(const std::string& name) {
+  const fs::path dir = kiln::test::scratch_dir(name);
+  std::ofstream(dir / "config.json") << R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "initializer_range": 0.05,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+})";
+  return dir;
+}
+
+PretrainConfig from_scratch_run(const std::string& name, const fs::path& folder) {
+  PretrainConfig c = small_run(name);
+  c.model.clear();
+  c.model_name_or_path = folder.string();
+  c.train_from_scratch = true;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("train_from_scratch: a config folder without weights is initialised at random by the seed", "[train]") {
+  const fs::path folder = config_folder("scratch_config");
+  PretrainConfig c = from_scratch_run("scratch_init", folder);
+  c.seed = 11;
+  Trainer t(c);
+  const auto& model = t.model();
+  CHECK(model->config().hidden_size == 64);
+  CHECK(model->config().initializer_range == 0.05);
+  CHECK_THAT(t.banner(), Catch::Matchers::Contains("initialised at random from " + (folder / "config.json").string()) &&
+                             Catch::Matchers::Contains("seed 11"));
+  // transformers' _init_weights: Linear and Embedding weights N(0, initializer_range), norms 1.
+  // Each tensor's sample std has a relative standard error of 1/sqrt(2n) and its mean a standard
+  // error of sigma/sqrt(n): 5 of them each (the draws are fixed by the seed; the smallest tensor,
+  // k_proj's 32 x 64, allows 7.8%).
+  int matrices = 0;
+  for (const auto& item : model->named_parameters()) {
+    CAPTURE(item.key());
+    const at::Tensor p = item.value().detach().to(at::kDouble);
+    if (item.key().ends_with("norm.weight")) {
+      CHECK(at::equal(p, at::ones_like(p)));
+      continue;
+    }
+    REQUIRE(p.dim() == 2);
+    ++matrices;
+    const double n = static_cast<double>(p.numel());
+    CHECK(std::abs(p.std().item<double>() / 0.05 - 1) < 5 / std::sqrt(2 * n));
+    CHECK(std::abs(p.mean().item<double>()) < 5 * 0.05 / std::sqrt(n));
+  }
+  CHECK(matrices == 2 + 2 * 7);  // embedding, lm_head; q, k, v, o, gate, up, down per layer
+  // kiln's own init of a preset (LlamaForCausalLMImpl::init_weights), the same numbers by seed.
+  kiln::model::LlamaForCausalLM same(model->config());
+  same->init_weights(11);
+  const auto want = same->named_parameters();
+  for (const auto& item : model->named_parameters()) CHECK(at::equal(item.value(), want[item.key()]));
+  c.seed = 12;
+  CHECK_FALSE(at::equal(Trainer(c).model()->named_parameters()["lm_head.weight"], want["lm_head.weight"]));
+
+  // Without train_from_scratch the folder has nothing to load: an error naming the file, before
+  // any data is read.
+  c.train_from_scratch = false;
+  const std::string error = kiln::test::error_of([&] { Trainer u(c); });
+  CHECK_THAT(error, Catch::Matchers::Contains((folder / "model.safetensors").string()) &&
+                        Catch::Matchers::Contains("model_name_or_path") &&
+                        Catch::Matchers::Contains("train_from_scratch: true"));
+}
+
+TEST_CASE("train_from_scratch: the run resumes exactly; the card claims no base model", "[train]") {
+  const fs::path folder = config_folder("scratch_resume_config");
+  PretrainConfig full = from_scratch_run("scratch_full", folder);
+  Trainer(full).train();
+  const auto la = losses(full.output_dir);
+  REQUIRE(la.size() == 8);
+  CHECK(la.back() < la.front());
+  const fs::path out(full.output_dir);
+  // HF's card for a model that was not fine-tuned from another; generation_config.json from the
+  // model config (from_config), as the folder's would not be read.
+  std::stringstream card_text;
+  card_text << std::ifstream(out / "README.md").rdbuf();
+  const std::string card = card_text.str();
+  CHECK_THAT(card, Catch::Matchers::Contains("This model was trained from scratch on") &&
+                       !Catch::Matchers::Contains("base_model") && !Catch::Matchers::Contains(folder.string()));
+  CHECK(fs::exists(out / "generation_config.json"));
+  CHECK(nlohmann::json::parse(std::ifstream(out / "training_args.json"))["train_from_scratch"] == true);
+
+  PretrainConfig resumed = from_scratch_run("scratch_resumed", folder);
+  resumed.resume_from_checkpoint = (out / "checkpoint-4").string();
+  Trainer b(resumed);
+  CHECK_THAT(b.banner(), Catch::Matchers::Contains("weights from the resumed checkpoint"));
+  b.train();
+  const auto lb = losses(resumed.output_dir);
+  REQUIRE(lb.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(lb[i] == la[4 + i]);  // bit-identical
 }

@@ -189,6 +189,17 @@ void ConfigReader::read(std::string_view key, std::vector<std::string>& out, Nee
   if (const auto items = list_items(key, need, "a list (a YAML list, or a,b)")) out = *items;
 }
 
+void ConfigReader::join_list(std::string_view key) {
+  const YAML::Node node = std::as_const(map_)[std::string(key)];
+  if (!node || !node.IsSequence()) return;
+  std::string joined;
+  for (const auto& item : node) {
+    if (!item.IsScalar()) return;
+    joined += (joined.empty() ? "" : ",") + item.Scalar();
+  }
+  map_[std::string(key)] = joined;
+}
+
 std::optional<std::string> ConfigReader::read_text(std::string_view key) {
   consumed_.emplace_back(key);
   const YAML::Node node = std::as_const(map_)[std::string(key)];

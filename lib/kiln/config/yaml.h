@@ -48,6 +48,10 @@ class ConfigReader {
   void read(std::string_view key, std::vector<int64_t>& out, Need need = Need::kOptional);
   void read(std::string_view key, std::vector<std::string>& out, Need need = Need::kOptional);
 
+  // LLaMA-Factory's comma-separated keys (dataset, eval_dataset, interleave_probs) may be written
+  // as a YAML list too (its split_arg takes either): a list of scalars at `key` becomes the one
+  // string "a,b", read like the written-out form. Anything else is left for the read to judge.
+  void join_list(std::string_view key);
   // Any value as text: a scalar as written, a list joined with ',', a mapping as "{...}";
   // nullopt when absent or null. Marks the key as consumed.
   std::optional<std::string> read_text(std::string_view key);

@@ -342,6 +342,8 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& input_ids, KVC
 void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  // transformers' _init_weights: `config.initializer_range or 0.02`.
+  const double std = config_.initializer_range > 0 ? config_.initializer_range : 0.02;
   for (const auto& item : named_parameters(/*recurse=*/true)) {
     at::Tensor p = item.value();
     if (p.is_meta()) continue;
@@ -351,7 +353,7 @@ void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
     } else if (name.ends_with(".bias")) {
       p.zero_();
     } else {
-      p.copy_(at::empty(p.sizes(), at::kFloat).normal_(0.0, config_.initializer_range, generator));
+      p.copy_(at::empty(p.sizes(), at::kFloat).normal_(0.0, std, generator));
     }
   }
 }

@@ -201,9 +201,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // positions already in `cache`, which is extended by T.
   at::Tensor forward_cached(const at::Tensor& input_ids, KVCache& cache);
 
-  // HF-style initialisation: Linear and Embedding weights ~ N(0, initializer_range), biases 0,
-  // norm weights 1. Values are drawn on the CPU in fp32 from `seed` and copied, so the same seed
-  // gives the same model on every device and dtype. No-op on the meta device.
+  // HF-style initialisation (transformers' PreTrainedModel._init_weights): Linear and Embedding
+  // weights ~ N(0, initializer_range) (0.02 when it is 0, as `initializer_range or 0.02`), biases
+  // 0, norm weights 1. The same distribution as transformers', not its numbers; unlike HF's
+  // nn.Embedding(padding_idx=pad_token_id), no row is zeroed (kiln's config has no pad token).
+  // Values are drawn on the CPU in fp32 from `seed` and copied, so the same seed gives the same
+  // model on every device and dtype. No-op on the meta device.
   void init_weights(uint64_t seed);
 
   int64_t num_parameters() const;  // trainable, counting a tied weight once

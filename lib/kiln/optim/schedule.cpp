@@ -26,9 +26,9 @@ std::vector<std::string> ScheduleKwargs::names() const {
   return out;
 }
 
-int64_t resolve_warmup_steps(int64_t warmup_steps, double warmup_ratio, int64_t total_steps) {
-  if (warmup_steps > 0) return warmup_steps;
-  return static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total_steps)));
+int64_t resolve_warmup_steps(double warmup_steps, int64_t total_steps) {
+  if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
+  return static_cast<int64_t>(std::ceil(static_cast<double>(total_steps) * warmup_steps));
 }
 
 namespace {

@@ -51,8 +51,10 @@ struct ScheduleConfig {
 // Assumes check_schedule(config) passed.
 double lr_multiplier(const ScheduleConfig& config, int64_t step);
 
-// HF's rule: warmup_steps if > 0, else ceil(warmup_ratio * total_steps).
-int64_t resolve_warmup_steps(int64_t warmup_steps, double warmup_ratio, int64_t total_steps);
+// transformers 5.6's TrainingArguments.get_warmup_steps (training_args.py:2107-2114): warmup_steps
+// is a float, its integer part when >= 1, else ceil(total_steps * warmup_steps) (a ratio; what a
+// given warmup_ratio becomes, PretrainConfig::hf_warmup_steps).
+int64_t resolve_warmup_steps(double warmup_steps, int64_t total_steps);
 
 // The types lr_multiplier knows, and the kwargs each takes (HF's signature less the optimizer,
 // the step counts and last_epoch); schedule_kwargs throws std::invalid_argument for another type.

@@ -251,7 +251,9 @@ std::vector<config::KeyDoc> command_keys(Command command) {
                                             "(kiln-pretrain also takes lr_scheduler_kwargs) (default {})",
                                             fmt::join(optim::schedule_types(), ", "), d.lr_scheduler_type)},
           {"warmup_ratio", fmt::format("warmup share of the point's steps (default {:g})", d.warmup_ratio)},
-          {"warmup_steps", fmt::format("warmup steps; > 0 wins over warmup_ratio (default {})", d.warmup_steps)},
+          {"warmup_steps", fmt::format("warmup steps, or below 1 a share of the point's steps; a warmup_ratio > 0 "
+                                       "replaces it, as in transformers 5.6 (default {})",
+                                       d.warmup_steps)},
           {"min_lr_ratio", fmt::format("floor of cosine and warmup_stable_decay (default {:g})", d.min_lr_ratio)},
           {"decay_ratio",
            "> 0: warmup_stable_decay decays over this share of the steps (default 0: "

@@ -3,9 +3,11 @@
 #include "kiln/train/pretrain_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <variant>
 
@@ -15,9 +17,12 @@
 #include "kiln/common/device.h"
 #include "kiln/common/logger.h"
 #include "kiln/config/yaml.h"
+#include "kiln/data/mixture.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/hf/lf_keys.h"
+#include "kiln/train/hf/lf_template.h"
+#include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/pretrain_keys.h"
 #include "kiln/train/recomputation.h"
 
@@ -31,6 +36,7 @@ const config::KeyTable<PretrainConfig>& pretrain_key_table() {
   static const config::KeyTable<PretrainConfig> table = {
       {"model", &C::model},
       {"model_name_or_path", &C::model_name_or_path},
+      {"train_from_scratch", &C::train_from_scratch},
       {"dataset_dir", &C::dataset_dir},
       {"dataset", &C::dataset},
       {"tokenized_path", &C::tokenized_path},
@@ -42,6 +48,12 @@ const config::KeyTable<PretrainConfig>& pretrain_key_table() {
       {"preprocessing_batch_size", &C::preprocessing_batch_size},
       {"preprocessing_num_workers", &C::preprocessing_num_workers},
       {"streaming", &C::streaming},
+      {"buffer_size", &C::buffer_size},
+      {"mix_strategy", &C::mix_strategy},
+      {"interleave_probs", &C::interleave_probs},
+      {"template", &C::template_name},
+      {"eval_dataset", &C::eval_dataset},
+      {"eval_on_each_dataset", &C::eval_on_each_dataset},
       {"per_device_train_batch_size", &C::per_device_train_batch_size},
       {"per_device_eval_batch_size", &C::per_device_eval_batch_size},
       {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
@@ -103,6 +115,8 @@ void read_fields(ConfigReader& r, PretrainConfig& c) {
   if (r.has("val_size")) {
     if (const auto text = r.read_text("val_size")) c.val_size_is_count = integer_text(*text);
   }
+  if (r.has("warmup_ratio") && !r.is_null("warmup_ratio")) c.warmup_ratio_given = true;
+  for (const char* key : {"dataset", "eval_dataset", "interleave_probs"}) r.join_list(key);
   config::read_keys(r, c, pretrain_key_table());
   std::transform(c.packing.begin(), c.packing.end(), c.packing.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
@@ -110,7 +124,49 @@ void read_fields(ConfigReader& r, PretrainConfig& c) {
   r.finish();
 }
 
+// What the reading leaves to be settled once every source is read (the file, then the command
+// line), as LLaMA-Factory settles its merged arguments: the recomputation of an LLaMA-Factory YAML.
+// Returns the info lines that say what was decided and why.
+std::vector<std::string> settle(PretrainConfig& c) {
+  std::vector<std::string> notes;
+  // LLaMA-Factory recomputes unless disable_gradient_checkpointing: true (its default false;
+  // model/model_utils/checkpointing.py:164), and HF's gradient_checkpointing: true turns it on
+  // too (transformers trainer.py:1378), so a false there does not turn it off.
+  if ((c.llamafactory_data() || c.disable_gradient_checkpointing >= 0) && c.disable_gradient_checkpointing != 1 &&
+      !c.gradient_checkpointing) {
+    c.gradient_checkpointing = true;
+    if (!c.auto_fit) {
+      // The policy's name when the keys agree (validate() reports a contradiction).
+      const bool valid = !recomputation_problem(true, c.gradient_checkpointing_policy, c.gradient_checkpointing_every);
+      notes.push_back(fmt::format(
+          "gradient checkpointing on{}: LLaMA-Factory's default for this YAML (disable_gradient_checkpointing: {}); "
+          "disable_gradient_checkpointing: true turns it off",
+          valid
+              ? fmt::format(
+                    " (recomputation {})",
+                    resolve_recomputation(true, c.gradient_checkpointing_policy, c.gradient_checkpointing_every).name())
+              : "",
+          c.disable_gradient_checkpointing == 0 ? "false" : "false by default"));
+    }
+  }
+  if (c.neat_packing) {
+    notes.push_back(
+        "neat_packing: true is kiln's extension at stage pt: LLaMA-Factory 0.9.5 refuses it (\"`neat_packing` "
+        "cannot be set as True except SFT.\", hparams/parser.py:320-321)");
+  }
+  return notes;
+}
+
 }  // namespace
+
+double PretrainConfig::hf_warmup_steps() const {
+  return warmup_ratio_given || warmup_ratio > 0 ? warmup_ratio : warmup_steps;
+}
+
+int64_t resolve_steps(double value, int64_t total_steps) {
+  if (value >= 1) return static_cast<int64_t>(value);
+  return static_cast<int64_t>(std::ceil(static_cast<double>(total_steps) * value));
+}
 
 const std::vector<std::string>& pretrain_config_keys() {
   static const std::vector<std::string> keys = [] {
@@ -156,7 +212,8 @@ void PretrainConfig::validate() const {
     fail(e.key, e.what());
   }
   in_range("warmup_ratio", warmup_ratio, 0, 1, true);
-  at_least("warmup_steps", warmup_steps, 0);
+  if (!(warmup_steps >= 0))
+    fail("warmup_steps", fmt::format("must be >= 0 (a count, or below 1 a share of the steps), got {}", warmup_steps));
   in_range("min_lr_ratio", min_lr_ratio, 0, 1, false);
   in_range("decay_ratio", decay_ratio, 0, 1, false);
   if (!(weight_decay >= 0)) fail("weight_decay", fmt::format("must be >= 0, got {}", weight_decay));
@@ -216,11 +273,66 @@ void PretrainConfig::validate() const {
          "order (datasets' 16384-document shuffle buffer) is not reproduced. Remove streaming: the same "
          "documents are then split and packed as LLaMA-Factory's non-streaming run does");
   }
+  // LLaMA-Factory's DataArguments.__post_init__ (hparams/data_args.py), in its order and words.
+  const auto count_names = [](const std::string& names) {  // split_arg: before the dict drops repeats
+    return names.empty() ? size_t{0} : static_cast<size_t>(std::count(names.begin(), names.end(), ',')) + 1;
+  };
+  if (!eval_dataset.empty() && val_size > 1e-6)
+    fail("val_size", "Cannot specify `val_size` if `eval_dataset` is not None.");
+  if (!eval_dataset.empty() && dataset.empty())
+    fail("eval_dataset", "needs dataset: evaluation datasets are LLaMA-Factory datasets of dataset_info.json");
+  std::vector<double> probabilities;
+  try {
+    probabilities = interleave_probabilities();
+  } catch (const std::invalid_argument& e) {
+    fail("interleave_probs", e.what());
+  }
+  if (!interleave_probs.empty()) {
+    if (mix_strategy == "concat") fail("interleave_probs", "`interleave_probs` is only valid for interleaved mixing.");
+    if (!dataset.empty() && count_names(dataset) != probabilities.size())
+      fail("interleave_probs", fmt::format("The length of dataset and interleave probs should be identical. ({} "
+                                           "datasets, {} probabilities)",
+                                           count_names(dataset), probabilities.size()));
+    if (!eval_dataset.empty() && count_names(eval_dataset) != probabilities.size())
+      fail("interleave_probs", fmt::format("The length of eval dataset and interleave probs should be identical. ({} "
+                                           "eval datasets, {} probabilities)",
+                                           count_names(eval_dataset), probabilities.size()));
+  }
+  try {
+    data::parse_mix_strategy(mix_strategy);
+  } catch (const std::invalid_argument& e) {
+    fail("mix_strategy", e.what());
+  }
+  if (!template_name.empty() && !find_lf_template(template_name)) {
+    fail("template", fmt::format("Template {} does not exist. (LLaMA-Factory 0.9.5's words; kiln knows its {} "
+                                 "templates: lib/kiln/train/hf/lf_templates.inc)",
+                                 template_name, lf_templates().size()));
+  }
+  at_least("buffer_size", buffer_size, 1);
   at_least("max_samples", max_samples, 0);
-  at_least("logging_steps", logging_steps, 1);
-  at_least("save_steps", save_steps, 0);
+  // HF's float step intervals (training_args.py:1687-1702): below 1 a share of the steps, above 1
+  // a whole number; eval_steps is checked where it is used (HF: under eval_strategy steps).
+  auto interval = [&](const char* key, double v, bool zero_ok, bool checked) {
+    if (!(zero_ok ? v >= 0 : v > 0)) {
+      fail(key,
+           fmt::format("must be {} (a count, or below 1 a share of the steps), got {}", zero_ok ? ">= 0" : "> 0", v));
+    }
+    if (checked && v > 1 && v != std::floor(v)) {
+      fail(key, fmt::format("--{} must be an integer if bigger than 1: {} (HF's check)", key, v));
+    }
+  };
+  interval("logging_steps", logging_steps, false, true);
+  interval("save_steps", save_steps, true, true);
+  interval("eval_steps", eval_steps, true, !hf_evaluation_rules(*this) || eval_strategy == "steps");
   at_least("save_total_limit", save_total_limit, 0);
-  at_least("eval_steps", eval_steps, 0);
+  // LLaMA-Factory refuses evaluation without evaluation data (hparams/parser.py:362-365; HF's
+  // TrainingArguments turns do_eval on for eval_strategy steps, training_args.py:1537-1538).
+  if (llamafactory_data() && (do_eval == 1 || eval_strategy == "steps") && eval_dataset.empty() && val_size < 1e-6) {
+    fail(eval_strategy == "steps" ? "eval_strategy" : "do_eval",
+         fmt::format("{} needs evaluation data: \"Please make sure eval_dataset be provided or val_size >1e-6\" "
+                     "(LLaMA-Factory, hparams/parser.py:362-365)",
+                     eval_strategy == "steps" ? "steps" : "true"));
+  }
   if (output_dir.empty()) fail("output_dir", "must not be empty");
   if (const auto problem =
           recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy, gradient_checkpointing_every)) {
@@ -234,6 +346,30 @@ void PretrainConfig::validate() const {
     fail("report_to", fmt::format("must be none or tensorboard, got '{}'", report_to));
   }
   resolved_zero_stage();
+}
+
+std::vector<double> PretrainConfig::interleave_probabilities() const {
+  std::vector<double> out;
+  if (interleave_probs.empty()) return out;
+  std::string item;
+  std::stringstream ss(interleave_probs);
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t[]");
+    const auto e = item.find_last_not_of(" \t[]");
+    const std::string v = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (v.empty() || used != v.size())
+      throw std::invalid_argument(
+          fmt::format("could not convert string to float: '{}' (in '{}')", v, interleave_probs));
+    out.push_back(x);
+  }
+  return out;
 }
 
 bool PretrainConfig::report_to_tensorboard() const {
@@ -295,6 +431,7 @@ PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std
   ConfigReader reader = ConfigReader::from_string(text, source);
   read_fields(reader, c);
   c.source = reader.source();
+  settle(c);
   c.validate();
   return c;
 }
@@ -310,8 +447,15 @@ std::string pretrain_config_json(const PretrainConfig& c) {
     for (const auto& [key, value] : c.lr_scheduler_kwargs.strings) kwargs[key] = value;
     j["lr_scheduler_kwargs"] = kwargs;
   }
+  // HF's float step keys: a whole number is written as one (10, not 10.0), as HF's own ints.
+  for (const char* key : {"logging_steps", "save_steps", "eval_steps", "warmup_steps"}) {
+    const double v = j[key].get<double>();
+    if (v == std::floor(v) && std::abs(v) < 9e15) j[key] = static_cast<int64_t>(v);
+  }
   j["report_to"] = c.report_to;  // read by the LLaMA-Factory key table (hf/lf_keys.h), not fields()
   if (c.do_eval >= 0) j["do_eval"] = c.do_eval == 1;
+  if (c.disable_gradient_checkpointing >= 0)
+    j["disable_gradient_checkpointing"] = c.disable_gradient_checkpointing == 1;
   if (!c.eval_strategy.empty()) j["eval_strategy"] = c.eval_strategy;
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
@@ -344,7 +488,9 @@ PretrainConfig load_pretrain_config(const std::string& path,
     read_fields(cli, c);
     c.source = path.empty() ? "command line" : c.source + " + command line";
   }
+  const std::vector<std::string> notes = settle(c);
   c.validate();
+  for (const auto& line : notes) logger()->info("kiln: {}: {}", c.source, line);
   for (const auto& line : keys_without_effect(c, given)) logger()->warn("kiln: warning: {}: {}", c.source, line);
   return c;
 }

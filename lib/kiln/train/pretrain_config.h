@@ -18,6 +18,11 @@ struct KILN_API PretrainConfig {
   // Model: a preset / model YAML (`model`) or a Hugging Face directory to continue from.
   std::string model;
   std::string model_name_or_path;
+  // LLaMA-Factory's train_from_scratch: the model is initialised at random (by seed, as a `model`
+  // preset: LlamaForCausalLMImpl::init_weights, HF's _init_weights distribution) from
+  // model_name_or_path's config.json instead of loading its weights, which the folder need not
+  // have; its tokenizer.json tokenizes `dataset` and is saved with the model.
+  bool train_from_scratch = false;
   // Data: a folder of token shards written by kiln-tokenize (it holds meta.json); empty = the
   // embedded corpus. With `dataset`: LLaMA-Factory's folder of dataset_info.json ("" = "data").
   std::string dataset_dir;
@@ -44,7 +49,22 @@ struct KILN_API PretrainConfig {
   int64_t preprocessing_batch_size = 1000;
   int64_t preprocessing_num_workers = 0;  // 0 or 1: one shard
   bool streaming = false;                 // LLaMA-Factory's rules are checked, then refused
-  int64_t data_seed = -1;                 // the sampler's seed (HF's data_seed); -1 = seed
+  int64_t buffer_size = 16384;            // streaming's shuffle buffer (LLaMA-Factory's default)
+  // How the datasets of `dataset` are merged (data/mixture.h): concat, interleave_under or
+  // interleave_over, with interleave_probs ("0.7,0.3": one per dataset; "" = round robin).
+  std::string mix_strategy = "concat";
+  std::string interleave_probs;
+  // LLaMA-Factory's chat template: at stage pt it fixes the tokenizer's EOS and pad and what ends
+  // each document (train/hf/lf_template.h); "" = none.
+  std::string template_name;
+  // Evaluation datasets by name ("a,b"; with `dataset`, not with val_size): loaded, merged and
+  // packed as the training data, in file order; eval_on_each_dataset evaluates each one alone
+  // (eval_<name>_loss).
+  std::string eval_dataset;
+  bool eval_on_each_dataset = false;
+  // interleave_probs as numbers (empty = none); std::invalid_argument naming a bad entry.
+  std::vector<double> interleave_probabilities() const;
+  int64_t data_seed = -1;  // the sampler's seed (HF's data_seed); -1 = seed
   // `dataset` names LLaMA-Factory datasets: its data pipeline, collator and loss normalisation apply.
   bool llamafactory_data() const { return !dataset.empty(); }
   // The examples' length: cutoff_len, less one when a LLaMA-Factory YAML writes packing: true.
@@ -59,8 +79,14 @@ struct KILN_API PretrainConfig {
   double learning_rate = 5e-5;
   std::string lr_scheduler_type = "linear";   // HF's SchedulerType values (optim::schedule_types())
   optim::ScheduleKwargs lr_scheduler_kwargs;  // HF's, checked against the type (optim/schedule.h)
+  // Warmup as transformers 5.6 reads it: warmup_steps is a float, a count (its integer part) or,
+  // below 1, a share of the run's steps, ceil(total x warmup_steps) (training_args.py:2107-2114);
+  // a warmup_ratio that is written (HF's "not None", even 0) replaces warmup_steps
+  // (training_args.py:1511-1513, the deprecated key). hf_warmup_steps() is the value that wins.
   double warmup_ratio = 0.0;
-  int64_t warmup_steps = 0;   // > 0 overrides warmup_ratio (as in HF)
+  double warmup_steps = 0;
+  bool warmup_ratio_given = false;  // warmup_ratio was written (set by the reader)
+  double hf_warmup_steps() const;
   double min_lr_ratio = 0.0;  // floor of cosine / warmup_stable_decay's decay, as a fraction of learning_rate
   double decay_ratio = 0.0;   // > 0: warmup_stable_decay decays over this fraction of all steps (kiln's split)
   double weight_decay = 0.0;
@@ -71,7 +97,13 @@ struct KILN_API PretrainConfig {
 
   bool bf16 = false;
   bool fp16 = false;
+  // Recomputation. LLaMA-Factory's rule applies to a YAML that names `dataset` or writes
+  // disable_gradient_checkpointing: on unless disable_gradient_checkpointing is true, whatever
+  // gradient_checkpointing says (model/model_utils/checkpointing.py:164; HF's key only turns it
+  // on, trainer.py:1378), so an LLaMA-Factory YAML recomputes by default (the reader sets
+  // gradient_checkpointing and logs why). kiln's own configs: gradient_checkpointing alone.
   bool gradient_checkpointing = false;
+  int64_t disable_gradient_checkpointing = -1;  // LLaMA-Factory's key: -1 (not written), 0 or 1
   // With gradient_checkpointing: full (every decoder layer, HF's), every_n (layers 0, n, 2n, ...
   // with n = gradient_checkpointing_every, default 2): a memory/time point between none and full,
   // or selective (every layer keeps its matmul outputs and recomputes only the element-wise parts:
@@ -104,10 +136,12 @@ struct KILN_API PretrainConfig {
   bool neat_packing = false;
 
   int64_t seed = 42;
-  int64_t logging_steps = 10;
-  int64_t save_steps = 500;      // 0 = save only at the end
+  // Step intervals as HF's floats: a count, or below 1 a share of the run's optimizer steps
+  // resolved when the total is known (resolve_steps); above 1 a whole number.
+  double logging_steps = 10;
+  double save_steps = 500;       // 0 = save only at the end
   int64_t save_total_limit = 0;  // 0 = keep every checkpoint
-  int64_t eval_steps = 0;        // 0 = evaluate only at the end
+  double eval_steps = 0;         // 0 = evaluate only at the end (under HF's rules: every logging_steps)
   // HF's evaluation switches, read from LLaMA-Factory's keys (hf/run_outputs.h, eval_schedule):
   // do_eval -1 (not written), 0 or 1; eval_strategy "" (not written), "steps" or "no".
   int64_t do_eval = -1;
@@ -144,6 +178,11 @@ struct KILN_API PretrainConfig {
   // zero_stage, or the stage of the `deepspeed` file when one is given (errors name the file and key).
   int resolved_zero_stage() const;
 };
+
+// A step interval as transformers 5.6 resolves it once the run's total optimizer steps are known
+// (TrainerState.compute_steps, trainer_callback.py:156-167; get_warmup_steps likewise): a value
+// below 1 is ceil(total_steps x value), 1 and above its integer part.
+KILN_API int64_t resolve_steps(double value, int64_t total_steps);
 
 // Reads `path` (a YAML file, or the name of a configs/pretrain preset such as "quickstart";
 // empty = defaults only), then applies command-line overrides given as

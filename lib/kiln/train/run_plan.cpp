@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 
 #include "kiln/common/device.h"
@@ -18,10 +20,13 @@
 #include "kiln/cost/hardware.h"
 #include "kiln/cost/plan.h"
 #include "kiln/data/lf_examples.h"
+#include "kiln/data/mixture.h"
+#include "kiln/data/named_datasets.h"
 #include "kiln/data/shards.h"
 #include "kiln/dist/comm.h"
 #include "kiln/model/hf.h"
 #include "kiln/train/kernel_choices.h"
+#include "kiln/train/recomputation.h"
 #include "kiln/train/run_description.h"
 #include "kiln/train/training_data.h"
 
@@ -118,39 +123,89 @@ std::string apply_auto_fit(PretrainConfig& c, const model::LlamaConfig& model, c
       best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
 }
 
-// LLaMA-Factory 0.9.5's examples (data/lf_examples.h): the merged datasets' documents split into
-// train and eval before packing, each packed per preprocessing_batch_size documents.
-std::pair<std::shared_ptr<const data::PackedDataset>, std::shared_ptr<const data::PackedDataset>> llamafactory_examples(
-    const PretrainConfig& config_, const std::shared_ptr<const data::TokenSplit>& documents) {
-  const auto fail = [&](const char* key, const std::string& problem) {
-    throw config::ConfigError(config::config_message(config_.source, key, problem));
-  };
-  data::DocumentSplit split;
-  try {
-    split = data::split_documents(documents->num_documents(), config_.val_size, config_.val_size_is_count,
-                                  static_cast<uint64_t>(config_.seed));
-  } catch (const std::invalid_argument& e) {
-    fail("val_size", fmt::format("{} ({} documents in {})", e.what(), documents->num_documents(), config_.dataset));
+// LLaMA-Factory 0.9.5's examples (data/lf_examples.h) of one shard folder of named datasets,
+// `per_dataset` documents each, in order. `key` names the datasets' key in errors.
+class LfExamples {
+ public:
+  LfExamples(const PretrainConfig& config, std::shared_ptr<const data::TokenSplit> documents,
+             std::vector<int64_t> per_dataset, const char* key, std::string names)
+      : c_(config),
+        documents_(std::move(documents)),
+        per_dataset_(std::move(per_dataset)),
+        key_(key),
+        names_(std::move(names)) {
+    const int64_t recorded = std::accumulate(per_dataset_.begin(), per_dataset_.end(), int64_t{0});
+    if (recorded != documents_->num_documents()) {
+      fail(key_, fmt::format("the shards of {} hold {} documents, their kiln_dataset.json records {}; "
+                             "overwrite_cache: true tokenizes them again",
+                             names_, documents_->num_documents(), recorded));
+    }
   }
-  const data::PackOptions po{.block_len = config_.block_len(),
-                             .packing = config_.packing != "false",
-                             .batch_documents = config_.preprocessing_batch_size,
-                             .workers = config_.preprocessing_num_workers};
-  const auto examples = [&](std::vector<int64_t> docs, const char* what) {
+
+  // The datasets merged by mix_strategy (data/mixture.h), as LLaMA-Factory's merge_dataset.
+  std::vector<int64_t> merged() const {
+    try {
+      return data::mix_documents(per_dataset_, data::parse_mix_strategy(c_.mix_strategy), c_.interleave_probabilities(),
+                                 static_cast<uint64_t>(c_.seed));
+    } catch (const std::invalid_argument& e) {
+      fail("mix_strategy",
+           fmt::format("{} ({}: {} documents per dataset)", e.what(), names_, fmt::join(per_dataset_, ", ")));
+    }
+  }
+
+  // Dataset i's documents alone (eval_on_each_dataset: _get_merged_dataset(return_dict=True)).
+  std::vector<int64_t> dataset(size_t i) const {
+    const int64_t first =
+        std::accumulate(per_dataset_.begin(), per_dataset_.begin() + static_cast<long>(i), int64_t{0});
+    std::vector<int64_t> out(static_cast<size_t>(per_dataset_[i]));
+    std::iota(out.begin(), out.end(), first);
+    return out;
+  }
+
+  // The merged documents split into train and eval before packing (val_size).
+  data::DocumentSplit split(std::vector<int64_t> merged) const {
+    data::DocumentSplit split;
+    try {
+      split = data::split_documents(static_cast<int64_t>(merged.size()), c_.val_size, c_.val_size_is_count,
+                                    static_cast<uint64_t>(c_.seed));
+    } catch (const std::invalid_argument& e) {
+      fail("val_size", fmt::format("{} ({} documents in {})", e.what(), merged.size(), names_));
+    }
+    // Positions in the merged order -> documents of the stream.
+    for (auto* part : {&split.train, &split.eval}) {
+      for (int64_t& position : *part) position = merged[static_cast<size_t>(position)];
+    }
+    return split;
+  }
+
+  // `docs` packed per preprocessing_batch_size documents (or truncated one by one).
+  std::shared_ptr<const data::PackedDataset> pack(std::vector<int64_t> docs, const std::string& what) const {
+    const data::PackOptions po{.block_len = c_.block_len(),
+                               .packing = c_.packing != "false",
+                               .batch_documents = c_.preprocessing_batch_size,
+                               .workers = c_.preprocessing_num_workers};
     const int64_t n = static_cast<int64_t>(docs.size());
-    auto table = data::ExampleTable::build(std::move(docs), documents->document_starts(), po);
+    auto table = data::ExampleTable::build(std::move(docs), documents_->document_starts(), po);
     if (table->num_examples() == 0) {
       fail("cutoff_len",
            fmt::format("Cannot find sufficient samples, consider increasing dataset size. (LLaMA-Factory's words: the "
-                       "{} {} documents of {} pack into no block of {} tokens within one preprocessing_batch_size "
+                       "{} {} documents pack into no block of {} tokens within one preprocessing_batch_size "
                        "batch of {})",
-                       n, what, config_.dataset, po.block_len, po.batch_documents));
+                       n, what, po.block_len, po.batch_documents));
     }
-    return std::make_shared<data::PackedDataset>(documents, table);
-  };
-  auto train = examples(std::move(split.train), "train");
-  return {train, split.eval.empty() ? nullptr : examples(std::move(split.eval), "eval")};
-}
+    return std::make_shared<data::PackedDataset>(documents_, table);
+  }
+
+ private:
+  [[noreturn]] void fail(const char* key, const std::string& problem) const {
+    throw config::ConfigError(config::config_message(c_.source, key, problem));
+  }
+  const PretrainConfig& c_;
+  std::shared_ptr<const data::TokenSplit> documents_;
+  std::vector<int64_t> per_dataset_;
+  const char* key_;
+  std::string names_;
+};
 
 // kiln's shard folders: the train split packed into cutoff_len blocks in order; val_size holds
 // out random blocks, else the folder's val split is the evaluation data.
@@ -210,8 +265,31 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
   lo.rank = env.rank;
   lo.world_size = env.world_size;
   if (config_.llamafactory_data()) {
-    d.ignored_label_id = llamafactory_pad_id(config_, meta.eos_id);
-    std::tie(d.train, d.val) = llamafactory_examples(config_, train_split);
+    const LfSpecialTokens special = llamafactory_special_tokens(config_);
+    if (env.rank == 0) {
+      for (const auto& line : special.lines) logger()->info("kiln-pretrain: {}", line);
+    }
+    d.ignored_label_id = special.pad_id;
+    // get_dataset: merge (mix_strategy), split (val_size), pack each split.
+    const LfExamples train(config_, train_split, data::named_dataset_documents(d.dir), "dataset", config_.dataset);
+    data::DocumentSplit split = train.split(train.merged());
+    d.train = train.pack(std::move(split.train), "train");
+    if (!split.eval.empty()) d.val = train.pack(std::move(split.eval), "eval");
+    if (!config_.eval_dataset.empty()) {
+      const auto prepared = eval_datasets(config_);
+      d.eval_shards = data::TokenShards::open(prepared.shard_dir);
+      d.eval_shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
+      const LfExamples eval(config_, d.eval_shards->split("train"), prepared.documents, "eval_dataset",
+                            config_.eval_dataset);
+      if (config_.eval_on_each_dataset) {
+        for (size_t i = 0; i < prepared.names.size(); ++i) {
+          d.named_evals.emplace_back(prepared.names[i],
+                                     eval.pack(eval.dataset(i), fmt::format("eval_dataset {}", prepared.names[i])));
+        }
+      } else {
+        d.val = eval.pack(eval.merged(), fmt::format("eval_dataset {}", config_.eval_dataset));
+      }
+    }
     // HF Trainer's sampler (torch.randperm) and transformers' collator with pad = EOS.
     lo.order = data::LoaderOptions::Order::kTorchRandperm;
     lo.ignore_label_id = lo.pad_id = d.ignored_label_id;
@@ -229,6 +307,31 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
 }
 
 }  // namespace
+
+namespace {
+
+// The banner's words for a LLaMA-Factory run's evaluation data.
+std::string eval_data_text(const RunData& d, const PretrainConfig& c) {
+  if (!d.named_evals.empty()) {
+    std::vector<std::string> each;
+    for (const auto& [name, set] : d.named_evals)
+      each.push_back(fmt::format("{} {}", name, with_commas(set->num_blocks())));
+    return fmt::format("eval_on_each_dataset: {} examples", fmt::join(each, ", "));
+  }
+  if (!d.val) return "no eval split";
+  if (d.eval_shards)
+    return fmt::format("eval {} examples of eval_dataset {}", with_commas(d.val->num_blocks()), c.eval_dataset);
+  return fmt::format("eval {} examples of held-out documents", with_commas(d.val->num_blocks()));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> RunData::eval_sets() const {
+  std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> out;
+  if (val) out.emplace_back("eval", val);
+  for (const auto& [name, set] : named_evals) out.emplace_back("eval_" + name, set);
+  return out;
+}
 
 RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
   RunPlan plan;
@@ -307,6 +410,16 @@ std::string run_banner(const RunPlan& plan, const dist::Comm* comm) {
                      : c.fp16 ? "fp16 (autocast, loss scaling)"
                               : "fp32",
                      c.kernels);
+  if (c.gradient_checkpointing) {
+    const Recomputation r =
+        resolve_recomputation(true, c.gradient_checkpointing_policy, c.gradient_checkpointing_every);
+    const bool lf_default =
+        (c.llamafactory_data() || c.disable_gradient_checkpointing >= 0) && c.disable_gradient_checkpointing != 1;
+    out += fmt::format("\n  Recomputation = {}{}", r.name(),
+                       lf_default ? " (gradient checkpointing: LLaMA-Factory's default unless "
+                                    "disable_gradient_checkpointing: true)"
+                                  : "");
+  }
   const bool planned_job = comm == nullptr && plan.env.launcher != "none";
   if (comm) {
     out += fmt::format("\n  Distributed = {} processes ({}, {}; this is rank {}), ZeRO stage {}, buckets of {} MB",
@@ -327,9 +440,12 @@ std::string run_banner(const RunPlan& plan, const dist::Comm* comm) {
         "\n  Data = {} ({} documents of {}, {} tokens; train {} examples of {}{} tokens, {} tokens dropped; {})", d.dir,
         with_commas(docs->num_documents()), c.dataset, with_commas(docs->num_tokens()),
         with_commas(d.train->num_blocks()), d.train->fixed_length() ? "" : "up to ", d.train->cutoff_len(),
-        with_commas(d.train->dropped_tokens()),
-        d.val ? fmt::format("eval {} examples of held-out documents", with_commas(d.val->num_blocks()))
-              : "no eval split");
+        with_commas(d.train->dropped_tokens()), eval_data_text(d, c));
+    if (c.mix_strategy != "concat") {
+      out += fmt::format(
+          "\n  Mixture = {}{} (datasets' interleave_datasets, seed {})", c.mix_strategy,
+          c.interleave_probs.empty() ? " round robin" : fmt::format(", probabilities {}", c.interleave_probs), c.seed);
+    }
   } else {
     out += fmt::format("\n  Data = {} ({} train tokens in {} blocks of {}, {} dropped; {})", d.dir,
                        with_commas(d.shards->split("train")->num_tokens()), with_commas(d.train->num_blocks()),

@@ -39,7 +39,13 @@ struct RunData {
   std::string dir;  // the shard folder
   std::shared_ptr<data::TokenShards> shards;
   std::shared_ptr<const data::PackedDataset> train, val;  // val: null without evaluation data
-  data::LoaderOptions loader;                             // the train loader's (this rank's)
+  std::shared_ptr<data::TokenShards> eval_shards;         // eval_dataset's folder (null without)
+  // eval_on_each_dataset: each eval dataset alone, by name (val is then null).
+  std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> named_evals;
+  // What an evaluation evaluates, each with its metrics' prefix as HF's Trainer names them:
+  // {"eval", val}, or {"eval_<name>", set} per named set; empty without evaluation data.
+  std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> eval_sets() const;
+  data::LoaderOptions loader;  // the train loader's (this rank's)
   // LLaMA-Factory datasets: the id whose labels are -100 (the pad token, which its tokenizer
   // fix-up makes EOS when the tokenizer has none); -1 for kiln's shard folders.
   int64_t ignored_label_id = -1;

@@ -52,7 +52,16 @@ std::string examples_json(const RunPlan& plan, int64_t limit) {
   if (!d.train) throw std::logic_error("examples_json: this run's batches come from the host");
   json out;
   out["train"] = split_json(*d.train, d.loader, limit);
+  // With eval_on_each_dataset, per dataset by name (LLaMA-Factory's eval_dataset dict).
   out["eval"] = d.val ? split_json(*d.val, d.loader, limit) : json(nullptr);
+  json eval_examples = d.val ? json(d.val->num_blocks()) : json(nullptr);
+  if (!d.named_evals.empty()) {
+    out["eval"] = eval_examples = json::object();
+    for (const auto& [name, set] : d.named_evals) {
+      out["eval"][name] = split_json(*set, d.loader, limit);
+      eval_examples[name] = set->num_blocks();
+    }
+  }
   const StepPlan& p = plan.steps;
   json trainer = {{"num_examples", p.num_examples},
                   {"num_epochs", static_cast<int64_t>(std::ceil(p.num_epochs))},
@@ -63,7 +72,7 @@ std::string examples_json(const RunPlan& plan, int64_t limit) {
                   {"max_steps", p.total_steps},
                   {"batches_per_epoch", p.batches_per_epoch},
                   {"last_window_batches", p.last_window_batches()},
-                  {"eval_num_examples", d.val ? json(d.val->num_blocks()) : json(nullptr)}};
+                  {"eval_num_examples", eval_examples}};
   // The sampler's first epochs (as many as the run has, at most 3), each its first 100 indices
   // for large sets.
   data::LoaderOptions o = d.loader;

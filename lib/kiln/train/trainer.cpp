@@ -123,6 +123,9 @@ TrainResult Trainer::train() {
   prepare_output_dir();
   Run run(*this);
   State& st = *state_;
+  // HF's step intervals, a float below 1 being a share of the run's steps (pretrain_config.h).
+  const int64_t log_every = resolve_steps(config_.logging_steps, plan_.steps.total_steps);
+  const int64_t save_every = resolve_steps(config_.save_steps, plan_.steps.total_steps);
   while (st.global_step < plan_.steps.total_steps) {
     if (stop_requested()) {
       run.stop(fmt::format("at step {}", st.global_step));
@@ -147,13 +150,13 @@ TrainResult Trainer::train() {
       break;
     }
     const int64_t step = st.global_step;
-    if (step % config_.logging_steps == 0 || step == plan_.steps.total_steps) run.log_window(step);
+    if (step % log_every == 0 || step == plan_.steps.total_steps) run.log_window(step);
     if (run.evals.every > 0 && step % run.evals.every == 0 && step != plan_.steps.total_steps &&
         !run.evaluate_at(step)) {
       run.stop(fmt::format("during the evaluation at step {} (the partial evaluation is dropped)", step));
       break;
     }
-    if (config_.save_steps > 0 && step % config_.save_steps == 0 && step != plan_.steps.total_steps) {
+    if (save_every > 0 && step % save_every == 0 && step != plan_.steps.total_steps) {
       run.result.last_checkpoint = save_checkpoint(step);
     }
   }

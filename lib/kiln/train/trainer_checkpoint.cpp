@@ -41,9 +41,11 @@ HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
   s.global_step = step;
   s.epoch = epoch_of(step);
   s.max_steps = plan_.steps.total_steps;
-  s.logging_steps = config_.logging_steps;
-  s.eval_steps = config_.eval_steps > 0 ? config_.eval_steps : config_.logging_steps;
-  s.save_steps = config_.save_steps;
+  // TrainerState.compute_steps: the intervals resolved against the run's steps.
+  s.logging_steps = resolve_steps(config_.logging_steps, plan_.steps.total_steps);
+  s.eval_steps =
+      resolve_steps(config_.eval_steps > 0 ? config_.eval_steps : config_.logging_steps, plan_.steps.total_steps);
+  s.save_steps = resolve_steps(config_.save_steps, plan_.steps.total_steps);
   s.train_batch_size = config_.per_device_train_batch_size;
   const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
   s.num_train_epochs = (plan_.steps.total_steps + per_epoch - 1) / per_epoch;
@@ -65,8 +67,11 @@ const ModelFolderFiles& Trainer::State::folder_files(const PretrainConfig& confi
     eos = meta.eos_id;
     if (meta.tokenizer == "byte" || fs::is_regular_file(meta.tokenizer)) tokenizer = meta.tokenizer;
   }
+  // generation_config.json: the folder's, as from_pretrained loads it; a model made from config.json
+  // (train_from_scratch: from_config) starts from GenerationConfig.from_model_config, as there.
+  const std::string model_dir = config.train_from_scratch ? "" : config.model_name_or_path;
   model_files = std::make_shared<const ModelFolderFiles>(
-      model_folder_files(tokenizer, bos, eos, config.model_name_or_path, mc.bos_token_id, mc.eos_token_id));
+      model_folder_files(tokenizer, bos, eos, model_dir, mc.bos_token_id, mc.eos_token_id));
   return *model_files;
 }
 

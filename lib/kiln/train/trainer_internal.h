@@ -99,7 +99,12 @@ struct Trainer::Run {
   void record(const json& entry, bool to_metrics = true);
   TrainResult finish();           // the closing summary and the files HF and LLaMA-Factory write
   EvalSchedule schedule() const;  // eval_schedule(config); an error when do_eval has no data
-  json eval_entry(const EvalResult& ev, double seconds, int64_t step) const;  // HF's entry, plus kiln's keys
+  // HF's entry for the evaluation of `set` under `prefix` ("eval", "eval_<name>"), plus kiln's keys.
+  json eval_entry(const std::string& prefix, const data::PackedDataset& set, const EvalResult& ev, double seconds,
+                  int64_t step) const;
+  // Evaluates every eval set (RunData::eval_sets), each logged as HF logs it; the entries, or
+  // nullopt when a stop request cut an evaluation short.
+  std::optional<std::vector<json>> evaluate_sets(int64_t step);
   void save_final_model();  // output_dir: the model, its tokenizer files, training_args.json (rank 0)
 
   Trainer& t;
@@ -115,7 +120,7 @@ struct Trainer::Run {
   double session_loss_sum = 0;  // over logged windows: loss x steps (HF's train_loss of this call)
   int64_t session_loss_steps = 0;
   std::optional<EvalResult> session_eval;
-  json last_eval_entry;
+  std::vector<json> last_eval_entries;
   int64_t last_eval_step = -1;
   const EvalSchedule evals = schedule();  // after t and st, which it reads
 };

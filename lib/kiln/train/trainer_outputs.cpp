@@ -21,12 +21,31 @@
 #include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
+#include "kiln/train/training_data.h"
 #include "kiln/version.h"
 
 namespace kiln::train {
 
 std::string Trainer::banner() const {
   std::string out = run_banner(plan_, comm_.get());
+  if (config_.train_from_scratch && !config_.model_name_or_path.empty()) {
+    const std::string config_json = (fs::path(config_.model_name_or_path) / "config.json").string();
+    const std::string tokenizer = model_tokenizer_spec(config_);
+    const std::string tokenizer_line =
+        !config_.llamafactory_data() ? ""
+        : tokenizer == "byte" ? fmt::format("; tokenizer byte ({} has no tokenizer.json)", config_.model_name_or_path)
+                              : fmt::format("; tokenizer {}", tokenizer);
+    if (state_->global_step > 0) {
+      out += fmt::format("\n  Model = {} (train_from_scratch), its weights from the resumed checkpoint{}", config_json,
+                         tokenizer_line);
+    } else {
+      out += fmt::format(
+          "\n  Model = initialised at random from {} (train_from_scratch: seed {}, N(0, {}) for linear and "
+          "embedding weights, norms at 1, as transformers' _init_weights){}",
+          config_json, config_.seed, model_->config().initializer_range > 0 ? model_->config().initializer_range : 0.02,
+          tokenizer_line);
+    }
+  }
   if (state_->global_step > 0) out += fmt::format("\n  Resuming at step {}", with_commas(state_->global_step));
   return out;
 }
@@ -194,24 +213,52 @@ void Trainer::Run::log_window(int64_t step) {
   bar->print_line();
 }
 
-json Trainer::Run::eval_entry(const EvalResult& ev, double seconds, int64_t step) const {
-  // HF's evaluation entry (speed_metrics("eval"), rounded as there) plus kiln's perplexity and tokens.
-  const double samples = static_cast<double>(t.plan_.data.val->num_blocks());
+json Trainer::Run::eval_entry(const std::string& prefix, const data::PackedDataset& set, const EvalResult& ev,
+                              double seconds, int64_t step) const {
+  // HF's evaluation entry (speed_metrics(prefix), rounded as there) plus kiln's perplexity and
+  // tokens. With eval_on_each_dataset HF's Trainer.evaluate prefixes each dataset's metrics
+  // eval_<name> (one entry per dataset).
+  const double samples = static_cast<double>(set.num_blocks());
   const double batches =
       std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
-  return {{"eval_loss", ev.loss},
-          {"eval_perplexity", ev.perplexity},
-          {"eval_tokens", ev.tokens},
-          {"eval_runtime", std::round(seconds * 1e4) / 1e4},
-          {"eval_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
-          {"eval_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
+  return {{prefix + "_loss", ev.loss},
+          {prefix + "_perplexity", ev.perplexity},
+          {prefix + "_tokens", ev.tokens},
+          {prefix + "_runtime", std::round(seconds * 1e4) / 1e4},
+          {prefix + "_samples_per_second", std::round(samples / seconds * 1e3) / 1e3},
+          {prefix + "_steps_per_second", std::round(batches / seconds * 1e3) / 1e3},
           {"epoch", t.epoch_of(step)},
           {"step", step}};
 }
 
+std::optional<std::vector<json>> Trainer::Run::evaluate_sets(int64_t step) {
+  std::vector<json> entries;
+  for (const auto& [prefix, set] : t.plan_.data.eval_sets()) {
+    if (t.is_main()) {
+      bar->clear();
+      logger()->info("{}", evaluation_banner(set->num_blocks(), t.config_.per_device_eval_batch_size));
+    }
+    const auto eval_start = std::chrono::steady_clock::now();
+    const ops::BackendScope kernels(t.config_.kernels);
+    const EvalResult ev = evaluate_dataset(t.model_, set, t.eval_options());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+    t.model_->train();
+    if (ev.interrupted) return std::nullopt;
+    st.last_eval = ev;
+    if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(step, ev);
+    entries.push_back(eval_entry(prefix, *set, ev, seconds, step));
+    if (t.is_main()) {
+      bar->clear();
+      logger()->info("{{'{}_loss': {:.4f}, '{}_perplexity': {:.3f}, 'step': {}}}", prefix, ev.loss, prefix,
+                     ev.perplexity, step);
+    }
+  }
+  return entries;
+}
+
 EvalSchedule Trainer::Run::schedule() const {
-  const EvalSchedule s = eval_schedule(t.config_);
-  if (s.required && !t.plan_.data.val) {
+  const EvalSchedule s = eval_schedule(t.config_, t.plan_.steps.total_steps);
+  if (s.required && t.plan_.data.eval_sets().empty()) {
     // LLaMA-Factory refuses the same YAML (hparams/parser.py: "Please make sure eval_dataset be
     // provided or val_size >1e-6").
     throw std::runtime_error(fmt::format("{}: {} needs evaluation data: set val_size{}", t.config_.source,
@@ -223,27 +270,13 @@ EvalSchedule Trainer::Run::schedule() const {
 }
 
 bool Trainer::Run::evaluate_at(int64_t step) {
-  if (!t.plan_.data.val) return true;
-  if (t.is_main()) {
-    bar->clear();
-    logger()->info("{}", evaluation_banner(t.plan_.data.val->num_blocks(), t.config_.per_device_eval_batch_size));
-  }
-  const auto eval_start = std::chrono::steady_clock::now();
-  const EvalResult ev = t.evaluate();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
-  t.model_->train();
-  if (ev.interrupted) return false;
-  st.last_eval = ev;
-  session_eval = ev;
-  if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(step, ev);
-  const json entry = eval_entry(ev, seconds, step);
-  record(entry);
-  last_eval_entry = entry;
+  if (t.plan_.data.eval_sets().empty()) return true;
+  const auto entries = evaluate_sets(step);
+  if (!entries) return false;
+  session_eval = st.last_eval;
+  for (const json& entry : *entries) record(entry);
+  last_eval_entries = *entries;
   last_eval_step = step;
-  if (t.is_main()) {
-    bar->clear();
-    logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity, step);
-  }
   st.window_start = std::chrono::steady_clock::now();  // evaluation time is not training speed
   return true;
 }
@@ -276,49 +309,39 @@ TrainResult Trainer::Run::finish() {
                           trainer_state_text(t.hf_trainer_state(st.global_step)));
     if (c.plot_loss) {
       std::vector<std::string> keys = {"loss"};
-      if (t.plan_.data.val) keys.push_back("eval_loss");
+      for (const auto& [prefix, set] : t.plan_.data.eval_sets()) keys.push_back(prefix + "_loss");
       plot_loss(c.output_dir, st.log_history, keys);
     }
   }
   // do_eval: after training, not logged (LLaMA-Factory's log writer has closed, and
   // trainer_state.json is written); an evaluation of this very step is not repeated.
   json card_history = st.log_history;
-  std::optional<json> final_entry;
-  if (complete && evals.after_training && t.plan_.data.val) {
+  std::vector<json> final_entries;
+  if (complete && evals.after_training && !t.plan_.data.eval_sets().empty()) {
     if (session_eval && last_eval_step == st.global_step) {
-      final_entry = last_eval_entry;
+      final_entries = last_eval_entries;
+    } else if (const auto entries = evaluate_sets(st.global_step)) {
+      final_entries = *entries;
+      for (const json& entry : final_entries) card_history.push_back(entry);
     } else {
-      if (t.is_main())
-        logger()->info("{}", evaluation_banner(t.plan_.data.val->num_blocks(), c.per_device_eval_batch_size));
-      const auto eval_start = std::chrono::steady_clock::now();
-      const EvalResult ev = t.evaluate();
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
-      if (ev.interrupted) {
-        result.interrupted = true;
-        if (t.is_main()) {
-          logger()->info(
-              "kiln-pretrain: {} received during the evaluation after training (do_eval): no eval_results.json",
-              stop_signal_name(pending_stop_signal().exchange(0)));
-        }
-      } else {
-        st.last_eval = ev;
-        if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(st.global_step, ev);
-        final_entry = eval_entry(ev, seconds, st.global_step);
-        card_history.push_back(*final_entry);
-        if (t.is_main()) {
-          logger()->info("{{'eval_loss': {:.4f}, 'eval_perplexity': {:.3f}, 'step': {}}}", ev.loss, ev.perplexity,
-                         st.global_step);
-        }
+      result.interrupted = true;
+      if (t.is_main()) {
+        logger()->info(
+            "kiln-pretrain: {} received during the evaluation after training (do_eval): no eval_results.json",
+            stop_signal_name(pending_stop_signal().exchange(0)));
       }
     }
   }
   if (t.is_main()) {
-    if (final_entry) {
-      // LLaMA-Factory's eval metrics: HF's (epoch, eval_loss, speeds) and eval_perplexity = exp(eval_loss).
+    if (!final_entries.empty()) {
+      // LLaMA-Factory's eval metrics: HF's (epoch, <prefix>_loss, speeds) and <prefix>_perplexity =
+      // exp(<prefix>_loss), per eval set (HF's Trainer.evaluate merges the sets' metrics).
       json metrics = json::object();
-      for (const char* key : {"epoch", "eval_loss", "eval_perplexity", "eval_runtime", "eval_samples_per_second",
-                              "eval_steps_per_second"}) {
-        metrics[key] = final_entry->at(key);
+      for (const json& entry : final_entries) {
+        for (const auto& [key, value] : entry.items()) {
+          const bool kiln_only = key.size() > 7 && key.compare(key.size() - 7, 7, "_tokens") == 0;
+          if (key != "step" && !kiln_only) metrics[key] = value;
+        }
       }
       save_metrics(c.output_dir, "eval", metrics);
     }
@@ -336,8 +359,12 @@ TrainResult Trainer::Run::finish() {
         datasets.push_back(d);
         start = comma + 1;
       }
+      // A model initialised from config.json (train_from_scratch) is fine-tuned from nothing: HF's
+      // card says "trained from scratch" with no base_model. LLaMA-Factory passes
+      // finetuned_from=model_name_or_path whatever the mode; kiln does not claim the config folder's
+      // weights (docs/llamafactory.md).
       const ModelCard card{.model_name = name,
-                           .finetuned_from = c.model_name_or_path,
+                           .finetuned_from = c.train_from_scratch ? "" : c.model_name_or_path,
                            .datasets = datasets,
                            .log_history = card_history,
                            .hyperparameters = card_hyperparameters(c, t.world_size()),

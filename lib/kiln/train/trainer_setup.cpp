@@ -1,6 +1,7 @@
 // The trainer's set-up: device and process group, then the plan (train/run_plan.h: settings,
 // auto-fit, the data with rank 0 first, the step arithmetic), the model, the optimizer and loss scaler.
 #include <cstdlib>
+#include <filesystem>
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -31,8 +32,34 @@
 
 namespace kiln::train {
 
+namespace {
+
+// model_name_or_path must hold weights unless the run starts from scratch: refused before the data
+// is tokenized. A folder that is not there is read_hf_config's error (naming config.json).
+void check_model_weights(const PretrainConfig& c) {
+  if (c.model_name_or_path.empty() || c.train_from_scratch) return;
+  const std::filesystem::path dir(c.model_name_or_path);
+  if (!std::filesystem::is_directory(dir)) return;
+  // io::SafetensorsCheckpoint's two layouts: one file, or shards and their index.
+  const std::filesystem::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (std::filesystem::exists(single) || std::filesystem::exists(index)) return;
+  const bool torch_bin = std::filesystem::exists(dir / "pytorch_model.bin");
+  throw config::ConfigError(config::config_message(
+      c.source, "model_name_or_path",
+      fmt::format("{}: no weights to load: {} not found (nor {}){}. To initialise the model at random from {} and "
+                  "train it with the folder's tokenizer, as LLaMA-Factory does, set train_from_scratch: true",
+                  dir.string(), single.string(), index.filename().string(),
+                  torch_bin ? " (pytorch_model.bin is there: kiln reads safetensors only; save the model with "
+                              "transformers' save_pretrained, which writes safetensors)"
+                            : "",
+                  (dir / "config.json").string())));
+}
+
+}  // namespace
+
 void Trainer::init() {
   config_.validate();
+  check_model_weights(config_);
   // This rank's device and its job: joined before the plan, whose data rank 0 prepares first.
   const dist::DistEnv env = dist::read_dist_env();
   device_ = run_device(config_, env);
@@ -62,8 +89,11 @@ void Trainer::init() {
   if (config_.fp16) autocast_dtype_ = at::kHalf;
   at::manual_seed(static_cast<uint64_t>(config_.seed));
 
-  // Model: fp32 master parameters on the device.
-  if (!config_.model_name_or_path.empty()) {
+  // Model: fp32 master parameters on the device. A preset, or model_name_or_path's config.json
+  // with train_from_scratch (LLaMA-Factory's AutoModelForCausalLM.from_config after set_seed), is
+  // initialised at random by the seed: the distribution of transformers' _init_weights, not its
+  // numbers (docs/training.md, "Training from scratch"); a resume then loads the checkpoint's.
+  if (!config_.model_name_or_path.empty() && !config_.train_from_scratch) {
     model_ = model::load_pretrained(config_.model_name_or_path, {.dtype = at::kFloat, .device = device_});
   } else {
     model_ = fresh_model(plan_.model, device_, static_cast<uint64_t>(config_.seed));

@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "kiln/data/named_datasets.h"
+#include "kiln/train/hf/lf_template.h"
 #include "kiln/train/pretrain_config.h"
 
 namespace kiln::train {
@@ -22,9 +24,14 @@ std::string training_shard_dir(const PretrainConfig& config, bool main_process, 
 // The tokenizer of the model: model_name_or_path's tokenizer.json when it has one, else "byte".
 std::string model_tokenizer_spec(const PretrainConfig& config);
 
-// The token id LLaMA-Factory's collator turns into label -100: the tokenizer's pad token
-// (tokenizer_config.json's pad_token), or `eos_id` when it has none, as LLaMA-Factory's
-// fix_special_tokens sets pad = EOS (llamafactory/data/template.py). Errors name the file.
-int64_t llamafactory_pad_id(const PretrainConfig& config, int64_t eos_id);
+// The ids LLaMA-Factory's stage pt uses with the model's tokenizer and the config's template
+// (hf/lf_template.h): what ends each document and the pad id the collator labels -100 (the
+// tokenizer's pad token, tokenizer_config.json's pad_token, else the EOS after the template, as
+// LLaMA-Factory's fix_special_tokens sets pad = EOS). Errors name the file or the key.
+LfSpecialTokens llamafactory_special_tokens(const PretrainConfig& config);
+
+// The evaluation datasets (eval_dataset), as training_shard_dir prepared them (never tokenizes:
+// an error when they are not there).
+data::PreparedDatasets eval_datasets(const PretrainConfig& config);
 
 }  // namespace kiln::train

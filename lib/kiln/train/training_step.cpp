@@ -44,7 +44,7 @@ model::LlamaForCausalLM fresh_model(const model::LlamaConfig& config, at::Device
 optim::ScheduleConfig schedule_of(const PretrainConfig& c, int64_t total_steps) {
   return optim::ScheduleConfig{.type = c.lr_scheduler_type,
                                .total_steps = total_steps,
-                               .warmup_steps = optim::resolve_warmup_steps(c.warmup_steps, c.warmup_ratio, total_steps),
+                               .warmup_steps = optim::resolve_warmup_steps(c.hf_warmup_steps(), total_steps),
                                .min_lr_ratio = c.min_lr_ratio,
                                .decay_ratio = c.decay_ratio,
                                .initial_lr = c.learning_rate,

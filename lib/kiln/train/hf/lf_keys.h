@@ -33,6 +33,13 @@ std::optional<LfKeyVerdict> classify_lf_key(std::string_view key, std::string_vi
 // Every key of the table, in documentation order.
 const std::vector<std::string>& lf_keys();
 
+// Every key kiln-pretrain reads, as a JSON object {key: "acted" | "accepted" | "refused"}, keys
+// sorted (kiln-pretrain --list-keys; tests/python/test_lf_key_audit.py): a PretrainConfig key,
+// or a table key kiln acts on at some value, is "acted"; a table key accepted at some value
+// (with its line, or silently at its LLaMA-Factory default) "accepted"; one refused at every
+// value "refused".
+std::string key_classes_json();
+
 // Reads each table key present in `r`: a refused one throws config::ConfigError naming the
 // source and key, an accepted one logs its info line, an acted one changes `c`.
 void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
@@ -40,8 +47,9 @@ void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
 // "key: why" for each key in `given` (set by the file or the command line) that has no effect on
 // this config: the LLaMA-Factory data keys without dataset:, eval_steps (and val_size) without
 // HF's evaluation strategy where HF's rules apply, auto_fit_memory without auto_fit,
-// logging_dir without tensorboard, a schedule's keys under another schedule, warmup_ratio beside
-// warmup_steps. load_pretrain_config logs each as a warning naming the source.
+// logging_dir without tensorboard, a schedule's keys under another schedule, warmup_steps beside
+// warmup_ratio (transformers 5.6: the ratio replaces it). load_pretrain_config logs each as a
+// warning naming the source.
 std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std::set<std::string>& given);
 
 }  // namespace kiln::train

@@ -74,15 +74,15 @@ bool hf_evaluation_rules(const PretrainConfig& c) {
   return !c.dataset.empty() || c.do_eval >= 0 || !c.eval_strategy.empty();
 }
 
-EvalSchedule eval_schedule(const PretrainConfig& c) {
+EvalSchedule eval_schedule(const PretrainConfig& c, int64_t total_steps) {
   EvalSchedule s;
   if (!hf_evaluation_rules(c)) {
-    s.every = c.eval_steps;  // kiln's own configs
+    s.every = resolve_steps(c.eval_steps, total_steps);  // kiln's own configs
     s.at_train_end = s.after_training = true;
     return s;
   }
   const bool steps = c.eval_strategy == "steps";  // HF's default strategy is "no"
-  s.every = steps ? (c.eval_steps > 0 ? c.eval_steps : c.logging_steps) : 0;
+  s.every = steps ? resolve_steps(c.eval_steps > 0 ? c.eval_steps : c.logging_steps, total_steps) : 0;
   s.at_train_end = steps;
   s.after_training = s.required = c.do_eval == 1 || steps;  // TrainingArguments: a strategy implies do_eval
   return s;
@@ -338,13 +338,19 @@ std::string capitalized_words(const std::string& key) {
   return out;
 }
 
-// What HF's own evaluation entry holds; kiln's extra keys (eval_perplexity, eval_tokens) would
-// otherwise become columns of the card's table.
+// What HF's own evaluation entry holds; kiln's extra keys (<prefix>_perplexity, <prefix>_tokens)
+// would otherwise become columns of the card's table. The prefix is eval, or eval_<name> per
+// dataset with eval_on_each_dataset.
 json hf_entry(const json& entry) {
-  if (!entry.contains("eval_loss")) return entry;
+  std::string prefix;
+  for (const auto& [key, value] : entry.items()) {
+    if (key.rfind("eval", 0) == 0 && key.size() > 5 && key.compare(key.size() - 5, 5, "_loss") == 0)
+      prefix = key.substr(0, key.size() - 5);
+  }
+  if (prefix.empty()) return entry;
   json out = json::object();
-  for (const char* key :
-       {"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch", "step"}) {
+  for (const std::string key : {prefix + "_loss", prefix + "_runtime", prefix + "_samples_per_second",
+                                prefix + "_steps_per_second", std::string("epoch"), std::string("step")}) {
     if (entry.contains(key)) out[key] = entry[key];
   }
   return out;
@@ -489,11 +495,12 @@ std::vector<std::pair<std::string, std::string>> card_hyperparameters(const Pret
                              "optimizer_args=No additional optimizer arguments",
                              python_float(c.adam_beta1), python_float(c.adam_beta2), python_float(c.adam_epsilon)));
   h.emplace_back("lr_scheduler_type", c.lr_scheduler_type);
-  // transformers 5 folds warmup_ratio into warmup_steps (a float below 1 is a ratio).
-  if (c.warmup_steps > 0) {
-    h.emplace_back("lr_scheduler_warmup_steps", std::to_string(c.warmup_steps));
-  } else if (c.warmup_ratio > 0) {
-    h.emplace_back("lr_scheduler_warmup_steps", python_float(c.warmup_ratio));
+  // transformers 5.6 folds a given warmup_ratio into warmup_steps (a float below 1 is a ratio) and
+  // writes args.warmup_steps when it is not 0 (modelcard.py:573-574): an int as written, else a float.
+  if (const double w = c.hf_warmup_steps(); w != 0) {
+    const bool written_int = !(c.warmup_ratio_given || c.warmup_ratio > 0) && w == std::floor(w);
+    h.emplace_back("lr_scheduler_warmup_steps",
+                   written_int ? std::to_string(static_cast<int64_t>(w)) : python_float(w));
   }
   if (c.max_steps > 0) {
     h.emplace_back("training_steps", std::to_string(c.max_steps));

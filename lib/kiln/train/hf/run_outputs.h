@@ -53,7 +53,9 @@ struct EvalSchedule {
                                 // an evaluation of the last step when there was one)
   bool required = false;        // do_eval was asked for: a run without evaluation data is an error
 };
-EvalSchedule eval_schedule(const PretrainConfig& config);
+// `total_steps`: the run's optimizer steps, against which a fractional eval_steps (or
+// logging_steps) resolves (resolve_steps).
+EvalSchedule eval_schedule(const PretrainConfig& config, int64_t total_steps);
 // Whether HF's rules above apply (the config names `dataset` or writes do_eval or eval_strategy):
 // eval_schedule's and keys_without_effect's (lf_keys.h) one test.
 bool hf_evaluation_rules(const PretrainConfig& config);
