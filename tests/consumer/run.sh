@@ -60,7 +60,7 @@ if [[ "$listed" != "$expected" ]]; then
 fi
 headers="$(cat "$prefix"/include/kiln/*.h "$prefix"/include/kiln/*/*.h)"
 settings_header="$(cat "$prefix/include/kiln/train/pretrain_config.h")"
-public_train='^kiln::train::(PretrainConfig|load_pretrain_config|parse_overrides|pretrain_config_from_yaml_text|pretrain_config_keys|pretrain_config_json)\b'
+public_train='^kiln::train::(PretrainConfig|load_pretrain_config|parse_overrides|pretrain_config_from_yaml_text|pretrain_config_keys|pretrain_config_json|resolve_steps)\b'
 structors=0
 while IFS= read -r sym; do
   name="$(sed -E 's/^(typeinfo name for |typeinfo for |vtable for )//; s/\[abi:[a-z0-9]*\]//g; s/\(.*//' <<<"$sym")"
