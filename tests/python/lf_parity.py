@@ -3,7 +3,9 @@
 Both sides are reduced to the same summary: per split the number of examples, their tokens and
 lengths, a SHA-256 of all input_ids and of all labels (so every token of every example counts),
 and the first two examples in full (readable in a diff); the banner's figures and lines; the
-sampler's first epochs. `reduce_reference` reads tests/python/llamafactory_reference.py's JSON,
+sampler's first epochs. A streaming case has no splits to list: its summary is the DataLoader's
+batches instead, every train micro-batch of the max_steps steps and one evaluation's batches
+(`stream`). `reduce_reference` reads tests/python/llamafactory_reference.py's JSON,
 `reduce_kiln` reads kiln-pretrain --dry-run --dump-data's JSON and banner.
 
 Regenerate the stored summaries (fixtures/lf_parity/expected.json) from the real LLaMA-Factory:
@@ -53,6 +55,38 @@ def _split(s: dict | None) -> dict | None:
     }
 
 
+def _rows_digest(batches, key: str) -> str:
+    return _digest([[row[key] for row in rows] for rows in batches])
+
+
+def _stream(s: dict) -> dict:
+    """A streaming run: every train micro-batch of the max_steps optimizer steps in order (rows,
+    the window's num_items_in_batch, the step each ends up in, state.epoch after each step) and
+    the batches of one evaluation, as digests plus the first two batches in full."""
+    micro = s["train"]["micro_batches"]
+    batches = [m["rows"] for m in micro]
+    out = {"train": {
+        "micro_batches": len(micro),
+        "rows": [len(b) for b in batches],
+        "num_items_in_batch": [m["num_items_in_batch"] for m in micro],
+        "steps": [st["micro_batches"] for st in s["train"]["steps"]],
+        "epochs": [st["epoch"] for st in s["train"]["steps"]],
+        "input_ids_sha256": _rows_digest(batches, "input_ids"),
+        "labels_sha256": _rows_digest(batches, "labels"),
+        "first_batches": batches[:2],
+    }}
+    if "eval" in s:
+        ev = s["eval"]["batches"]
+        out["eval"] = {
+            "batches": len(ev),
+            "rows": [len(b) for b in ev],
+            "input_ids_sha256": _rows_digest(ev, "input_ids"),
+            "labels_sha256": _rows_digest(ev, "labels"),
+            "first_batches": ev[:2],
+        }
+    return out
+
+
 def reduce_reference(r: dict) -> dict:
     if "error" in r:
         return {"error": r["error"]}
@@ -68,6 +102,7 @@ def reduce_reference(r: dict) -> dict:
         "eval_banner_num_examples": (None if not r["eval"] else r["eval"]["num_examples"] if "examples" in r["eval"]
                                      else {name: v["num_examples"] for name, v in r["eval"].items()}),
         "sampler": {k.removeprefix("epoch"): v for k, v in orders.items()},
+        **({"stream": _stream(r["stream"])} if "stream" in r else {}),
     }
 
 
@@ -92,6 +127,7 @@ def reduce_kiln(dump: dict, stdout: str) -> dict:
         "banner_lines": banner_lines,
         "eval_banner_num_examples": t["eval_num_examples"],
         "sampler": {k: v for k, v in t["sampler"]["orders"].items()},
+        **({"stream": _stream(dump["stream"])} if "stream" in dump else {}),
     }
 
 
@@ -120,13 +156,19 @@ def run_kiln(pretrain: Path, kv: dict, workdir: Path) -> tuple[int, str, str, di
     return p.returncode, p.stdout, p.stderr, json.loads(dump.read_text()) if p.returncode == 0 else None
 
 
-def training_reference() -> dict:
-    return json.loads((FIXTURE / "expected_training.json").read_text())
+# The whole training runs compared: a file of fixtures/lf_parity each (its keys, LLaMA-Factory's log).
+TRAINING_CASES = ("expected_training.json", "expected_training_streaming.json")
 
 
-def run_kiln_training(pretrain: Path, workdir: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """kiln-pretrain on the training case of expected_training.json: (process, trainer_state's log)."""
-    ref = training_reference()
+def training_reference(name: str = TRAINING_CASES[0]) -> dict:
+    return json.loads((FIXTURE / name).read_text())
+
+
+def run_kiln_training(pretrain: Path, workdir: Path,
+                      ref: dict | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """kiln-pretrain on a training case (expected_training.json's by default): (process,
+    trainer_state's log)."""
+    ref = ref or training_reference()
     kv = {"dataset": "docs_a,docs_b", "report_to": "none", "overwrite_output_dir": True, **ref["keys"],
           **ref["defaults_of_the_script"]}
     config = {"stage": "pt", "do_train": True, "finetuning_type": "full",
@@ -140,10 +182,10 @@ def run_kiln_training(pretrain: Path, workdir: Path) -> tuple[subprocess.Complet
     return p, log
 
 
-def live_training(python: str) -> list[dict]:
-    """LLaMA-Factory's own run of the training case: its trainer_log.jsonl lines, reduced."""
+def live_training(python: str, ref: dict | None = None) -> list[dict]:
+    """LLaMA-Factory's own run of a training case: its trainer_log.jsonl lines, reduced."""
     script = Path(__file__).resolve().parent / "llamafactory_reference.py"
-    ref = training_reference()
+    ref = ref or training_reference()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         subprocess.run([python, str(script), "--train-run", str(Path(tmp) / "run"), "--data", str(FIXTURE / "data"),
@@ -173,7 +215,8 @@ if __name__ == "__main__":
     result = live_reference(sys.executable)
     (FIXTURE / "expected.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {FIXTURE / 'expected.json'}: {len(result)} cases")
-    training = training_reference()
-    training["log"] = live_training(sys.executable)
-    (FIXTURE / "expected_training.json").write_text(json.dumps(training, indent=1) + "\n")
-    print(f"wrote {FIXTURE / 'expected_training.json'}: {len(training['log'])} log lines")
+    for name in TRAINING_CASES:
+        training = training_reference(name)
+        training["log"] = live_training(sys.executable, training)
+        (FIXTURE / name).write_text(json.dumps(training, indent=1) + "\n")
+        print(f"wrote {FIXTURE / name}: {len(training['log'])} log lines")

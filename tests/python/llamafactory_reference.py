@@ -437,6 +437,45 @@ def windows(trainer, args, epoch: int = 0) -> dict:
     }
 
 
+def _rows(batch) -> list[dict]:
+    return [{"input_ids": batch["input_ids"][i].tolist(), "labels": batch["labels"][i].tolist()}
+            for i in range(batch["input_ids"].shape[0])]
+
+
+def stream_run(trainer, args) -> dict:
+    """A streaming run's batches as transformers' own loop draws them: Trainer.train() (its
+    _inner_training_loop: set_epoch per epoch, windows of gradient_accumulation_steps batches from
+    each epoch's start, the next epoch when the stream ends before max_steps) with the forward and
+    backward replaced by a recorder, so every micro-batch of the max_steps optimizer steps is seen
+    in order, with the window's num_items_in_batch, the optimizer step it ends up in and
+    state.epoch after each step. The eval batches: one pass of Trainer.get_eval_dataloader(), as
+    each evaluation makes it afresh. Train and eval rows are the collator's (labels -100 at pad =
+    EOS), through the torch DataLoader's workers (dataloader_num_workers) and accelerate."""
+    import torch
+    import transformers
+
+    micro: list[dict] = []
+    steps: list[dict] = []
+
+    def training_step(model, inputs, num_items_in_batch=None):
+        micro.append({"rows": _rows(inputs), "num_items_in_batch": None if num_items_in_batch is None
+                      else int(num_items_in_batch)})
+        return torch.tensor(0.0)
+
+    class Steps(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append({"micro_batches": len(micro), "epoch": state.epoch})
+
+    trainer.training_step = training_step
+    trainer.add_callback(Steps())
+    with quiet_stdout():
+        trainer.train()
+    out = {"train": {"micro_batches": micro, "steps": steps}}
+    if trainer.eval_dataset is not None and not isinstance(trainer.eval_dataset, dict):
+        out["eval"] = {"batches": [_rows(b) for b in trainer.get_eval_dataloader()]}
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Modes
 # ----------------------------------------------------------------------------------------------
@@ -539,13 +578,17 @@ def run_reference(ns, user: dict) -> dict:
                 "train_document_order": list(sp["train"]["i"]),
             }
 
-        result["train"] = dump(module.get("train_dataset"))
-        result["eval"] = dump(module.get("eval_dataset"))
+        # Streaming: what trains is the DataLoader's order (its workers' batches in turn, epoch
+        # after epoch), not the IterableDataset iterated here in the main process: stream_run.
+        result["train"] = None if data_args.streaming else dump(module.get("train_dataset"))
+        result["eval"] = None if data_args.streaming else dump(module.get("eval_dataset"))
 
         trainer = make_trainer(
             training_args, finetuning_args, tokenizer, module.get("train_dataset"), module.get("eval_dataset"), collator
         )
         result["trainer"] = banner(trainer, training_args)
+        if data_args.streaming:
+            result["stream"] = stream_run(trainer, training_args)
         train_ds = module.get("train_dataset")
         if isinstance(train_ds, datasets.Dataset) and len(train_ds) > 0:
             n = len(train_ds)

@@ -11,9 +11,15 @@ regenerate them); the slow one (KILN_SLOW_TESTS=1) runs LLaMA-Factory live in it
 Cases (fixtures/lf_parity/cases.json): a float and an integer val_size, val_size 1 (one
 document), 1.0 (refused by both), packing left out / true (blocks of cutoff_len - 1) / false
 (truncation), preprocessing_batch_size, preprocessing_num_workers 2, max_samples, a dataset
-listed twice, data_seed, fractional epochs, max_steps, cutoff_len 16, 32 and 64. Then a whole
-training run (14 steps with one-batch windows, evaluations every 5 steps): every logged loss,
-learning rate and eval loss as LLaMA-Factory's own run logged them.
+listed twice, data_seed, fractional epochs, max_steps, cutoff_len 16, 32 and 64; streaming:
+true (issue 53, item 6) with dataloader_num_workers 1, 2 and 3, shuffle buffers of 16 to 100,
+val_size 5, concat, interleave_under with probabilities, interleave_over, packing left out /
+true / false, eval_dataset, max_steps crossing an epoch with and without a window cut by the
+stream's end, and dataloader_num_workers 0 (refused by both): every train micro-batch of the run
+and every eval batch, token for token, as LLaMA-Factory's own DataLoader gives them. Then whole
+training runs (14 steps with one-batch windows, evaluations every 5 steps; and a streaming run of
+60 steps whose step 56 joins two epochs' windows): every logged loss, learning rate and eval loss
+as LLaMA-Factory's own run logged them.
 """
 import json
 import os
@@ -38,6 +44,12 @@ def compare(name: str, reference: dict, pretrain: Path, tmp_path: Path):
     mine = lf_parity.reduce_kiln(dump, out)
     for key in ("banner", "banner_lines", "eval_banner_num_examples", "sampler"):
         assert mine[key] == reference[key], f"{name}: {key}"
+    assert ("stream" in mine) == ("stream" in reference), f"{name}: streamed on one side only"
+    if "stream" in reference:  # the DataLoader's batches, train (every micro-batch) and eval
+        assert set(mine["stream"]) == set(reference["stream"]), f"{name}: stream parts"
+        for part, ref in reference["stream"].items():
+            for key in ref:
+                assert mine["stream"][part][key] == ref[key], f"{name}: stream {part} {key}"
     for split in ("train", "eval"):
         assert (mine[split] is None) == (reference[split] is None), f"{name}: {split} split presence"
         if reference[split] is None:
@@ -74,10 +86,11 @@ def test_eos_is_not_scored_and_each_document_starts_without_bos():
         assert 0 not in ex["input_ids"]  # no BOS (id 0) anywhere
 
 
-def compare_training(reference_log: list[dict], pretrain: Path, tmp_path: Path):
+def compare_training(reference_log: list[dict], pretrain: Path, tmp_path: Path,
+                     case: str = lf_parity.TRAINING_CASES[0]):
     """Same weights (the fixture's model), same examples and order, fp32 on the CPU: every step's
     loss, learning rate and epoch, and every evaluation's loss, as LLaMA-Factory logged them."""
-    p, log = lf_parity.run_kiln_training(pretrain, tmp_path)
+    p, log = lf_parity.run_kiln_training(pretrain, tmp_path, lf_parity.training_reference(case))
     assert p.returncode == 0, p.stderr
     train = [e for e in log if "loss" in e]
     evals = [e for e in log if "eval_loss" in e]
@@ -100,6 +113,17 @@ def test_training_losses_match_llamafactorys_run(kiln_bin, tmp_path):
     compare_training(lf_parity.training_reference()["log"], kiln_bin("kiln-pretrain"), tmp_path)
 
 
+def test_streaming_training_losses_match_llamafactorys_run(kiln_bin, tmp_path):
+    # streaming: true, 2 DataLoader workers, val_size 5, 60 steps of 4 batches: epoch 0's stream
+    # has 223 batches, so step 56 joins its last 3-batch window (no optimizer step of its own)
+    # with epoch 1's first window, each normalised by its own num_items_in_batch, and logs their
+    # summed loss, as transformers' Trainer does with an iterable dataset.
+    case = "expected_training_streaming.json"
+    log = lf_parity.training_reference(case)["log"]
+    assert max(e["loss"] for e in log if "loss" in e) > 10  # the joined step, in LLaMA-Factory's own log
+    compare_training(log, kiln_bin("kiln-pretrain"), tmp_path, case)
+
+
 @pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1", reason="slow: set KILN_SLOW_TESTS=1")
 def test_kiln_matches_live_llamafactory(kiln_bin, tmp_path):
     setup = Path(__file__).resolve().parents[2] / "scripts" / "setup_lf_reference.sh"
@@ -111,5 +135,7 @@ def test_kiln_matches_live_llamafactory(kiln_bin, tmp_path):
         work = tmp_path / name
         work.mkdir()
         compare(name, live[name], kiln_bin("kiln-pretrain"), work)
-    (tmp_path / "training").mkdir()
-    compare_training(lf_parity.live_training(python), kiln_bin("kiln-pretrain"), tmp_path / "training")
+    for case in lf_parity.TRAINING_CASES:
+        (tmp_path / case).mkdir()
+        live_log = lf_parity.live_training(python, lf_parity.training_reference(case))
+        compare_training(live_log, kiln_bin("kiln-pretrain"), tmp_path / case, case)

@@ -44,7 +44,7 @@ TEST_CASE("LLaMA-Factory keys: acted on, accepted with a reason, or refused nami
   CHECK(classify_lf_key("do_train", "false")->cls == LfKeyClass::kRefused);
   CHECK(classify_lf_key("eval_strategy", "epoch")->cls == LfKeyClass::kRefused);
   // No effect: one reason each; the defaults of the value-dependent ones are silent.
-  for (const char* key : {"trust_remote_code", "dataloader_num_workers", "template"}) {
+  for (const char* key : {"trust_remote_code", "dataloader_pin_memory", "template"}) {
     const auto v = classify_lf_key(key, "16");
     CHECK(v->cls == LfKeyClass::kNoEffect);
     CHECK_FALSE(v->message.empty());
@@ -315,7 +315,8 @@ TEST_CASE("LLaMA-Factory data keys: val_size's type, packing, map batches, strea
   CHECK(pb.data_seed == 3);
   CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "preprocessing_batch_size: 0\n", "lf.yaml"); }),
              Contains("preprocessing_batch_size"));
-  // streaming: LLaMA-Factory's three checks, in its words, then kiln's refusal.
+  // streaming: LLaMA-Factory's three checks, in its words, then dataloader_num_workers 0 (the
+  // empty stream LLaMA-Factory itself fails on), a shard folder, tokenized_path, eval_on_each_dataset.
   CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\nval_size: 0.1\n", "lf.yaml"); }),
              Contains("Streaming mode should have an integer val size."));
   CHECK_THAT(error_of([&] {
@@ -325,5 +326,23 @@ TEST_CASE("LLaMA-Factory data keys: val_size's type, packing, map batches, strea
   CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\n", "lf.yaml"); }),
              Contains("Please specify `max_steps` in streaming mode."));
   CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "streaming: true\nmax_steps: 9\n", "lf.yaml"); }),
-             Contains("streaming") && Contains("not supported"));
+             Contains("lf.yaml") && Contains("dataloader_num_workers") && Contains("0") &&
+                 Contains("LLaMA-Factory 0.9.5") && Contains("itself fails") && Contains("StopIteration"));
+  const std::string streamed = "streaming: true\nmax_steps: 9\ndataloader_num_workers: 2\n";
+  const auto s = pretrain_config_from_yaml_text(base + streamed + "buffer_size: 64\nval_size: 5\n", "lf.yaml");
+  CHECK(s.streaming);
+  CHECK(s.dataloader_num_workers == 2);
+  CHECK(s.buffer_size == 64);
+  CHECK(pretrain_config_from_yaml_text(base + streamed + "val_size: 1.0\n", "lf.yaml").val_size == 1);  // take(1)
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text("model: tiny\n" + streamed, "k.yaml"); }),
+             Contains("streaming") && Contains("dataset:"));
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + streamed + "tokenized_path: t\n", "lf.yaml"); }),
+             Contains("tokenized_path") && Contains("Turn off `streaming` when saving dataset to disk."));
+  CHECK_THAT(error_of([&] {
+               pretrain_config_from_yaml_text(base + streamed + "eval_dataset: b\neval_on_each_dataset: true\n",
+                                              "lf.yaml");
+             }),
+             Contains("eval_on_each_dataset") && Contains("streaming"));
+  CHECK_THAT(error_of([&] { pretrain_config_from_yaml_text(base + "dataloader_num_workers: -1\n", "lf.yaml"); }),
+             Contains("dataloader_num_workers"));
 }

@@ -303,6 +303,16 @@ TEST_CASE("keys a config sets without effect are named, the others are not", "[t
                "auto_fit_memory"})
             .empty());
   CHECK(notes("", {}).empty());
+  // streaming's keys without it; with it, the map's num_proc and the sampler's seed do nothing.
+  CHECK(names(notes("buffer_size: 64\ndataloader_num_workers: 4\n", {"buffer_size", "dataloader_num_workers"})) ==
+        std::set<std::string>{"buffer_size", "dataloader_num_workers"});
+  const auto streamed = kiln::train::pretrain_config_from_yaml_text(
+      "model: tiny\ndataset: a\nstreaming: true\nmax_steps: 5\ndataloader_num_workers: 2\nbuffer_size: 64\n"
+      "preprocessing_num_workers: 4\ndata_seed: 3\n",
+      "n.yaml");
+  CHECK(names(keys_without_effect(streamed, {"streaming", "max_steps", "dataloader_num_workers", "buffer_size",
+                                             "preprocessing_num_workers", "data_seed"})) ==
+        std::set<std::string>{"preprocessing_num_workers", "data_seed"});
   // No preset kiln ships sets a key without effect.
   for (const auto& [name, text] : kiln::model::detail::embedded_pretrain_configs()) {
     CAPTURE(name);

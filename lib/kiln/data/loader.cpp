@@ -92,16 +92,17 @@ void PackedDataset::read_block(int64_t index, int64_t* ids, int32_t* segments) c
 }
 
 std::string LoaderState::to_json() const {
-  return nlohmann::json{{"epoch", epoch},
-                        {"position", position},
-                        {"seed", seed},
-                        {"num_blocks", num_blocks},
-                        {"batch_size", batch_size},
-                        {"world_size", world_size},
-                        {"rank", rank},
-                        {"shuffle", shuffle},
-                        {"order", order}}
-      .dump();
+  nlohmann::json j{{"epoch", epoch},
+                   {"position", position},
+                   {"seed", seed},
+                   {"num_blocks", num_blocks},
+                   {"batch_size", batch_size},
+                   {"world_size", world_size},
+                   {"rank", rank},
+                   {"shuffle", shuffle},
+                   {"order", order}};
+  if (!stream.empty()) j["stream"] = stream;
+  return j.dump();
 }
 
 LoaderState LoaderState::from_json(const std::string& text, const std::string& file) {
@@ -120,6 +121,7 @@ LoaderState LoaderState::from_json(const std::string& text, const std::string& f
   s.shuffle = io::json_bool(at("shuffle"), file, "shuffle");
   // absent in states saved before it existed
   s.order = j.contains("order") ? io::json_string(j.at("order"), file, "order") : std::string("kiln");
+  if (j.contains("stream")) s.stream = io::json_string(j.at("stream"), file, "stream");
   return s;
 }
 
@@ -200,42 +202,36 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   return mine;
 }
 
-Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<int64_t>& order) const {
-  const int64_t begin = position * options_.batch_size;
-  const int64_t rows = std::min(options_.batch_size, samples_per_rank_ - begin);
-  int64_t len = dataset_->cutoff_len();
-  if (!dataset_->fixed_length()) {  // pad to the batch's longest example, as transformers' collator
-    len = 0;
-    for (int64_t r = 0; r < rows; ++r) len = std::max(len, dataset_->example_length(order[begin + r]));
-  }
-  const bool pin = options_.pin_memory && at::globalContext().hasCUDA();
+Batch collate(const std::vector<BatchRow>& rows_in, const LoaderOptions& options) {
+  const int64_t rows = static_cast<int64_t>(rows_in.size());
+  int64_t len = 0;  // padded to the batch's longest example, as transformers' collator
+  for (const BatchRow& row : rows_in) len = std::max(len, row.set->example_length(row.index));
+  const bool pin = options.pin_memory && at::globalContext().hasCUDA();
   Batch b;
-  b.epoch = epoch;
-  b.position = position;
   b.input_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kLong).pinned_memory(pin));
-  if (options_.segment_ids)
+  if (options.segment_ids)
     b.segment_ids = at::empty({rows, len}, at::TensorOptions().dtype(at::kInt).pinned_memory(pin));
   std::vector<std::pair<int64_t, int64_t>> padding;  // (row, first padded column)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t block = order[begin + r];
-    b.blocks.push_back(block);
+    const BatchRow& row = rows_in[static_cast<size_t>(r)];
+    b.blocks.push_back(row.index);
     int64_t* ids = b.input_ids.data_ptr<int64_t>() + r * len;
-    int32_t* seg = options_.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr;
-    dataset_->read_block(block, ids, seg);
-    const int64_t have = dataset_->example_length(block);
+    int32_t* seg = options.segment_ids ? b.segment_ids.data_ptr<int32_t>() + r * len : nullptr;
+    row.set->read_block(row.index, ids, seg);
+    const int64_t have = row.set->example_length(row.index);
     if (have < len) {
-      std::fill(ids + have, ids + len, options_.pad_id);
+      std::fill(ids + have, ids + len, options.pad_id);
       if (seg) std::fill(seg + have, seg + len, have > 0 ? seg[have - 1] + 1 : 0);
       padding.emplace_back(r, have);
     }
   }
   b.labels = b.input_ids;
-  if (options_.ignore_label_id >= 0 || !padding.empty()) {
+  if (options.ignore_label_id >= 0 || !padding.empty()) {
     b.labels = b.input_ids.clone();
-    if (options_.ignore_label_id >= 0) b.labels.masked_fill_(b.input_ids == options_.ignore_label_id, -100);
+    if (options.ignore_label_id >= 0) b.labels.masked_fill_(b.input_ids == options.ignore_label_id, -100);
     for (const auto& [r, from] : padding) b.labels[r].narrow(0, from, len - from).fill_(-100);
   }
-  if (options_.segment_ids && len > 1) {
+  if (options.segment_ids && len > 1) {
     // Neat packing: a document's first token follows another document, which it cannot see, so
     // it is not a target (the block's first token never is: the model shifts).
     if (b.labels.is_same(b.input_ids)) b.labels = b.input_ids.clone();
@@ -243,6 +239,18 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<
     const at::Tensor first = seg.narrow(1, 1, len - 1) != seg.narrow(1, 0, len - 1);
     b.labels.narrow(1, 1, len - 1).masked_fill_(first, -100);
   }
+  return b;
+}
+
+Batch DataLoader::make_batch(int64_t epoch, int64_t position, const std::vector<int64_t>& order) const {
+  const int64_t begin = position * options_.batch_size;
+  const int64_t rows = std::min(options_.batch_size, samples_per_rank_ - begin);
+  std::vector<BatchRow> batch;
+  batch.reserve(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) batch.push_back({dataset_.get(), order[begin + r]});
+  Batch b = collate(batch, options_);
+  b.epoch = epoch;
+  b.position = position;
   return b;
 }
 

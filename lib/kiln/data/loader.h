@@ -101,7 +101,10 @@ struct LoaderState {
   uint64_t seed = 0;
   int64_t num_blocks = 0, batch_size = 0, world_size = 0, rank = 0;
   bool shuffle = true;
-  std::string order = "kiln";  // LoaderOptions::order: "kiln" or "torch_randperm"
+  std::string order = "kiln";  // LoaderOptions::order: "kiln" or "torch_randperm"; "stream": a StreamLoader's
+  // A StreamLoader's stream (stream_dataset.h, StreamSpec::describe), "" for a DataLoader (and
+  // absent from its JSON).
+  std::string stream;
   std::string to_json() const;
   // Throws io::InputError naming `file` and the field.
   static LoaderState from_json(const std::string& text, const std::string& file = "loader state");
@@ -114,6 +117,18 @@ struct Batch {
   std::vector<int64_t> blocks;      // the block index of each row
   int64_t epoch = 0, position = 0;  // which batch this is
 };
+
+// One row of a batch: example `index` of `set`.
+struct BatchRow {
+  const PackedDataset* set;
+  int64_t index;
+};
+
+// `rows` as one batch, as the loader collates it (transformers' collator for LLaMA-Factory's
+// datasets): rows padded on the right to the longest with options.pad_id (labels -100 there),
+// labels -100 at options.ignore_label_id, segment ids and neat packing's first-token rule when
+// options.segment_ids. Batch::blocks holds each row's index; epoch and position are left 0.
+Batch collate(const std::vector<BatchRow>& rows, const LoaderOptions& options);
 
 class DataLoader {
  public:

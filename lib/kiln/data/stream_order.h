@@ -84,9 +84,10 @@
 // :1487-1562): a round robin of whole batches, where in LLaMA-Factory a batch is
 // per_device_train_batch_size packed sequences built from that worker's documents.
 //
-// Not covered: several processes (accelerate's dispatch_batches / IterableDatasetShard), resumed
-// runs (Trainer's skip_first_batches and datasets' state_dict), and eval_dataset: (it is shuffled
-// the same way, lf/data/data_utils.py:127, and would be a second StreamOrder).
+// stream_dataset.h builds LLaMA-Factory's examples and the DataLoader's batches on it (a
+// StreamOrder per worker; eval_dataset: is a second stream, shuffled the same way,
+// lf/data/data_utils.py:127; a resumed run makes the epoch's orders again and skips). Not
+// covered: several processes (accelerate's dispatch_batches / IterableDatasetShard).
 #pragma once
 
 #include <cstddef>
@@ -134,6 +135,9 @@ class StreamOrder {
   int64_t next();
 
   const StreamOrderOptions& options() const { return opt_; }
+  // Documents held in the shuffle buffer now (at most buffer_size): all the state that grows
+  // with the data, the rest being O(datasets + num_shards).
+  int64_t buffered() const { return static_cast<int64_t>(buffer_.size()); }
 
  private:
   struct Source {

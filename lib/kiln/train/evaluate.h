@@ -15,7 +15,8 @@
 
 namespace kiln::data {
 class PackedDataset;
-}
+struct StreamSpec;
+}  // namespace kiln::data
 
 namespace kiln::train {
 
@@ -47,6 +48,14 @@ struct EvalOptions {
 
 EvalResult evaluate_dataset(model::LlamaForCausalLM& model, const std::shared_ptr<const data::PackedDataset>& dataset,
                             const EvalOptions& options);
+
+// Mean loss over one pass of a stream (LLaMA-Factory's streaming evaluation: epoch 0 of the
+// stream, in the DataLoader's batches of `stream`'s batch size, data/stream_dataset.h), HF's loss
+// as for a dataset except that every batch but the last counts for a full batch in the mean over
+// rows, as transformers' evaluation_loop and accelerate's gather_for_metrics weigh an iterable's
+// batches (a worker's shorter last batch in the middle included). One process (streaming refuses
+// several).
+EvalResult evaluate_stream(model::LlamaForCausalLM& model, const data::StreamSpec& stream, const EvalOptions& options);
 
 // Mean token loss over the batches `next` yields until it returns nullopt (a host's own data;
 // labels -100 are ignored, the model shifts). batch_size and neat_packing do not apply; with

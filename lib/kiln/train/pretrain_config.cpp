@@ -49,6 +49,7 @@ const config::KeyTable<PretrainConfig>& pretrain_key_table() {
       {"preprocessing_num_workers", &C::preprocessing_num_workers},
       {"streaming", &C::streaming},
       {"buffer_size", &C::buffer_size},
+      {"dataloader_num_workers", &C::dataloader_num_workers},
       {"mix_strategy", &C::mix_strategy},
       {"interleave_probs", &C::interleave_probs},
       {"template", &C::template_name},
@@ -238,7 +239,8 @@ void PretrainConfig::validate() const {
   }
   if (llamafactory_data()) {
     // LLaMA-Factory: int(val_size) above 1; datasets refuses a float test_size of 1.0.
-    if (!(val_size >= 0) || (val_size == 1 && !val_size_is_count)) {
+    // (Streaming takes int(val_size) documents, 1.0 included: data_utils.py:110-112.)
+    if (!(val_size >= 0) || (val_size == 1 && !val_size_is_count && !streaming)) {
       fail("val_size", fmt::format("must be a fraction in (0, 1) or a number of documents written as an integer "
                                    "(e.g. 1 or 200), got {}{}",
                                    val_size, val_size == 1 ? ".0 (datasets refuses test_size=1.0)" : ""));
@@ -268,11 +270,32 @@ void PretrainConfig::validate() const {
     if (val_size > 1e-6 && val_size < 1) fail("val_size", "Streaming mode should have an integer val size.");
     if (max_samples > 0) fail("max_samples", "`max_samples` is incompatible with `streaming`.");
     if (max_steps <= 0) fail("max_steps", "Please specify `max_steps` in streaming mode.");
-    fail("streaming",
-         "true is not supported: kiln reads the tokenized datasets memory-mapped, and LLaMA-Factory's streaming "
-         "order (datasets' 16384-document shuffle buffer) is not reproduced. Remove streaming: the same "
-         "documents are then split and packed as LLaMA-Factory's non-streaming run does");
+    if (!llamafactory_data()) {
+      fail("streaming",
+           "true applies to LLaMA-Factory datasets named with dataset: (a shard folder is read memory-mapped, "
+           "without streaming)");
+    }
+    if (!tokenized_path.empty()) {
+      // LLaMA-Factory's data/loader.py: with tokenized_path and no saved data.
+      fail("tokenized_path",
+           "Turn off `streaming` when saving dataset to disk. (LLaMA-Factory's words: it saves no streamed "
+           "dataset; kiln's shard cache needs no tokenized_path)");
+    }
+    if (dataloader_num_workers == 0) {
+      fail("dataloader_num_workers",
+           "0 (transformers' default) with streaming: true: LLaMA-Factory 0.9.5 shards a local dataset into "
+           "dataloader_num_workers shards for streaming (to_iterable_dataset(num_shards=0)), so the stream is "
+           "empty and LLaMA-Factory itself fails (StopIteration in align_dataset). Set dataloader_num_workers: 1 "
+           "or more (each DataLoader worker streams one shard)");
+    }
+    if (eval_on_each_dataset && !eval_dataset.empty()) {
+      fail("eval_on_each_dataset",
+           "true with streaming: true is not supported: LLaMA-Factory streams each evaluation dataset "
+           "unshuffled, which kiln does not reproduce; use eval_dataset without eval_on_each_dataset, or "
+           "val_size");
+    }
   }
+  at_least("dataloader_num_workers", dataloader_num_workers, 0);
   // LLaMA-Factory's DataArguments.__post_init__ (hparams/data_args.py), in its order and words.
   const auto count_names = [](const std::string& names) {  // split_arg: before the dict drops repeats
     return names.empty() ? size_t{0} : static_cast<size_t>(std::count(names.begin(), names.end(), ',')) + 1;

@@ -48,8 +48,12 @@ struct KILN_API PretrainConfig {
   std::string packing;
   int64_t preprocessing_batch_size = 1000;
   int64_t preprocessing_num_workers = 0;  // 0 or 1: one shard
-  bool streaming = false;                 // LLaMA-Factory's rules are checked, then refused
-  int64_t buffer_size = 16384;            // streaming's shuffle buffer (LLaMA-Factory's default)
+  // LLaMA-Factory's streaming over local files (data/stream_dataset.h): the documents in datasets'
+  // streamed order (a shuffle buffer of buffer_size documents, dataloader_num_workers shards, one
+  // per DataLoader worker), packed as they are read; max_steps required, val_size a count.
+  bool streaming = false;
+  int64_t buffer_size = 16384;         // streaming's shuffle buffer (LLaMA-Factory's default)
+  int64_t dataloader_num_workers = 0;  // streaming: HF's DataLoader workers = the stream's shards (>= 1)
   // How the datasets of `dataset` are merged (data/mixture.h): concat, interleave_under or
   // interleave_over, with interleave_probs ("0.7,0.3": one per dataset; "" = round robin).
   std::string mix_strategy = "concat";

@@ -23,6 +23,7 @@
 #include "kiln/data/mixture.h"
 #include "kiln/data/named_datasets.h"
 #include "kiln/data/shards.h"
+#include "kiln/data/stream_dataset.h"
 #include "kiln/dist/comm.h"
 #include "kiln/model/hf.h"
 #include "kiln/train/kernel_choices.h"
@@ -178,6 +179,63 @@ class LfExamples {
     return split;
   }
 
+  // streaming: the stream of `part` (data/stream_dataset.h) in batches of `batch_size`, checked
+  // as LLaMA-Factory's main process reads it first (loader.py:246, :263-271): a document, then a
+  // packed example.
+  std::shared_ptr<const data::StreamSpec> stream(data::StreamPart part, int64_t batch_size, data::LoaderOptions batches,
+                                                 const std::string& what) const {
+    auto spec = std::make_shared<data::StreamSpec>();
+    spec->documents = documents_;
+    data::StreamOrderOptions& o = spec->order;
+    o.lengths = per_dataset_;
+    o.num_shards = c_.dataloader_num_workers;
+    o.strategy = data::parse_mix_strategy(c_.mix_strategy);
+    o.probabilities = c_.interleave_probabilities();
+    o.seed = static_cast<uint64_t>(c_.seed);
+    o.buffer_size = c_.buffer_size;
+    o.part = part;
+    o.val_size = part == data::StreamPart::kAll ? 0 : static_cast<int64_t>(c_.val_size);
+    spec->pack = {.block_len = c_.block_len(),
+                  .packing = c_.packing != "false",
+                  .batch_documents = c_.preprocessing_batch_size,
+                  .workers = 1};
+    batches.batch_size = batch_size;
+    spec->batches = batches;
+    try {
+      // Every worker's order at epoch 0: datasets' and LLaMA-Factory's refusals (a shard per
+      // worker of every dataset, the probabilities) before anything is read.
+      for (int64_t w = 0; w < o.num_shards; ++w) {
+        data::StreamOrderOptions ow = o;
+        ow.num_workers = o.num_shards;
+        ow.worker = w;
+        data::StreamOrder check(ow);
+      }
+      data::StreamOrderOptions main = o;  // the main process: every shard, num_workers 0
+      if (data::StreamOrder(main).next() < 0) {
+        fail(part == data::StreamPart::kTrain ? "val_size" : key_,
+             fmt::format("the {} stream of {} has no document{} (LLaMA-Factory fails there: StopIteration)", what,
+                         names_,
+                         part == data::StreamPart::kTrain ? fmt::format(": val_size {} takes all of the {} documents",
+                                                                        o.val_size, documents_->num_documents())
+                                                          : ""));
+      }
+      if (!data::StreamExamples(documents_, main, spec->pack).next()) {
+        fail("cutoff_len",
+             fmt::format("Cannot find sufficient samples, consider increasing dataset size. (LLaMA-Factory's words: "
+                         "the {} stream of {} packs into no block of {} tokens within one preprocessing_batch_size "
+                         "batch of {})",
+                         what, names_, spec->pack.block_len, spec->pack.batch_documents));
+      }
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      fail(m.find("shard") != std::string::npos ? "dataloader_num_workers" : "mix_strategy",
+           fmt::format("{} ({}: {} documents per dataset; streaming: true shards each dataset into "
+                       "dataloader_num_workers {} parts)",
+                       m, names_, fmt::join(per_dataset_, ", "), o.num_shards));
+    }
+    return spec;
+  }
+
   // `docs` packed per preprocessing_batch_size documents (or truncated one by one).
   std::shared_ptr<const data::PackedDataset> pack(std::vector<int64_t> docs, const std::string& what) const {
     const data::PackOptions po{.block_len = c_.block_len(),
@@ -270,8 +328,32 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
       for (const auto& line : special.lines) logger()->info("kiln-pretrain: {}", line);
     }
     d.ignored_label_id = special.pad_id;
-    // get_dataset: merge (mix_strategy), split (val_size), pack each split.
+    // HF Trainer's sampler (torch.randperm) and transformers' collator with pad = EOS.
+    lo.order = data::LoaderOptions::Order::kTorchRandperm;
+    lo.ignore_label_id = lo.pad_id = d.ignored_label_id;
     const LfExamples train(config_, train_split, data::named_dataset_documents(d.dir), "dataset", config_.dataset);
+    if (config_.streaming) {
+      // get_dataset with streaming: the merged stream shuffled, then take/skip(val_size); each
+      // split packed as it is read, by each DataLoader worker (data/stream_dataset.h).
+      const bool held_out = config_.val_size > 1e-6;
+      d.train_stream = train.stream(held_out ? data::StreamPart::kTrain : data::StreamPart::kAll,
+                                    config_.per_device_train_batch_size, lo, "train");
+      if (held_out) {
+        d.eval_stream = train.stream(data::StreamPart::kEval, config_.per_device_eval_batch_size, lo, "eval");
+      }
+      if (!config_.eval_dataset.empty()) {
+        const auto prepared = eval_datasets(config_);
+        d.eval_shards = data::TokenShards::open(prepared.shard_dir);
+        d.eval_shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
+        const LfExamples eval(config_, d.eval_shards->split("train"), prepared.documents, "eval_dataset",
+                              config_.eval_dataset);
+        // split_dataset: eval_dataset.shuffle(buffer_size, seed), all of it (data_utils.py:124-127).
+        d.eval_stream = eval.stream(data::StreamPart::kAll, config_.per_device_eval_batch_size, lo,
+                                    fmt::format("eval_dataset {}", config_.eval_dataset));
+      }
+      return d;
+    }
+    // get_dataset: merge (mix_strategy), split (val_size), pack each split.
     data::DocumentSplit split = train.split(train.merged());
     d.train = train.pack(std::move(split.train), "train");
     if (!split.eval.empty()) d.val = train.pack(std::move(split.eval), "eval");
@@ -290,9 +372,6 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
         d.val = eval.pack(eval.merged(), fmt::format("eval_dataset {}", config_.eval_dataset));
       }
     }
-    // HF Trainer's sampler (torch.randperm) and transformers' collator with pad = EOS.
-    lo.order = data::LoaderOptions::Order::kTorchRandperm;
-    lo.ignore_label_id = lo.pad_id = d.ignored_label_id;
   } else {
     const int64_t blocks = train_split->num_tokens() / config_.cutoff_len;
     if (blocks == 0) {
@@ -326,10 +405,11 @@ std::string eval_data_text(const RunData& d, const PretrainConfig& c) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> RunData::eval_sets() const {
-  std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> out;
-  if (val) out.emplace_back("eval", val);
-  for (const auto& [name, set] : named_evals) out.emplace_back("eval_" + name, set);
+std::vector<EvalSet> RunData::eval_sets() const {
+  std::vector<EvalSet> out;
+  if (val) out.push_back({"eval", val, nullptr});
+  if (eval_stream) out.push_back({"eval", nullptr, eval_stream});
+  for (const auto& [name, set] : named_evals) out.push_back({"eval_" + name, set, nullptr});
   return out;
 }
 
@@ -345,6 +425,16 @@ RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
   }
   plan.env = dist::read_dist_env();
   const bool main = plan.env.rank == 0;
+  if (c.streaming && plan.env.world_size > 1) {
+    // Before any data is prepared.
+    throw config::ConfigError(config::config_message(
+        c.source, "streaming",
+        fmt::format("true with {} processes ({}) is not supported: accelerate dispatches an iterable dataset's "
+                    "batches from rank 0 to the others (DataLoaderDispatcher), which kiln does not reproduce. "
+                    "Stream in one process, or leave streaming out (the same documents are then split and "
+                    "packed as LLaMA-Factory's non-streaming run does)",
+                    plan.env.world_size, plan.env.launcher)));
+  }
   plan.device = run_device(c, plan.env);
   if (c.full_determinism) {
     if (const std::string k = trainer_kernels(c.kernels, true); k != c.kernels) {
@@ -392,8 +482,11 @@ RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
   } else {
     std::string dir = options.prepare_data ? options.prepare_data() : training_shard_dir(c, main);
     plan.data = plan_data(c, plan.model, plan.env, std::move(dir));
-    plan.steps = plan_steps(plan.data.train->num_blocks(), c.per_device_train_batch_size, world,
-                            c.gradient_accumulation_steps, c.num_train_epochs, c.max_steps);
+    plan.steps =
+        plan.data.train_stream
+            ? plan_stream_steps(c.per_device_train_batch_size, world, c.gradient_accumulation_steps, c.max_steps)
+            : plan_steps(plan.data.train->num_blocks(), c.per_device_train_batch_size, world,
+                         c.gradient_accumulation_steps, c.num_train_epochs, c.max_steps);
   }
   plan.run = describe_run(c, plan.model, target);
   plan.memory = cost::estimate_training_memory(plan.model, plan.run);
@@ -434,6 +527,25 @@ std::string run_banner(const RunPlan& plan, const dist::Comm* comm) {
   const bool per_rank = comm != nullptr || planned_job;
   if (plan.host_batches) {
     out += "\n  Data = batches supplied by the host program";
+  } else if (d.train_stream) {
+    const auto docs = d.shards->split("train");
+    const data::StreamSpec& t = *d.train_stream;
+    out += fmt::format(
+        "\n  Data = {} ({} documents of {}, {} tokens), streamed as LLaMA-Factory's streaming: true: "
+        "dataloader_num_workers {} (one shard each), shuffle buffer {}, seed {}; {} of {} tokens per map batch of {} "
+        "documents; {}",
+        d.dir, with_commas(docs->num_documents()), c.dataset, with_commas(docs->num_tokens()), t.order.num_shards,
+        with_commas(t.order.buffer_size), c.seed, t.pack.packing ? "blocks" : "documents truncated", t.pack.block_len,
+        with_commas(t.pack.batch_documents),
+        !d.eval_stream           ? "no eval split"
+        : c.eval_dataset.empty() ? fmt::format("eval = the stream's first {} documents (take), train = the rest (skip)",
+                                               static_cast<int64_t>(c.val_size))
+                                 : fmt::format("eval = eval_dataset {}, streamed alike", c.eval_dataset));
+    if (c.mix_strategy != "concat") {
+      out += fmt::format(
+          "\n  Mixture = {}{} (datasets' iterable interleave_datasets, seed {})", c.mix_strategy,
+          c.interleave_probs.empty() ? " round robin" : fmt::format(", probabilities {}", c.interleave_probs), c.seed);
+    }
   } else if (c.llamafactory_data()) {
     const auto docs = d.shards->split("train");
     out += fmt::format(

@@ -27,24 +27,35 @@
 
 namespace kiln::data {
 class TokenShards;
-}
+struct StreamSpec;
+}  // namespace kiln::data
 namespace kiln::dist {
 class Comm;
 }
 
 namespace kiln::train {
 
+// One evaluation set: packed examples, or (streaming) a stream read afresh at every evaluation.
+struct EvalSet {
+  std::string prefix;  // its metrics' prefix as HF's Trainer names them: "eval" or "eval_<name>"
+  std::shared_ptr<const data::PackedDataset> set;
+  std::shared_ptr<const data::StreamSpec> stream;  // set null: epoch 0 of this stream (data/stream_dataset.h)
+};
+
 // The data a run trains and evaluates on (empty for the host's batches).
 struct RunData {
   std::string dir;  // the shard folder
   std::shared_ptr<data::TokenShards> shards;
   std::shared_ptr<const data::PackedDataset> train, val;  // val: null without evaluation data
-  std::shared_ptr<data::TokenShards> eval_shards;         // eval_dataset's folder (null without)
+  // streaming: true: the train stream (train is then null) and the evaluation stream (val_size's
+  // take, or eval_dataset's; val is then null), read as the run goes (data/stream_dataset.h).
+  std::shared_ptr<const data::StreamSpec> train_stream, eval_stream;
+  std::shared_ptr<data::TokenShards> eval_shards;  // eval_dataset's folder (null without)
   // eval_on_each_dataset: each eval dataset alone, by name (val is then null).
   std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> named_evals;
-  // What an evaluation evaluates, each with its metrics' prefix as HF's Trainer names them:
-  // {"eval", val}, or {"eval_<name>", set} per named set; empty without evaluation data.
-  std::vector<std::pair<std::string, std::shared_ptr<const data::PackedDataset>>> eval_sets() const;
+  // What an evaluation evaluates: {"eval", val or eval_stream}, or {"eval_<name>", set} per
+  // named set; empty without evaluation data.
+  std::vector<EvalSet> eval_sets() const;
   data::LoaderOptions loader;  // the train loader's (this rank's)
   // LLaMA-Factory datasets: the id whose labels are -100 (the pad token, which its tokenizer
   // fix-up makes EOS when the tokenizer has none); -1 for kiln's shard folders.

@@ -46,17 +46,32 @@ ForwardStateScope::~ForwardStateScope() = default;
 AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std::vector<MicroBatch>& micro_batches,
                                       const AccumulateOptions& options) {
   TORCH_CHECK(options.total_targets > 0, "accumulate_gradients: the step has no target tokens");
+  TORCH_CHECK(options.micro_targets.empty() || options.micro_targets.size() == micro_batches.size(),
+              "accumulate_gradients: ", options.micro_targets.size(), " micro_targets for ", micro_batches.size(),
+              " micro-batches");
+  for (const int64_t n : options.micro_targets) {
+    TORCH_CHECK(n > 0, "accumulate_gradients: a window of the step has no target tokens");
+  }
   AccumulateResult result;
   result.loss_sum = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
-  const double inv_targets = 1.0 / static_cast<double>(options.total_targets);
-  // The gradient each backward below sends to loss_sum, computed as autograd will compute it
-  // (the loss scale times 1 / targets in fp32): the fused loss head rounds its bf16/fp16 gradient
-  // after this scale instead of before it (ops::LinearCrossEntropyOptions::expected_grad).
+  if (!options.micro_targets.empty()) {
+    result.objective = at::zeros({}, at::TensorOptions().device(options.device).dtype(at::kFloat));
+  }
   const at::TensorOptions fp32_on_device = at::TensorOptions().device(options.device).dtype(at::kFloat);
-  const at::Tensor loss_sum_grad = options.loss_scale ? options.loss_scale->squeeze().to(fp32_on_device) * inv_targets
-                                                      : at::full({}, inv_targets, fp32_on_device);
+  double inv_targets = 0;
+  at::Tensor loss_sum_grad;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const MicroBatch& mb = micro_batches[i];
+    const double inv =
+        1.0 / static_cast<double>(options.micro_targets.empty() ? options.total_targets : options.micro_targets[i]);
+    if (!loss_sum_grad.defined() || inv != inv_targets) {
+      inv_targets = inv;
+      // The gradient each backward below sends to loss_sum, computed as autograd will compute it
+      // (the loss scale times 1 / targets in fp32): the fused loss head rounds its bf16/fp16
+      // gradient after this scale instead of before it (ops::LinearCrossEntropyOptions::expected_grad).
+      loss_sum_grad = options.loss_scale ? options.loss_scale->squeeze().to(fp32_on_device) * inv_targets
+                                         : at::full({}, inv_targets, fp32_on_device);
+    }
     if (options.should_stop && options.should_stop()) {
       result.interrupted = true;
       return result;
@@ -81,6 +96,7 @@ AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std:
     }
     if (options.after_backward) options.after_backward();
     result.loss_sum.add_(loss_sum.detach());
+    if (result.objective.defined()) result.objective.add_(loss_sum.detach() * inv_targets);
   }
   return result;
 }

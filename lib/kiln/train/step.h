@@ -37,6 +37,11 @@ struct AccumulateOptions {
   std::optional<at::ScalarType> autocast_dtype;  // bf16/fp16 compute with fp32 parameters
   std::optional<at::Tensor> loss_scale;          // fp16: multiply the loss before backward
   int64_t total_targets = 0;                     // target tokens of the whole step (sum over micro-batches and ranks)
+  // Non-empty (one per micro-batch): micro-batch i's loss is divided by micro_targets[i] instead
+  // of total_targets: HF's windows of an iterable train set, where a window cut short by the
+  // stream's end joins the next epoch's first window in one optimizer step, each normalised by
+  // its own num_items_in_batch (data/stream_dataset.h, next_stream_step).
+  std::vector<int64_t> micro_targets;
   at::Device device = at::kCPU;
   // Asked before each micro-batch; true abandons the step (AccumulateResult::interrupted), so a
   // stop request waits for one micro-batch's forward and backward at most.
@@ -48,12 +53,16 @@ struct AccumulateOptions {
 };
 
 struct AccumulateResult {
-  at::Tensor loss_sum;       // 0-d fp32 on the device: sum of token losses over the micro-batches
+  at::Tensor loss_sum;  // 0-d fp32 on the device: sum of token losses over the micro-batches
+  // With micro_targets: 0-d fp32, the normalised loss sum_i loss_sum_i / micro_targets[i]
+  // (unscaled; HF's logged loss of the step). Undefined otherwise (loss_sum / total_targets).
+  at::Tensor objective;
   bool interrupted = false;  // should_stop answered true: .grad holds a partial sum, to be discarded
 };
 
 // Forward and backward of each micro-batch (moved to options.device), accumulating into the
-// parameters' .grad. Gradients equal those of (sum of token losses) / total_targets.
+// parameters' .grad. Gradients equal those of (sum of token losses) / total_targets (or
+// sum_i loss_i / micro_targets[i]).
 AccumulateResult accumulate_gradients(model::LlamaForCausalLM& model, const std::vector<MicroBatch>& micro_batches,
                                       const AccumulateOptions& options);
 

@@ -1,6 +1,8 @@
 #include "kiln/train/step_math.h"
 
 #include <cmath>
+#include <limits>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -32,6 +34,26 @@ StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t
   return p;
 }
 
+int64_t StepPlan::banner_epochs() const {
+  return streamed ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(std::ceil(num_epochs));
+}
+
+StepPlan plan_stream_steps(int64_t batch_size_per_device, int64_t world_size, int64_t gradient_accumulation_steps,
+                           int64_t max_steps) {
+  if (max_steps <= 0) throw std::invalid_argument("a stream has no length: max_steps must be > 0");
+  StepPlan p;
+  p.streamed = true;
+  p.batch_size_per_device = batch_size_per_device;
+  p.world_size = world_size;
+  p.gradient_accumulation_steps = gradient_accumulation_steps;
+  p.total_steps = max_steps;
+  p.updates_per_epoch = max_steps;
+  p.batches_per_epoch = max_steps * gradient_accumulation_steps;
+  p.num_examples = p.total_batch_size() * max_steps;
+  p.num_epochs = static_cast<double>(std::numeric_limits<int64_t>::max());
+  return p;
+}
+
 std::string training_banner(const StepPlan& p, int64_t trainable_parameters) {
   return fmt::format(
       "***** Running training *****\n"
@@ -43,17 +65,17 @@ std::string training_banner(const StepPlan& p, int64_t trainable_parameters) {
       "  Gradient Accumulation steps = {}\n"
       "  Total optimization steps = {}\n"
       "  Number of trainable parameters = {}",
-      with_commas(p.num_examples), with_commas(static_cast<int64_t>(std::ceil(p.num_epochs))),
-      with_commas(p.updates_per_epoch), with_commas(p.batch_size_per_device), with_commas(p.total_batch_size()),
-      p.gradient_accumulation_steps, with_commas(p.total_steps), with_commas(trainable_parameters));
+      with_commas(p.num_examples), with_commas(p.banner_epochs()), with_commas(p.updates_per_epoch),
+      with_commas(p.batch_size_per_device), with_commas(p.total_batch_size()), p.gradient_accumulation_steps,
+      with_commas(p.total_steps), with_commas(trainable_parameters));
 }
 
-std::string evaluation_banner(int64_t num_examples, int64_t batch_size_per_device) {
+std::string evaluation_banner(std::optional<int64_t> num_examples, int64_t batch_size_per_device) {
   return fmt::format(
       "***** Running Evaluation *****\n"
-      "  Num examples = {}\n"
+      "  Num examples{}\n"
       "  Batch size = {}",
-      num_examples, batch_size_per_device);
+      num_examples ? fmt::format(" = {}", *num_examples) : std::string(": Unknown"), batch_size_per_device);
 }
 
 }  // namespace kiln::train

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace kiln::train {
@@ -25,10 +26,22 @@ struct StepPlan {
   }
   int64_t total_steps = 0;  // max_steps, or ceil(epochs * updates_per_epoch)
   int64_t total_batch_size() const { return batch_size_per_device * world_size * gradient_accumulation_steps; }
+  // An iterable train set (LLaMA-Factory's streaming): no length, so HF's figures come from
+  // max_steps alone (plan_stream_steps).
+  bool streamed = false;
+  // The banner's "Num Epochs": ceil(num_epochs), or sys.maxsize for a stream.
+  int64_t banner_epochs() const;
 };
 
 StepPlan plan_steps(int64_t num_examples, int64_t batch_size_per_device, int64_t world_size,
                     int64_t gradient_accumulation_steps, double num_epochs, int64_t max_steps);
+
+// HF's figures for a train set without a length (transformers 5.6 set_initial_training_values,
+// trainer.py:2339-2349, the "max_steps > 0 and no length" branch): Num Epochs = sys.maxsize,
+// updates per epoch = max_steps, Num examples = total batch x max_steps, steps_in_epoch (batches
+// per epoch) = max_steps x accumulation, so every window holds `accumulation` batches.
+StepPlan plan_stream_steps(int64_t batch_size_per_device, int64_t world_size, int64_t gradient_accumulation_steps,
+                           int64_t max_steps);
 
 // The banner lines exactly as HF Trainer logs them (transformers 5.6.0, trainer.py
 // _inner_training_loop, without its log prefix), "\n"-separated. Older transformers (the user's
@@ -37,6 +50,8 @@ std::string training_banner(const StepPlan& plan, int64_t trainable_parameters);
 
 // HF Trainer's evaluation_loop lines: "***** Running Evaluation *****", "  Num examples = N" (no
 // thousands separators there) and "  Batch size = B" (per device).
-std::string evaluation_banner(int64_t num_examples, int64_t batch_size_per_device);
+// An evaluation set without a length (a stream): "  Num examples: Unknown", as HF logs it
+// (trainer.py:2669-2672).
+std::string evaluation_banner(std::optional<int64_t> num_examples, int64_t batch_size_per_device);
 
 }  // namespace kiln::train

@@ -194,16 +194,34 @@ Trainer::Run::Run(Trainer& trainer) : t(trainer), st(*trainer.state_) {
 }
 
 Trainer::Run::StepStart Trainer::Run::mark_step_start() const {
-  return {t.loader_ ? std::optional<data::LoaderState>(t.loader_->state()) : std::nullopt, cpu_rng_state()};
+  std::optional<data::LoaderState> position;
+  if (t.loader_) position = t.loader_->state();
+  if (t.stream_) position = t.stream_->state();
+  return {position, cpu_rng_state()};
 }
 
 void Trainer::Run::undo_step(const StepStart& start) {
-  if (start.loader) t.loader_->restore(*start.loader);
+  if (start.loader && t.loader_) t.loader_->restore(*start.loader);
+  if (start.loader && t.stream_) t.stream_->restore(*start.loader);  // the epoch's stream again, fast-forwarded
   set_cpu_rng_state(start.cpu_rng);
 }
 
 Trainer::Run::StepBatches Trainer::Run::draw_batches() {
   StepBatches b;
+  if (t.stream_) {
+    // HF's windows over an iterable train set (data::next_stream_step): a full window, after any
+    // windows an epoch's end cut short, each normalised by its own num_items_in_batch. One process.
+    data::StreamStep step = data::next_stream_step(*t.stream_, t.config_.gradient_accumulation_steps);
+    for (size_t i = 0; i < step.batches.size(); ++i) {
+      data::Batch& m = step.batches[i];
+      b.tokens += m.input_ids.numel();
+      b.micro.push_back({std::move(m.input_ids), std::move(m.labels), std::move(m.segment_ids)});
+    }
+    b.micro_targets = std::move(step.window_items);
+    b.targets = b.micro_targets.back();  // the full window's (the step's normaliser when no window was cut)
+    if (step.windows == 1) b.micro_targets.clear();
+    return b;
+  }
   int64_t exhausted = 0;
   int64_t window = t.config_.gradient_accumulation_steps;
   if (t.loader_) window = std::min(window, t.loader_->batches_per_epoch() - t.loader_->state().position);
@@ -242,8 +260,8 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
 bool Trainer::Run::train_step(StepBatches& batches) {
   const PretrainConfig& c = t.config_;
   const double lr = c.learning_rate * optim::lr_multiplier(sched, st.global_step);
-  const StepResult r =
-      t.stack_->step(batches.micro, batches.targets, lr, {.should_stop = [this] { return t.stop_requested(); }});
+  const StepResult r = t.stack_->step(batches.micro, batches.targets, lr,
+                                      {.should_stop = [this] { return t.stop_requested(); }}, batches.micro_targets);
   if (r.interrupted) return false;
   last_lr = lr;
   st.window_tokens += batches.tokens;
@@ -256,7 +274,10 @@ bool Trainer::Run::train_step(StepBatches& batches) {
   // datasets, HF's: the mean of the steps' losses (each normalised by its own num_items_in_batch).
   const bool per_step = t.plan_.data.ignored_label_id >= 0;
   const double weight = per_step ? 1.0 : static_cast<double>(batches.targets);
-  const at::Tensor step_loss = per_step ? r.loss_sum / static_cast<double>(batches.targets) : r.loss_sum;
+  // (A streamed step joining windows an epoch's end cut short: HF adds each window's loss.)
+  const at::Tensor step_loss = r.objective.defined() ? r.objective
+                               : per_step            ? r.loss_sum / static_cast<double>(batches.targets)
+                                                     : r.loss_sum;
   st.window_loss_sum.add_(at::where(bad, at::zeros_like(step_loss), step_loss));
   st.window_good_targets.add_(bad.logical_not().to(at::kFloat) * weight);
   st.first_bad_step.copy_(at::where(bad.logical_and(st.first_bad_step < 0),

@@ -30,6 +30,7 @@
 namespace kiln::data {
 class DataLoader;
 class PackedDataset;
+class StreamLoader;
 }  // namespace kiln::data
 
 namespace kiln::dist {
@@ -46,6 +47,7 @@ struct EvalResult {
   double loss = 0;           // mean token loss over the whole split
   double perplexity = 0;     // exp(loss)
   int64_t tokens = 0;        // target tokens scored
+  int64_t examples = 0;      // rows evaluated (HF's observed_num_examples), over every rank
   bool interrupted = false;  // abandoned on a stop request: loss and perplexity are NaN
 };
 
@@ -144,7 +146,8 @@ class Trainer {
   std::optional<at::ScalarType> autocast_dtype_;
   model::LlamaForCausalLM model_{nullptr};
   std::unique_ptr<data::DataLoader> loader_;
-  RunPlan plan_;  // the settings, data and arithmetic (plan_run); config_ is plan_.config
+  std::unique_ptr<data::StreamLoader> stream_;  // streaming: true, instead of loader_ (data/stream_dataset.h)
+  RunPlan plan_;                                // the settings, data and arithmetic (plan_run); config_ is plan_.config
   std::unique_ptr<State> state_;
   std::function<bool()> stop_check_;
   TrainerCallbacks callbacks_;

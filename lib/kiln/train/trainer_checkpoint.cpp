@@ -9,6 +9,7 @@
 #include "kiln/common/logger.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/shards.h"
+#include "kiln/data/stream_dataset.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/io/input_file.h"
@@ -29,6 +30,11 @@ namespace kiln::train {
 // HF's state.epoch: the batches consumed so far over the batches per epoch. An epoch's last
 // window may be shorter than gradient_accumulation_steps (step_math.h).
 double Trainer::epoch_of(int64_t step) const {
+  if (stream_) {
+    // A stream's epochs end where its data does: the loader's position after the step (every
+    // caller asks at the current step), over steps_in_epoch = max_steps x accumulation.
+    return data::stream_epoch_progress(*stream_, plan_.steps.total_steps, config_.gradient_accumulation_steps);
+  }
   const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
   const int64_t batches = std::max<int64_t>(plan_.steps.batches_per_epoch, 1);
   const int64_t consumed =
@@ -48,7 +54,9 @@ HfTrainerState Trainer::hf_trainer_state(int64_t step) const {
   s.save_steps = resolve_steps(config_.save_steps, plan_.steps.total_steps);
   s.train_batch_size = config_.per_device_train_batch_size;
   const int64_t per_epoch = std::max<int64_t>(plan_.steps.updates_per_epoch, 1);
-  s.num_train_epochs = (plan_.steps.total_steps + per_epoch - 1) / per_epoch;
+  // A stream's: sys.maxsize, as set_initial_training_values gives it.
+  s.num_train_epochs =
+      plan_.steps.streamed ? plan_.steps.banner_epochs() : (plan_.steps.total_steps + per_epoch - 1) / per_epoch;
   s.total_flos = state_->total_flos;
   s.log_history = state_->log_history;
   return s;
@@ -214,8 +222,9 @@ std::string Trainer::save_checkpoint(int64_t step) {
     model::save_pretrained(model_, tmp.string(), save_options_for(files));
     write_model_folder_files(files, tmp.string());
     io::write_file_atomic((tmp / "training_args.json").string(), pretrain_config_json(config_));
-    if (loader_) {  // a host's batches have no position kiln could restore
-      io::write_file_atomic((tmp / "loader_state.json").string(), loader_->state().to_json());
+    if (loader_ || stream_) {  // a host's batches have no position kiln could restore
+      io::write_file_atomic((tmp / "loader_state.json").string(),
+                            (loader_ ? loader_->state() : stream_->state()).to_json());
       io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
                             data::DataRecord::of(plan_.data.dir, plan_.data.shards->meta()).to_json());
     }
@@ -331,7 +340,7 @@ void Trainer::resume(const std::string& dir) {
                                            e.what_without_backtrace()));
     }
   }
-  if (loader_ && plan_.data.shards) {
+  if ((loader_ || stream_) && plan_.data.shards) {
     // The checkpoint's data position applies to the data it was written for: the same tokenizer
     // (a position in other tokens would silently train on a different stream).
     if (const auto record = data::DataRecord::read(dir)) {
@@ -346,13 +355,18 @@ void Trainer::resume(const std::string& dir) {
       }
     }
   }
-  if (loader_) {
+  if (loader_ || stream_) {
     const std::string file = (d / "loader_state.json").string();
     data::LoaderState loader_state =
         data::LoaderState::from_json(io::read_input_file(file, io::kMaxJsonFileBytes), file);
     loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
     try {
-      loader_->restore(loader_state);
+      // A stream is made again and fast-forwarded: O(documents consumed) time, constant memory.
+      if (loader_) {
+        loader_->restore(loader_state);
+      } else {
+        stream_->restore(loader_state);
+      }
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(fmt::format("{}: {}", file, e.what()));
     }
@@ -422,6 +436,21 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
         "kiln-pretrain: {}: ignored (the Python, numpy and torch random states of transformers' Trainer; "
         "kiln's data order follows the seed and the step)",
         (d / "rng_state.pth").string());
+  }
+  if (stream_) {
+    // transformers' position for an iterable train set: epochs_trained = global_step // max_steps
+    // (num_update_steps_per_epoch = max_steps) and global_step % max_steps x accumulation batches
+    // of that epoch's stream skipped (trainer.py:1549-1552, skip_first_batches at :1681),
+    // whatever epochs the saved run had crossed; past that epoch's end it yields nothing and the
+    // next epoch starts.
+    const int64_t epoch = state_->global_step / plan_.steps.total_steps;
+    const int64_t skip = state_->global_step % plan_.steps.total_steps * config_.gradient_accumulation_steps;
+    if (!stream_->fast_forward(epoch, skip) && is_main()) {
+      logger()->info(
+          "kiln-pretrain: {}: transformers resumes a stream by skipping {} batches of epoch {}, which has fewer: "
+          "it goes on with epoch {}, as LLaMA-Factory's own resume does",
+          dir, skip, epoch, epoch + 1);
+    }
   }
   if (loader_) {
     // transformers' position: the epochs done and the batches of this epoch to skip, from the step.

@@ -16,6 +16,7 @@
 #include "kiln/cost/flops.h"
 #include "kiln/cost/hardware.h"
 #include "kiln/data/loader.h"
+#include "kiln/data/stream_dataset.h"
 #include "kiln/model/hf.h"
 #include "kiln/optim/schedule.h"
 #include "kiln/train/hf/run_outputs.h"
@@ -80,7 +81,10 @@ struct Trainer::Run {
   struct StepBatches {
     std::vector<MicroBatch> micro;
     int64_t targets = 0, tokens = 0;  // of every rank
-    bool exhausted = false;           // the host's batches ran out (on any rank)
+    // streaming: each micro-batch's window's targets (TrainingStack::step's micro_targets); empty
+    // when the step's micro-batches are one window normalised by `targets`.
+    std::vector<int64_t> micro_targets;
+    bool exhausted = false;  // the host's batches ran out (on any rank)
   };
   StepStart mark_step_start() const;
   void undo_step(const StepStart& start);
@@ -99,9 +103,8 @@ struct Trainer::Run {
   void record(const json& entry, bool to_metrics = true);
   TrainResult finish();           // the closing summary and the files HF and LLaMA-Factory write
   EvalSchedule schedule() const;  // eval_schedule(config); an error when do_eval has no data
-  // HF's entry for the evaluation of `set` under `prefix` ("eval", "eval_<name>"), plus kiln's keys.
-  json eval_entry(const std::string& prefix, const data::PackedDataset& set, const EvalResult& ev, double seconds,
-                  int64_t step) const;
+  // HF's entry for the evaluation of `set` under its prefix ("eval", "eval_<name>"), plus kiln's keys.
+  json eval_entry(const EvalSet& set, const EvalResult& ev, double seconds, int64_t step) const;
   // Evaluates every eval set (RunData::eval_sets), each logged as HF logs it; the entries, or
   // nullopt when a stop request cut an evaluation short.
   std::optional<std::vector<json>> evaluate_sets(int64_t step);

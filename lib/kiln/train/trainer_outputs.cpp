@@ -68,6 +68,13 @@ EvalOptions Trainer::eval_options() {
 }
 
 EvalResult Trainer::evaluate() {
+  if (plan_.data.eval_stream) {
+    const ops::BackendScope kernels(config_.kernels);
+    const bool training = model_->is_training();
+    EvalResult r = evaluate_stream(model_, *plan_.data.eval_stream, eval_options());
+    model_->train(training);
+    return r;
+  }
   if (!plan_.data.val) {
     throw std::runtime_error(source_ ? "evaluate: this trainer's batches come from the host; pass an evaluation source"
                                      : "evaluate: the dataset has no 'val' split");
@@ -213,12 +220,13 @@ void Trainer::Run::log_window(int64_t step) {
   bar->print_line();
 }
 
-json Trainer::Run::eval_entry(const std::string& prefix, const data::PackedDataset& set, const EvalResult& ev,
-                              double seconds, int64_t step) const {
+json Trainer::Run::eval_entry(const EvalSet& set, const EvalResult& ev, double seconds, int64_t step) const {
   // HF's evaluation entry (speed_metrics(prefix), rounded as there) plus kiln's perplexity and
   // tokens. With eval_on_each_dataset HF's Trainer.evaluate prefixes each dataset's metrics
-  // eval_<name> (one entry per dataset).
-  const double samples = static_cast<double>(set.num_blocks());
+  // eval_<name> (one entry per dataset). A stream has no length: the examples seen
+  // (evaluation_loop's observed_num_examples).
+  const std::string& prefix = set.prefix;
+  const double samples = static_cast<double>(set.set ? set.set->num_blocks() : ev.examples);
   const double batches =
       std::ceil(samples / static_cast<double>(t.config_.per_device_eval_batch_size * t.world_size()));
   return {{prefix + "_loss", ev.loss},
@@ -233,20 +241,23 @@ json Trainer::Run::eval_entry(const std::string& prefix, const data::PackedDatas
 
 std::optional<std::vector<json>> Trainer::Run::evaluate_sets(int64_t step) {
   std::vector<json> entries;
-  for (const auto& [prefix, set] : t.plan_.data.eval_sets()) {
+  for (const EvalSet& set : t.plan_.data.eval_sets()) {
+    const std::string& prefix = set.prefix;
     if (t.is_main()) {
       bar->clear();
-      logger()->info("{}", evaluation_banner(set->num_blocks(), t.config_.per_device_eval_batch_size));
+      logger()->info("{}", evaluation_banner(set.set ? std::optional<int64_t>(set.set->num_blocks()) : std::nullopt,
+                                             t.config_.per_device_eval_batch_size));
     }
     const auto eval_start = std::chrono::steady_clock::now();
     const ops::BackendScope kernels(t.config_.kernels);
-    const EvalResult ev = evaluate_dataset(t.model_, set, t.eval_options());
+    const EvalResult ev = set.set ? evaluate_dataset(t.model_, set.set, t.eval_options())
+                                  : evaluate_stream(t.model_, *set.stream, t.eval_options());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
     t.model_->train();
     if (ev.interrupted) return std::nullopt;
     st.last_eval = ev;
     if (t.callbacks_.on_evaluate) t.callbacks_.on_evaluate(step, ev);
-    entries.push_back(eval_entry(prefix, *set, ev, seconds, step));
+    entries.push_back(eval_entry(set, ev, seconds, step));
     if (t.is_main()) {
       bar->clear();
       logger()->info("{{'{}_loss': {:.4f}, '{}_perplexity': {:.3f}, 'step': {}}}", prefix, ev.loss, prefix,
@@ -309,7 +320,7 @@ TrainResult Trainer::Run::finish() {
                           trainer_state_text(t.hf_trainer_state(st.global_step)));
     if (c.plot_loss) {
       std::vector<std::string> keys = {"loss"};
-      for (const auto& [prefix, set] : t.plan_.data.eval_sets()) keys.push_back(prefix + "_loss");
+      for (const EvalSet& set : t.plan_.data.eval_sets()) keys.push_back(set.prefix + "_loss");
       plot_loss(c.output_dir, st.log_history, keys);
     }
   }
@@ -386,7 +397,7 @@ void Trainer::Run::save_final_model() {
   write_model_folder_files(files, dir);
   io::write_file_atomic((fs::path(dir) / "training_args.json").string(), pretrain_config_json(t.config_));
   // kiln-generate and kiln-eval read the tokenizer and BOS convention from it, as in a checkpoint.
-  if (t.loader_ && t.plan_.data.shards) {
+  if ((t.loader_ || t.stream_) && t.plan_.data.shards) {
     io::write_file_atomic((fs::path(dir) / data::DataRecord::kFile).string(),
                           data::DataRecord::of(t.plan_.data.dir, t.plan_.data.shards->meta()).to_json());
   }

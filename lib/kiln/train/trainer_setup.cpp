@@ -17,6 +17,7 @@
 #include "kiln/data/default_corpus.h"
 #include "kiln/data/lf_examples.h"
 #include "kiln/data/shards.h"
+#include "kiln/data/stream_dataset.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/data_parallel.h"
 #include "kiln/dist/env.h"
@@ -99,7 +100,11 @@ void Trainer::init() {
     model_ = fresh_model(plan_.model, device_, static_cast<uint64_t>(config_.seed));
   }
   model_->fused_lm_loss = true;  // the trainer needs only the loss: never hold all logits
-  if (!source_) loader_ = std::make_unique<data::DataLoader>(plan_.data.train, plan_.data.loader);
+  if (!source_ && plan_.data.train_stream) {
+    stream_ = std::make_unique<data::StreamLoader>(*plan_.data.train_stream);
+  } else if (!source_) {
+    loader_ = std::make_unique<data::DataLoader>(plan_.data.train, plan_.data.loader);
+  }
   setup_optimizer();
 }
 

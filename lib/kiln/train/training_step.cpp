@@ -89,12 +89,13 @@ void TrainingStack::zero_grad() {
 }
 
 StepResult TrainingStack::step(const std::vector<MicroBatch>& micro, int64_t total_targets, double lr,
-                               const StepHooks& hooks) {
+                               const StepHooks& hooks, const std::vector<int64_t>& micro_targets) {
   const nvtx::Range step_range("kiln::step");
   StepResult out;
   AccumulateOptions acc;
   acc.autocast_dtype = options_.autocast_dtype;
   acc.total_targets = total_targets;
+  acc.micro_targets = micro_targets;
   acc.device = device_;
   acc.should_stop = hooks.should_stop;
   if (scaler_) acc.loss_scale = scaler_->scale();
@@ -122,6 +123,7 @@ StepResult TrainingStack::step(const std::vector<MicroBatch>& micro, int64_t tot
   if (hooks.mark) hooks.mark("optimizer");  // the loss over ranks, unscale, clipping, AdamW, zero_grad
   const nvtx::Range optimizer_range("kiln::optimizer");
   out.loss_sum = r.loss_sum;
+  out.objective = r.objective;
   if (dp_) {
     at::Tensor sum = r.loss_sum.reshape({1}).clone();  // the step's loss over every rank
     dp_->all_reduce(sum);

@@ -60,6 +60,7 @@ struct StepHooks {
 
 struct StepResult {
   at::Tensor loss_sum;       // 0-d fp32 on the device: the token losses summed over micro-batches and ranks
+  at::Tensor objective;      // with micro_targets: this rank's sum_i loss_i / micro_targets[i]; else undefined
   at::Tensor norm;           // 0-d: the gradient norm before clipping
   at::Tensor bad;            // 0-d bool on the device: a non-finite loss or norm (the update was skipped)
   double comm_seconds = 0;   // the host waited on gradient collectives (data parallel)
@@ -78,8 +79,10 @@ class TrainingStack {
   // One optimizer step over `micro` (host batches whose labels are target ids or -100, checked
   // where they entered: check_host_batch, TokenShards::check_ids_below; the loss head does not
   // check them again on a device), normalised by `total_targets` (the step's target tokens over
-  // every rank, > 0), at learning rate `lr`.
-  StepResult step(const std::vector<MicroBatch>& micro, int64_t total_targets, double lr, const StepHooks& hooks = {});
+  // every rank, > 0), at learning rate `lr`. `micro_targets` (one per micro-batch, or empty):
+  // each micro-batch normalised by its own window's targets instead (AccumulateOptions).
+  StepResult step(const std::vector<MicroBatch>& micro, int64_t total_targets, double lr, const StepHooks& hooks = {},
+                  const std::vector<int64_t>& micro_targets = {});
 
   model::LlamaForCausalLM& model() { return model_; }
   at::Device device() const { return device_; }

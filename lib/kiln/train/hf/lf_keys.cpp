@@ -151,7 +151,6 @@ const std::vector<Entry>& table() {
        {},
        "kiln reads config.json, safetensors and tokenizer.json itself and never runs a model's Python code",
        ""},
-      {"dataloader_num_workers", {}, "kiln's loader reads memory-mapped shards on one prefetch thread", ""},
       {"dataloader_pin_memory", {}, "kiln pins batch memory whenever CUDA is present", ""},
       {"dataloader_persistent_workers", {}, "kiln's loader has no worker processes", ""},
       {"dataloader_prefetch_factor", {}, "kiln's loader prefetches 2 batches", ""},
@@ -755,7 +754,17 @@ std::vector<std::string> keys_without_effect(const PretrainConfig& c, const std:
     }
     if (!c.tokenized_path.empty()) note("dataset_dir", "ignored: without dataset:, tokenized_path names the shards");
   }
-  if (!c.streaming) note("buffer_size", "has no effect without streaming: true (its shuffle buffer)");
+  if (c.streaming) {
+    note("preprocessing_num_workers",
+         "has no effect with streaming: true (LLaMA-Factory's streamed map has no num_proc: each DataLoader worker "
+         "packs its own documents)");
+    note("data_seed", "has no effect with streaming: true (the stream's order follows seed; there is no sampler)");
+  } else {
+    note("buffer_size", "has no effect without streaming: true (its shuffle buffer)");
+    note("dataloader_num_workers",
+         "has no effect without streaming: true (kiln's loader reads memory-mapped shards on one prefetch thread; "
+         "streaming shards the stream into one part per DataLoader worker, as LLaMA-Factory)");
+  }
   if (c.eval_dataset.empty()) {
     note("eval_on_each_dataset",
          "has no effect without eval_dataset (val_size's held-out documents are one evaluation set)");

@@ -45,7 +45,9 @@ std::string key_classes_json();
 void read_lf_keys(config::ConfigReader& r, PretrainConfig& c);
 
 // "key: why" for each key in `given` (set by the file or the command line) that has no effect on
-// this config: the LLaMA-Factory data keys without dataset:, eval_steps (and val_size) without
+// this config: the LLaMA-Factory data keys without dataset:, buffer_size and
+// dataloader_num_workers without streaming (preprocessing_num_workers and data_seed with it),
+// eval_steps (and val_size) without
 // HF's evaluation strategy where HF's rules apply, auto_fit_memory without auto_fit,
 // logging_dir without tensorboard, a schedule's keys under another schedule, warmup_steps beside
 // warmup_ratio (transformers 5.6: the ratio replaces it). load_pretrain_config logs each as a
