@@ -136,3 +136,84 @@ def test_without_train_from_scratch_the_missing_weights_are_named(kiln_bin, conf
     assert str(config_folder / "model.safetensors") in res.stderr
     assert "train_from_scratch: true" in res.stderr
     assert not out.exists()  # refused before the output folder is made
+
+
+# Llama 3's tokenizer as its tokenizer.json defines it (the split regex, byte-level BPE with
+# ignore_merges, <|begin_of_text|> from the post-processor, EOS <|end_of_text|>, no pad, the chat
+# tokens <|eot_id|> and <|eom_id|>), trained small on the fixture's documents: the real file is not
+# available offline. The config is Llama-3.2-1B's architecture (GQA, rope_theta 500000, tied
+# embeddings) at a tiny size.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@pytest.fixture(scope="module")
+def llama3_config_folder(tmp_path_factory):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
+
+    folder = tmp_path_factory.mktemp("scratch_llama3") / "llama3_config"
+    folder.mkdir()
+    docs = [json.loads(line)["text"] for line in (FIXTURE / "data" / "docs_b.jsonl").read_text().splitlines()]
+    docs += [d["text"] for d in json.loads((FIXTURE / "data" / "docs_a.json").read_text())]
+    tok = tokenizers.Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"]
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=700, special_tokens=specials, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                       special_tokens=[("<|begin_of_text|>", bos)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>", "model_max_length": 131072, "clean_up_tokenization_spaces": True}))
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": tok.get_vocab_size(),
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "hidden_act": "silu", "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "initializer_range": 0.02,
+        "bos_token_id": bos, "eos_token_id": tok.token_to_id("<|end_of_text|>"), "attention_bias": False,
+        "mlp_bias": False, "torch_dtype": "bfloat16"}))
+    return folder, tok
+
+
+def test_a_llama3_tokenizer_model_trains_from_a_config_folder(kiln_bin, llama3_config_folder, run_kiln, tmp_path):
+    # template: llama3 as a Llama 3 pretraining YAML writes it: documents end in <|end_of_text|>
+    # (scored), <|eot_id|> is EOS and pad (masked); the model starts at a random init.
+    folder, tok = llama3_config_folder
+    out = folder.parent / "run"
+    res = pretrain(kiln_bin, folder, out, template="llama3", cutoff_len=128, max_steps=6)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"initialised at random from {folder / 'config.json'}" in res.stdout
+    assert "template llama3: EOS replaced by <|eot_id|>" in res.stdout + res.stderr
+    log = [json.loads(line) for line in (out / "trainer_log.jsonl").read_text().splitlines()]
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert len(losses) == 6
+    vocab = tok.get_vocab_size()
+    # A random init's loss is about ln(vocab) (see the module's note; the rows' first labels and
+    # the tied embedding move it by less than 0.1 here), and it trains.
+    assert abs(losses[0] - math.log(vocab)) < 0.1, (losses[0], math.log(vocab))
+    assert losses[-1] < losses[0] - 0.1, losses
+    # Documents end in <|end_of_text|> (the tokenizer's own EOS, so the shards need no other
+    # separator), which is scored; the pad the collator masks is <|eot_id|>.
+    end, eot = tok.token_to_id("<|end_of_text|>"), tok.token_to_id("<|eot_id|>")
+    assert f"each document ends with id {end} (scored); labels -100 at the pad id {eot}" in res.stdout + res.stderr
+    shards = next((out.parent / "kiln-home" / "data" / "datasets").iterdir())
+    assert "separator_id" not in json.loads((shards / "kiln_dataset.json").read_text())
+    # transformers loads what kiln saved and computes the same logits.
+    model = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+    ids = torch.tensor([tok.encode("the city was kiln llama token packing").ids * 2])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    batch = tmp_path / "batch.safetensors"
+    save_file({"input_ids": ids, "labels": ids.clone()}, str(batch))
+    res = run_kiln("kiln-hf", "forward", "--model", out, "--batch", batch, "--out", tmp_path / "out.safetensors")
+    assert res.returncode == 0, res.stderr
+    diff = (load_file(str(tmp_path / "out.safetensors"))["logits"].double() - logits.double()).abs().max().item()
+    assert diff < 1e-4, diff
