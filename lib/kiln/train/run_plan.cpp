@@ -332,6 +332,16 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
     lo.order = data::LoaderOptions::Order::kTorchRandperm;
     lo.ignore_label_id = lo.pad_id = d.ignored_label_id;
     const LfExamples train(config_, train_split, data::named_dataset_documents(d.dir), "dataset", config_.dataset);
+    // eval_dataset's folder (training_shard_dir prepared it), opened once, whichever path reads it.
+    std::vector<std::string> eval_names;
+    const auto open_eval_datasets = [&] {
+      const auto prepared = eval_datasets(config_);
+      d.eval_shards = data::TokenShards::open(prepared.shard_dir);
+      d.eval_shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
+      eval_names = prepared.names;
+      return LfExamples(config_, d.eval_shards->split("train"), prepared.documents, "eval_dataset",
+                        config_.eval_dataset);
+    };
     if (config_.streaming) {
       // get_dataset with streaming: the merged stream shuffled, then take/skip(val_size); each
       // split packed as it is read, by each DataLoader worker (data/stream_dataset.h).
@@ -342,11 +352,7 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
         d.eval_stream = train.stream(data::StreamPart::kEval, config_.per_device_eval_batch_size, lo, "eval");
       }
       if (!config_.eval_dataset.empty()) {
-        const auto prepared = eval_datasets(config_);
-        d.eval_shards = data::TokenShards::open(prepared.shard_dir);
-        d.eval_shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
-        const LfExamples eval(config_, d.eval_shards->split("train"), prepared.documents, "eval_dataset",
-                              config_.eval_dataset);
+        const LfExamples eval = open_eval_datasets();
         // split_dataset: eval_dataset.shuffle(buffer_size, seed), all of it (data_utils.py:124-127).
         d.eval_stream = eval.stream(data::StreamPart::kAll, config_.per_device_eval_batch_size, lo,
                                     fmt::format("eval_dataset {}", config_.eval_dataset));
@@ -358,15 +364,11 @@ RunData plan_data(const PretrainConfig& config_, const model::LlamaConfig& model
     d.train = train.pack(std::move(split.train), "train");
     if (!split.eval.empty()) d.val = train.pack(std::move(split.eval), "eval");
     if (!config_.eval_dataset.empty()) {
-      const auto prepared = eval_datasets(config_);
-      d.eval_shards = data::TokenShards::open(prepared.shard_dir);
-      d.eval_shards->check_ids_below(model.vocab_size, fmt::format("the model's vocab_size ({})", model.source));
-      const LfExamples eval(config_, d.eval_shards->split("train"), prepared.documents, "eval_dataset",
-                            config_.eval_dataset);
+      const LfExamples eval = open_eval_datasets();
       if (config_.eval_on_each_dataset) {
-        for (size_t i = 0; i < prepared.names.size(); ++i) {
-          d.named_evals.emplace_back(prepared.names[i],
-                                     eval.pack(eval.dataset(i), fmt::format("eval_dataset {}", prepared.names[i])));
+        for (size_t i = 0; i < eval_names.size(); ++i) {
+          d.named_evals.emplace_back(eval_names[i],
+                                     eval.pack(eval.dataset(i), fmt::format("eval_dataset {}", eval_names[i])));
         }
       } else {
         d.val = eval.pack(eval.merged(), fmt::format("eval_dataset {}", config_.eval_dataset));

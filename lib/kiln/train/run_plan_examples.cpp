@@ -90,6 +90,20 @@ json stream_json(const RunPlan& plan) {
   return out;
 }
 
+// The banner's figures, as the reference harness reduces LLaMA-Factory's Trainer to them.
+json trainer_json(const StepPlan& p, json eval_num_examples) {
+  return {{"num_examples", p.num_examples},
+          {"num_epochs", p.banner_epochs()},
+          {"per_device_train_batch_size", p.batch_size_per_device},
+          {"total_train_batch_size", p.total_batch_size()},
+          {"gradient_accumulation_steps", p.gradient_accumulation_steps},
+          {"num_update_steps_per_epoch", p.updates_per_epoch},
+          {"max_steps", p.total_steps},
+          {"batches_per_epoch", p.batches_per_epoch},
+          {"last_window_batches", p.last_window_batches()},
+          {"eval_num_examples", std::move(eval_num_examples)}};
+}
+
 }  // namespace
 
 std::string examples_json(const RunPlan& plan, int64_t limit) {
@@ -97,17 +111,8 @@ std::string examples_json(const RunPlan& plan, int64_t limit) {
   if (d.train_stream) {
     const StepPlan& p = plan.steps;
     json out = {{"train", nullptr}, {"eval", nullptr}, {"stream", stream_json(plan)}};
-    out["trainer"] = {{"num_examples", p.num_examples},
-                      {"num_epochs", p.banner_epochs()},
-                      {"per_device_train_batch_size", p.batch_size_per_device},
-                      {"total_train_batch_size", p.total_batch_size()},
-                      {"gradient_accumulation_steps", p.gradient_accumulation_steps},
-                      {"num_update_steps_per_epoch", p.updates_per_epoch},
-                      {"max_steps", p.total_steps},
-                      {"batches_per_epoch", p.batches_per_epoch},
-                      {"last_window_batches", p.last_window_batches()},
-                      {"eval_num_examples", nullptr},
-                      {"sampler", {{"seed", d.loader.seed}, {"orders", json::object()}}}};
+    out["trainer"] = trainer_json(p, nullptr);
+    out["trainer"]["sampler"] = {{"seed", d.loader.seed}, {"orders", json::object()}};
     return out.dump();
   }
   if (!d.train) throw std::logic_error("examples_json: this run's batches come from the host");
@@ -124,16 +129,7 @@ std::string examples_json(const RunPlan& plan, int64_t limit) {
     }
   }
   const StepPlan& p = plan.steps;
-  json trainer = {{"num_examples", p.num_examples},
-                  {"num_epochs", p.banner_epochs()},
-                  {"per_device_train_batch_size", p.batch_size_per_device},
-                  {"total_train_batch_size", p.total_batch_size()},
-                  {"gradient_accumulation_steps", p.gradient_accumulation_steps},
-                  {"num_update_steps_per_epoch", p.updates_per_epoch},
-                  {"max_steps", p.total_steps},
-                  {"batches_per_epoch", p.batches_per_epoch},
-                  {"last_window_batches", p.last_window_batches()},
-                  {"eval_num_examples", eval_examples}};
+  json trainer = trainer_json(p, eval_examples);
   // The sampler's first epochs (as many as the run has, at most 3), each its first 100 indices
   // for large sets.
   data::LoaderOptions o = d.loader;
