@@ -34,14 +34,16 @@
 #include <torch/optim/adamw.h>
 
 #include "cli.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/common/format.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/model/hf.h"
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/optim/adamw.h"
+#include "kiln/train/gradient_accumulation.h"
+#include "kiln/train/hf/checkpoint_layout.h"
 #include "kiln/train/hf/hf_optimizer_files.h"
-#include "kiln/train/step.h"
 #include "settings.h"
 
 namespace {
@@ -51,10 +53,7 @@ using kiln::model::LlamaForCausalLM;
 // A dtype key's value (checked by read_hf_settings): fp32, bf16, fp16 or fp64; "" = none.
 std::optional<at::ScalarType> parse_dtype(const std::string& s) {
   if (s.empty()) return std::nullopt;
-  if (s == "bf16") return at::kBFloat16;
-  if (s == "fp16") return at::kHalf;
-  if (s == "fp64") return at::kDouble;
-  return at::kFloat;
+  return kiln::dtype_from_name(s);
 }
 
 struct Batch {
@@ -128,7 +127,8 @@ int run(const kiln::cli::HfSettings& args) {
     for (const auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
     kiln::optim::AdamW optimizer(named, kiln::optim::AdamWConfig{});
     const std::string dir = args.required("model_name_or_path");
-    kiln::train::load_hf_optimizer_file((std::filesystem::path(dir) / "optimizer.pt").string(), model, optimizer);
+    kiln::train::load_hf_optimizer_file((std::filesystem::path(dir) / kiln::train::kHfOptimizerFile).string(), model,
+                                        optimizer);
     kiln::io::NamedTensors tensors;
     for (const auto& [name, t] : optimizer.state_dict()) tensors.emplace_back(name, t);
     kiln::io::save_safetensors(args.required("out"), tensors);

@@ -1,5 +1,6 @@
 // kiln-pretrain: pretrain or continue pretraining a LLaMA from a YAML config (LLaMA-Factory key
 // names), every key overridable as --key value. With no config, the embedded quick start.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -10,13 +11,16 @@
 #include <fmt/format.h>
 
 #include "cli.h"
+#include "kiln/common/env.h"
 #include "kiln/common/process_settings.h"
 #include "kiln/common/runtime_info.h"
+#include "kiln/config/key_table.h"
 #include "kiln/config/yaml.h"
 #include "kiln/dist/comm.h"
 #include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/train/hf/lf_keys.h"
+#include "kiln/train/pretrain_keys.h"
 #include "kiln/train/run_plan.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer.h"
@@ -29,7 +33,8 @@ void print_help() {
       "       kiln-pretrain --list-keys\n\n"
       "Trains a LLaMA as configured by FILE (YAML with LLaMA-Factory key names) or a preset of\n"
       "configs/pretrain (default: quickstart, the tiny model on the embedded corpus). Every key can\n"
-      "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE.\n\n"
+      "be given or overridden on the command line as --KEY VALUE or --KEY=VALUE, with '-' for '_' if you\n"
+      "like (--cutoff-len 64); a boolean key alone means true (--bf16, --dry-run).\n\n"
       "  --config FILE    the run's YAML (or a preset name: quickstart, llama-100m, ...)\n"
       "  --auto-fit       let the memory planner choose micro-batch, accumulation and recomputation\n"
       "                   for this cutoff_len within the device's memory, keeping the global batch\n"
@@ -65,6 +70,41 @@ void print_help() {
       "KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds (faster small CPU steps; see docs/training.md).\n");
 }
 
+// kiln-pretrain's own flags beside the config's keys, read by the same reader (a bool as any
+// boolean key: --dry-run alone or --dry-run true); the config's keys pass through, in order.
+struct ProgramFlags {
+  bool dry_run = false;
+  std::string dump_data;
+  std::vector<std::pair<std::string, std::string>> config_overrides;
+};
+
+const kiln::config::KeyTable<ProgramFlags>& program_table() {
+  static const kiln::config::KeyTable<ProgramFlags> table = {{"dry_run", &ProgramFlags::dry_run},
+                                                             {"dump_data", &ProgramFlags::dump_data}};
+  return table;
+}
+
+kiln::config::Spelling program_spelling() {
+  kiln::config::Spelling s = kiln::train::pretrain_spelling();
+  for (const auto& key : program_table()) s.keys.push_back(key.name);
+  const auto own = kiln::config::boolean_keys(program_table());
+  s.switches.insert(s.switches.end(), own.begin(), own.end());
+  return s;
+}
+
+ProgramFlags read_program_flags(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  ProgramFlags flags;
+  std::vector<std::pair<std::string, std::string>> own;
+  for (const auto& kv : overrides) {
+    const bool program_key = std::any_of(program_table().begin(), program_table().end(),
+                                         [&](const auto& key) { return key.name == kv.first; });
+    (program_key ? own : flags.config_overrides).push_back(kv);
+  }
+  kiln::config::ConfigReader reader = kiln::config::overrides_reader(own);
+  kiln::config::read_keys(reader, flags, program_table());
+  return flags;
+}
+
 // "[rank 3] " when launched by torchrun or srun, so that an error names the process it came from.
 std::string rank_prefix() {
   try {
@@ -81,7 +121,7 @@ std::string rank_prefix() {
 int rank_threads() {
   try {
     std::optional<int> omp;
-    if (const char* v = std::getenv("OMP_NUM_THREADS"); v != nullptr && *v != '\0') omp = std::atoi(v);
+    if (const auto v = kiln::env::string("OMP_NUM_THREADS")) omp = std::atoi(v->c_str());  // OpenMP's: "4" or "4,2"
     return kiln::dist::rank_cpu_threads(kiln::dist::read_dist_env(), omp, kiln::dist::affinity_cpu_count(),
                                         kiln::dist::online_cpu_count());
   } catch (const std::exception&) {
@@ -96,14 +136,15 @@ int main(int argc, char** argv) {
   kiln::train::install_stop_signal_handlers();
   // This program's process settings (common/process_settings.h), before the first tensor. Silent:
   // an error stays the one line on stderr; --help and docs/training.md say them.
-  if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
+  try {
+    if (kiln::malloc_tuning_requested()) kiln::tune_malloc_for_training();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kiln-pretrain: error: {}\n", e.what());
+    return 2;
+  }
   kiln::pin_cpu_math_threads(rank_threads());
-  std::string config_path = "quickstart";
-  bool dry_run = false;
-  std::string dump_path;
-  std::vector<std::string> rest;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+  const std::vector<std::string> args = kiln::cli::arguments(argc, argv);
+  for (const std::string& a : args) {
     if (a == "-h" || a == "--help") {
       print_help();
       return 0;
@@ -112,24 +153,17 @@ int main(int argc, char** argv) {
       fmt::print("{}\n", kiln::train::key_classes_json());
       return 0;
     }
-    if (a == "--dry-run") {
-      dry_run = true;
-    } else if (a == "--dump-data" && i + 1 < argc) {
-      dump_path = argv[++i];
-    } else if (a == "--auto-fit") {  // the key auto_fit: true
-      rest.push_back("--auto_fit");
-      rest.push_back("true");
-    } else if (a == "--config" && i + 1 < argc) {  // given twice: the last wins, as every --key
-      config_path = argv[++i];
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-    } else {
-      rest.push_back(a);
-    }
   }
   try {
-    if (!dump_path.empty() && !dry_run) throw std::invalid_argument("--dump-data needs --dry-run");
-    const auto config = kiln::train::load_pretrain_config(config_path, kiln::train::parse_overrides(rest));
+    // One grammar with every kiln program (config/key_table.h): --config FILE, then the keys, the
+    // program's own (dry_run, dump_data) beside the config's.
+    const kiln::config::CommandLine line = kiln::config::parse_command_line(args, program_spelling());
+    const ProgramFlags flags = read_program_flags(line.overrides);
+    if (!flags.dump_data.empty() && !flags.dry_run) throw std::invalid_argument("--dump-data needs --dry-run");
+    const bool dry_run = flags.dry_run;
+    const std::string& dump_path = flags.dump_data;
+    const auto config = kiln::train::load_pretrain_config(line.config_path.empty() ? "quickstart" : line.config_path,
+                                                          flags.config_overrides);
     if (config.full_determinism) kiln::set_cublas_deterministic_workspace();
     if (dry_run) {  // a plan (train/run_plan.h): nothing allocated, no process group
       const kiln::train::RunPlan plan = kiln::train::plan_run(config);

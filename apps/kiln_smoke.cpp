@@ -15,15 +15,12 @@
 #include <torch/optim/adamw.h>
 
 #include "cli.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/common/format.h"
 #include "kiln/model/llama.h"
 #include "settings.h"
 
 namespace {
-
-at::ScalarType parse_dtype(const std::string& s) {  // checked by read_smoke_settings
-  return s == "bf16" ? at::kBFloat16 : s == "fp16" ? at::kHalf : at::kFloat;
-}
 
 // Token sequences where token t+1 = successor[token t] with probability 0.9, else uniform.
 // The best achievable loss is about 0.9 * -ln(0.9) + 0.1 * (ln(V) + ...) ~= 0.9 nats for V = 320.
@@ -54,7 +51,7 @@ int main(int argc, char** argv) {
     }
     const kiln::cli::SmokeSettings s = kiln::cli::read_smoke_settings(line);
     const auto config = kiln::model::load_llama_config(s.model);
-    const at::ScalarType dtype = parse_dtype(s.dtype);
+    const at::ScalarType dtype = kiln::dtype_from_name(s.dtype);  // checked by read_smoke_settings
     const at::Device device = kiln::cli::device(s.given, s.device);
     const std::string device_name = device.is_cuda() ? "cuda" : "cpu";
     const int64_t steps = s.max_steps, batch = s.per_device_train_batch_size, seq = s.cutoff_len;

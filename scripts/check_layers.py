@@ -25,9 +25,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Bottom to top. "." is lib/kiln itself: export.h and version.h at the bottom; the umbrella header
 # kiln.h and api.cpp at the very top (the "api" pseudo-directory). Inside train/: the settings
 # struct (its public header, which keeps its installed path kiln/train/pretrain_config.h), then the
-# HF / LLaMA-Factory file writers and key table (train/hf), then the training loop (the rest).
+# HF / LLaMA-Factory file writers and key table (train/hf), then the training loop (the rest). Inside
+# profile/: the measurements (profile/counters: hardware counters, component times), then the sweep
+# and the reports that use them (the rest).
 LAYERS = ["base", "common", "config", "io", "kernels", "ops", "model", "cost", "data", "optim", "dist",
-          "train/pretrain_config.h", "train/hf", "train", "profile", "api"]
+          "train/pretrain_config.h", "train/hf", "train", "profile/counters", "profile", "api"]
 # Edges the order would allow but the design does not: the cost models depend only on the model's
 # config (and common); ops fills in the kernel choices they take.
 FORBIDDEN = {("cost", "ops"), ("cost", "kernels"), ("cost", "data"), ("cost", "optim"), ("cost", "dist")}
@@ -97,6 +99,7 @@ def self_test():
         "newdir/w.h": "int w;\n",  # unplaced directory
         "train/hf/v.cpp": '#include "kiln/train/trainer_internal.h"\n',  # a writer reaching up into the loop
         "train/pretrain_config.h": '#include "kiln/train/hf/run_outputs.h"\n',  # the settings up to the writers
+        "profile/counters/u.cpp": '#include "kiln/profile/sweep.h"\n',  # the counters up to the sweep
     }
     with tempfile.TemporaryDirectory() as tmp:
         lib = pathlib.Path(tmp)
@@ -110,6 +113,7 @@ def self_test():
                                               '#include "kiln/train/pretrain_config.h"\n')
         (lib / "train" / "hf" / "ok.cpp").write_text('#include "kiln/train/pretrain_config.h"\n'
                                                      '#include "kiln/optim/adamw.h"\n')
+        (lib / "profile" / "ok.cpp").write_text('#include "kiln/profile/counters/counters.h"\n')
         _, problems = scan(lib)
     missing = [rel for rel in plants if not any(f"lib/kiln/{rel}:" in p for p in problems)]
     wrong = [p for p in problems if "/ok.cpp" in p]

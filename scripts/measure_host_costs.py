@@ -402,7 +402,7 @@ def kiln_sweep(d, layers, dtype, steps, trace, hidden=128, intermediate=384):
     prof = json.loads((out / "profile.json").read_text())
     if not trace:
         return prof
-    ev = json.loads((out / "trace" / f"trace_T{SEQ}_B1_A1.json").read_text())["traceEvents"]
+    ev = json.loads((out / "trace" / f"trace_cutoff_len{SEQ}_batch1_gradient_accumulation_steps1.json").read_text())["traceEvents"]
     bwd = [s for s in annotations(ev, "kiln::") if s[0] == "backward"]
     assert len(bwd) == 1, bwd
     _, a, b = bwd[0]

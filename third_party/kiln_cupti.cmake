@@ -1,14 +1,14 @@
-# CUPTI, for the GPU's hardware counters (lib/kiln/profile/counters_cupti*.cpp): the range profiler
+# CUPTI, for the GPU's hardware counters (lib/kiln/profile/counters/cupti*.cpp): the range profiler
 # and profiler host APIs (cupti_range_profiler.h, cupti_profiler_host.h, CUDA 12.6 and newer).
-# Only in a build with kiln's CUDA sources (KILN_WITH_CUDA). Looked for, headers and library as
-# one pair, in this order:
+# Only in a build with kiln's CUDA sources (KILN_WITH_CUDA) and its counters (KILN_PROFILE_COUNTERS).
+# Looked for, headers and library as one pair, in this order:
 #   1. the torch wheel's (nvidia/cu13 for CUDA 13 wheels, nvidia/cuda_cupti for CUDA 12 ones): the
 #      libcupti.so.N that LibTorch itself loads (libtorch_cpu.so needs it for Kineto), so that a
 #      process has one CUPTI, found at run time through the wheel's RPATH entries
 #      (kiln_torch_rpath.cmake);
 #   2. the toolkit of the nvcc in use (include/ and lib64/, or extras/CUPTI/).
 # The headers are copied into the build folder (kiln_cupti_include/) and given to the
-# counters_cupti*.cpp sources alone, first, so that a toolkit's own older CUPTI headers never mix
+# counters/cupti*.cpp sources alone, first, so that a toolkit's own older CUPTI headers never mix
 # with the chosen library's.
 # Results: KILN_WITH_CUPTI (ON/OFF), KILN_CUPTI_INFO (what was found, or why not),
 # KILN_CUPTI_INCLUDE_DIR, and the INTERFACE target kiln::cupti (the library).
@@ -16,7 +16,9 @@ add_library(kiln_cupti INTERFACE)
 add_library(kiln::cupti ALIAS kiln_cupti)
 set(KILN_WITH_CUPTI OFF)
 set(KILN_CUPTI_INCLUDE_DIR "")
-if(NOT KILN_WITH_CUDA)
+if(NOT KILN_PROFILE_COUNTERS)
+  set(KILN_CUPTI_INFO "off (KILN_PROFILE_COUNTERS=OFF)")
+elseif(NOT KILN_WITH_CUDA)
   set(KILN_CUPTI_INFO "off (no CUDA sources in this build)")
 else()
   set(KILN_CUPTI_INFO "not found (no cupti_range_profiler.h + libcupti.so.N in the torch wheel or the CUDA toolkit)")

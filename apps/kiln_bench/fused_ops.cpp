@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
@@ -167,7 +168,7 @@ void run_fused_ops(const FusedOpsCase& c, const at::TensorOptions& opt, double c
 
   // --predict: the fraction of copy bandwidth the op's kernels can sustain by their machine code,
   // beside the measured one (predict.cpp); kiln's rows on a GPU only.
-  const std::string dtype_name = dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : "fp32";
+  const std::string dtype_name(kiln::dtype_name(dtype));
   auto predicted = [&](const Row& r) -> std::optional<double> {
     if (!c.predict || !r.has_bw || r.impl != "kiln") return std::nullopt;
     return predicted_copy_fraction(r.op.substr(0, r.op.find(' ')), dtype_name, device, copy_gbps);

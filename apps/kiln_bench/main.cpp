@@ -16,10 +16,11 @@
 #include "../cli.h"
 #include "../settings.h"
 #include "bench.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/dist/env.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/counters/cpu_allocator.h"
 
 int main(int argc, char** argv) {
   kiln::profile::CountingCpuAllocatorGuard counter;  // before any tensor exists, so all are counted
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
     const bool cuda = device.is_cuda();
     const std::string dev_name = cuda ? "cuda" : "cpu";
     const std::string dtype_name = !s.dtype.empty() ? s.dtype : cuda ? "bf16" : "fp32";
-    const at::ScalarType dtype = dtype_name == "bf16" ? at::kBFloat16 : dtype_name == "fp16" ? at::kHalf : at::kFloat;
+    const at::ScalarType dtype = kiln::dtype_from_name(dtype_name);
     auto pick = [&](int64_t given, int64_t gpu, int64_t cpu) { return given > 0 ? given : cuda ? gpu : cpu; };
     kiln::bench::FusedOpsCase fused;
     fused.tokens = pick(s.tokens, 8192, 1024);

@@ -9,7 +9,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/TensorOptions.h>
 
-#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/counters/cpu_allocator.h"
 
 namespace kiln::bench {
 

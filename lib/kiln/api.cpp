@@ -8,7 +8,7 @@
 #include "kiln/model/hf.h"
 #include "kiln/model/llama.h"
 #include "kiln/train/evaluate.h"
-#include "kiln/train/step.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln {

@@ -72,7 +72,7 @@ TEST_CASE("caching allocator model: segment sizes, rounding, best fit, splitting
 TEST_CASE("step time: max(host, device) per synchronised stretch", "[profile][reference]") {
   kiln::model::LlamaConfig m = kiln::model::load_llama_config("tiny");
   kiln::cost::RunDescription run;
-  run.batch = 2, run.seq_len = 64, run.grad_accum = 4, run.dtype = "bf16";
+  run.batch = 2, run.cutoff_len = 64, run.gradient_accumulation_steps = 4, run.dtype = "bf16";
   const auto report = kiln::cost::traffic_model(m, run);
   kiln::cost::HardwareSpec hw = *kiln::cost::hardware_spec("A100-80GB");
   const auto roof = kiln::cost::roofline(hw, "bf16");
@@ -110,7 +110,7 @@ TEST_CASE("reference memory: the replay holds at least the analytic moment and a
   for (const char* dtype : {"fp16", "fp32"}) {
     for (int64_t t : {1, 256, 2048}) {
       kiln::cost::RunDescription run;
-      run.batch = 2, run.seq_len = t, run.dtype = dtype;
+      run.batch = 2, run.cutoff_len = t, run.dtype = dtype;
       run = kiln::cost::reference_run(run);
       const auto mem = kiln::cost::reference_memory(m, run);
       double analytic = 0;
@@ -131,7 +131,7 @@ TEST_CASE("the reference stack's attention: SDPA with repeat_kv's copies, no T x
   kiln::cost::RunDescription run;
   run.batch = 1, run.dtype = "fp16";
   auto attention_bytes = [&](int64_t t, bool sdpa) {
-    run.seq_len = t;
+    run.cutoff_len = t;
     const auto r = kiln::cost::traffic_model(m, run, {sdpa, false});
     return r.find("attention core", kiln::cost::Pass::kForward)->eager.bytes;
   };
@@ -139,7 +139,7 @@ TEST_CASE("the reference stack's attention: SDPA with repeat_kv's copies, no T x
   CHECK(attention_bytes(4096, true) / attention_bytes(2048, true) == Approx(2.0).epsilon(0.01));
   CHECK(attention_bytes(4096, false) / attention_bytes(2048, false) > 3.5);
   // The repeat: K and V copied from 4 to 12 heads (R c ekv W c eq each) on top of SDPA's own.
-  run.seq_len = 1024;
+  run.cutoff_len = 1024;
   const double n = 1024, c = 2, ekv = n * 256, eq = n * 768;
   const auto hf = kiln::cost::traffic_model(m, run, {true, false});
   // SDPA's own forward (kiln's column with attention sdpa, under autocast) reads q and K/V of the

@@ -56,7 +56,7 @@ kiln::model::LlamaConfig small_config() {
 RunDescription small_options() {
   RunDescription o;
   o.batch = 2;
-  o.seq_len = 128;  // N = 256 tokens
+  o.cutoff_len = 128;  // N = 256 tokens
   o.dtype = "bf16";
   o.kernels.fused_rmsnorm = o.kernels.fused_swiglu = o.kernels.fused_loss_head = true;
   o.kernels.loss_head_low_precision = true;
@@ -138,15 +138,15 @@ TEST_CASE("traffic: the rows' matmul FLOPs add up to cost/flops.h's totals", "[t
       for (const std::string dtype : {"bf16", "fp32"}) {
         RunDescription o;
         o.batch = 4;
-        o.seq_len = 512;
-        o.grad_accum = 3;
+        o.cutoff_len = 512;
+        o.gradient_accumulation_steps = 3;
         o.dtype = dtype;
         o.recompute = recompute;
         o.every = 2;
         o.kernels = kiln::train::kernel_choices("kiln", dtype, /*cuda=*/true);
         o.kernels.attention = dtype == "fp32" ? "sdpa" : "flash";
         const TrafficReport r = kiln::cost::traffic_model(config, o);
-        const auto per_token = kiln::cost::flops_per_token(config, o.seq_len);
+        const auto per_token = kiln::cost::flops_per_token(config, o.cutoff_len);
         const double tokens = 4.0 * 512 * 3;
         CAPTURE(preset, recompute, dtype);
         // Model FLOPs: forward() per token in the forward rows, twice it in the backward rows.
@@ -289,7 +289,7 @@ void check_traced_gemm_flops(const std::string& preset) {
 
   RunDescription o;
   o.batch = batch;
-  o.seq_len = seq;
+  o.cutoff_len = seq;
   o.dtype = "fp32";
   o.kernels = kiln::train::kernel_choices("kiln", "fp32", /*cuda=*/false);
   // ATen's CPU SDPA: its fused flash kernel when the trace shows it, else the math backend's bmm.
@@ -348,7 +348,7 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
   auto q_proj_bound = [&](int64_t batch, int64_t seq) {
     RunDescription o;
     o.batch = batch;
-    o.seq_len = seq;
+    o.cutoff_len = seq;
     o.kernels.attention = "sdpa";
     const TrafficReport r = kiln::cost::traffic_model(config, o);
     return roof.memory_bound(r.find("q_proj", Pass::kForward)->kiln);
@@ -364,7 +364,7 @@ TEST_CASE("traffic: a GEMM turns compute-bound at the ridge point solved by hand
   // The modelled time is the larger of the two: FLOPs at the peak, bytes at the bandwidth.
   RunDescription o;
   o.batch = 1;
-  o.seq_len = 1024;
+  o.cutoff_len = 1024;
   o.kernels.attention = "sdpa";
   const TrafficReport report = kiln::cost::traffic_model(config, o);  // the row points into it
   const auto* row = report.find("q_proj", Pass::kForward);
@@ -377,11 +377,11 @@ TEST_CASE("traffic: gradient accumulation repeats the micro-batch rows, the opti
   const auto config = kiln::model::load_llama_config("llama-100m");
   RunDescription o;
   o.batch = 8;
-  o.seq_len = 1024;
+  o.cutoff_len = 1024;
   o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
   o.kernels.attention = "flash";
   const TrafficReport one = kiln::cost::traffic_model(config, o);
-  o.grad_accum = 8;
+  o.gradient_accumulation_steps = 8;
   const TrafficReport eight = kiln::cost::traffic_model(config, o);
   const double p = static_cast<double>(config.num_parameters());
   double step_once = 0;  // rows once per optimizer step
@@ -407,7 +407,7 @@ namespace {
 RunDescription one_b_8192() {
   RunDescription o;
   o.batch = 1;
-  o.seq_len = 8192;
+  o.cutoff_len = 8192;
   o.dtype = "bf16";
   o.cuda = true;
   o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
@@ -482,7 +482,7 @@ TEST_CASE("traffic: modelled utilisation of a measured step", "[traffic]") {
   const auto config = kiln::model::load_llama_config("llama-100m");
   RunDescription o;
   o.batch = 8;
-  o.seq_len = 1024;
+  o.cutoff_len = 1024;
   o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);
   o.kernels.attention = "flash";
   const TrafficReport r = kiln::cost::traffic_model(config, o);
@@ -536,7 +536,7 @@ kiln::model::LlamaConfig llama3_100m() {
 RunDescription llama3_100m_run(bool fused_loss_head = true) {
   RunDescription o;
   o.batch = 8;
-  o.seq_len = 1024;
+  o.cutoff_len = 1024;
   o.dtype = "bf16";
   o.cuda = true;
   o.kernels = kiln::train::kernel_choices("kiln", "bf16", /*cuda=*/true);

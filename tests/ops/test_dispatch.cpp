@@ -49,7 +49,7 @@ TEST_CASE("the default kernels: kiln's everywhere but attention, which is SDPA u
   }
   // The programs' defaults are this spec (kiln-profile's, kiln-pretrain's, the planner's string).
   CHECK(kiln::train::PretrainConfig{}.kernels == kiln::ops::kDefaultKernels);
-  CHECK(kiln::profile::SweepConfig{}.kernels == kiln::ops::kDefaultKernels);
+  CHECK(kiln::profile::ProfileSettings{}.run.kernels == kiln::ops::kDefaultKernels);
   CHECK(kiln::cost::PlanConfig{}.kernels == kiln::ops::kDefaultKernels);
 }
 

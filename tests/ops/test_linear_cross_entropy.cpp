@@ -69,7 +69,7 @@ TinyProbHead tiny_probability_head(at::ScalarType dtype, int64_t rows) {
   return {h.to(dtype), w.to(dtype), labels, rows - 1};
 }
 
-// The trainer's backward (train/step.cpp): loss_sum / targets, times the loss scale; the
+// The trainer's backward (train/gradient_accumulation.cpp): loss_sum / targets, times the loss scale; the
 // gradients of hidden and weight. The head runs unfused (linear_ce=aten, autograd through the full
 // logits: the reference) or fused, told to expect `expected` (undefined: told nothing).
 struct HeadGrads {

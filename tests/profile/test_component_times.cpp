@@ -1,4 +1,4 @@
-// Measured time per component (lib/kiln/profile/component_times.h): the attribution on a planted
+// Measured time per component (lib/kiln/profile/counters/component_times.h): the attribution on a planted
 // list of events whose answer is worked out by hand below, then a profiled sweep of the tiny model
 // on the CPU, checked against what the model's structure says the profiler must see (one scope per
 // component, layer and micro-batch; one backward node at least per projection) and against the
@@ -16,7 +16,7 @@
 #include "kiln/common/torch_internals.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/rmsnorm.h"
-#include "kiln/profile/component_times.h"
+#include "kiln/profile/counters/component_times.h"
 #include "kiln/profile/sweep.h"
 #include "support.h"
 
@@ -36,13 +36,13 @@ constexpr int64_t kTinySteps = 2;
 // profiled), and the sweep's wall time.
 std::pair<kiln::profile::SweepReport, double> profile_tiny(const std::string& device, const std::string& dtype,
                                                            int64_t cutoff_len, int64_t batch_size) {
-  kiln::profile::SweepConfig cfg;
-  cfg.model = "tiny";
+  kiln::profile::ProfileSettings cfg;
+  cfg.run.model = "tiny";
   cfg.dtype = dtype;
-  cfg.device = device;
-  cfg.cutoff_lens = {cutoff_len};
-  cfg.batch_sizes = {batch_size};
-  cfg.grad_accums = {2};
+  cfg.run.device = device;
+  cfg.cutoff_len = {cutoff_len};
+  cfg.per_device_train_batch_size = {batch_size};
+  cfg.gradient_accumulation_steps = {2};
   cfg.steps = kTinySteps;
   cfg.warmup = 1;
   if (device == "cpu") cfg.peak_tflops = 1.0;  // no GEMM timed at the start

@@ -1,4 +1,4 @@
-// Hardware counters (lib/kiln/profile/counters.h): the perf_event session where the kernel allows
+// Hardware counters (lib/kiln/profile/counters/counters.h): the perf_event session where the kernel allows
 // it (checked against each thread's own CPU clock), its reasons where it does not (against the
 // perf_event_paranoid read here), the sysfs event encoding on a planted tree, CUPTI's metric plan
 // per chip (host side, no GPU), and on a GPU the CUPTI session over a copy and a matmul.
@@ -19,11 +19,12 @@
 
 #include "kiln/common/device.h"
 #include "kiln/cost/hardware.h"
-#include "kiln/profile/counters.h"
+#include "kiln/profile/counters/counters.h"
+#include "kiln/profile/counters/perf_event.h"
 #include "kiln/profile/sweep.h"
 #include "support.h"
 #ifdef KILN_WITH_CUPTI
-#include "kiln/profile/counters_cupti.h"
+#include "kiln/profile/counters/cupti.h"
 #endif
 
 using Catch::Matchers::Contains;
@@ -637,13 +638,13 @@ TEST_CASE("CUPTI counters per component of a tiny sweep", "[profile][counters][p
     WARN("no CUDA device: the CUPTI session is not exercised here");
     return;
   }
-  kiln::profile::SweepConfig cfg;
-  cfg.model = "tiny";
+  kiln::profile::ProfileSettings cfg;
+  cfg.run.model = "tiny";
   cfg.dtype = "bf16";
-  cfg.device = "cuda";
-  cfg.cutoff_lens = {256};
-  cfg.batch_sizes = {4};
-  cfg.grad_accums = {2};
+  cfg.run.device = "cuda";
+  cfg.cutoff_len = {256};
+  cfg.per_device_train_batch_size = {4};
+  cfg.gradient_accumulation_steps = {2};
   cfg.steps = 1;
   cfg.warmup = 1;
   cfg.counters = cfg.counters_per_kernel = cfg.counter_phases = true;

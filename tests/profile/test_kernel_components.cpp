@@ -1,8 +1,8 @@
-// The component of a kernel at its launch (lib/kiln/profile/kernel_components.h), as CUPTI's launch
+// The component of a kernel at its launch (lib/kiln/profile/counters/kernel_components.h), as CUPTI's launch
 // callback reads it, checked on the CPU: a global RecordFunction callback reads the launch site at
 // every matmul op of a tiny model's forward and backward (the ops that launch the GEMM kernels on a
 // GPU). Reference: the model's structure, every projection and the LM head in forward, in backward
-// through its autograd nodes, and in recomputation with activation checkpointing.
+// through its autograd nodes, and in recomputation.
 #include <mutex>
 #include <set>
 #include <string>
@@ -13,9 +13,9 @@
 #include <ATen/record_function.h>
 #include <catch2/catch.hpp>
 
-#include "kiln/profile/kernel_components.h"
-#include "kiln/train/activation_checkpoint.h"
-#include "kiln/train/step.h"
+#include "kiln/profile/counters/kernel_components.h"
+#include "kiln/train/gradient_accumulation.h"
+#include "kiln/train/recompute_layers.h"
 #include "support.h"
 
 namespace {
@@ -37,10 +37,10 @@ std::unique_ptr<at::ObserverContext> at_matmul(const at::RecordFunction& fn) {
 
 TEST_CASE("kernel components: each matmul's component at its launch, forward, backward, recomputation", "[profile]") {
   for (const bool checkpoint : {false, true}) {
-    INFO((checkpoint ? "activation checkpointing" : "no recomputation"));
+    INFO((checkpoint ? "recomputation" : "no recomputation"));
     kiln::model::LlamaForCausalLM m(kiln::model::load_llama_config("tiny"));
     m->init_weights(3);
-    if (checkpoint) kiln::train::set_activation_checkpointing(m, true);
+    if (checkpoint) kiln::train::set_layer_recomputation(m, true);
     const at::Tensor ids = at::randint(0, 256, {2, 16}, at::kLong);
     {
       const std::lock_guard<std::mutex> lock(g_sites_mutex);

@@ -17,7 +17,8 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
-#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/counters/cpu_allocator.h"
+#include "kiln/profile/report.h"
 #include "kiln/profile/sweep.h"
 #include "kiln/train/kernel_choices.h"
 
@@ -172,51 +173,53 @@ TEST_CASE("memory model: components and phases", "[profile]") {
   const auto c = kiln::model::load_llama_config("llama-3.2-1b");
   const double n = 1235814400.0;
   using kiln::cost::RunDescription;
-  const auto m = kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "bf16"});
+  const auto m =
+      kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .cutoff_len = 1024, .dtype = "bf16"});
   CHECK(m.component("parameters (fp32)") == 4.0 * n);
   CHECK(m.component("optimizer (AdamW, fp32)") == 8.0 * n);
   CHECK(m.peak_phase == "forward/backward boundary");
   // Head: final norm (8 + 2) H plus 16 bytes per vocabulary entry, per token.
   CHECK(m.component("logits and loss") == Approx(16.0 * 1024 * (10.0 * 2048 + 16.0 * 128256)));
   // A single token: the gradients at the end of backward dominate (tied: one extra fp32 copy).
-  const auto one = kiln::cost::estimate_training_memory(c, RunDescription{.batch = 1, .seq_len = 1, .dtype = "bf16"});
+  const auto one =
+      kiln::cost::estimate_training_memory(c, RunDescription{.batch = 1, .cutoff_len = 1, .dtype = "bf16"});
   CHECK(one.peak_phase == "end of backward");
   CHECK(one.total() == Approx(16.0 * n + 4.0 * 128256 * 2048));
   // Checkpointing keeps less; fp32 keeps more.
   CHECK(kiln::cost::estimate_training_memory(
-            c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "bf16", .recompute = "full"})
+            c, RunDescription{.batch = 16, .cutoff_len = 1024, .dtype = "bf16", .recompute = "full"})
             .total() < m.total());
-  CHECK(kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .seq_len = 1024, .dtype = "fp32"}).total() >
-        m.total());
+  CHECK(kiln::cost::estimate_training_memory(c, RunDescription{.batch = 16, .cutoff_len = 1024, .dtype = "fp32"})
+            .total() > m.total());
 }
 
 namespace {
 void check_sweep_within_15_percent(const std::string& model, const std::string& dtype, std::vector<int64_t> cutoffs,
                                    std::vector<int64_t> batches, int64_t warmup, const std::string& kernels = "aten",
                                    int64_t recompute_every = 0, bool selective = false) {
-  kiln::profile::SweepConfig cfg;
-  cfg.model = model;
+  kiln::profile::ProfileSettings cfg;
+  cfg.run.model = model;
   cfg.dtype = dtype;
-  cfg.device = "cpu";
-  cfg.cutoff_lens = std::move(cutoffs);
-  cfg.batch_sizes = std::move(batches);
+  cfg.run.device = "cpu";
+  cfg.cutoff_len = std::move(cutoffs);
+  cfg.per_device_train_batch_size = std::move(batches);
   cfg.steps = 1;
   cfg.warmup = warmup;
   cfg.peak_tflops = 1.0;  // skip the CPU peak measurement
   // "aten": what autograd saves for each op's ATen composition; "kiln": the fused ops' own saved
   // tensors (their CPU backward works in bounded blocks, like the kernels, so the peak is comparable).
-  cfg.kernels = kernels;
-  cfg.gradient_checkpointing = recompute_every > 0;    // 0: none; 1: every layer (full); n: every_n
-  cfg.gradient_checkpointing_every = recompute_every;  // 0 = not given (none, or selective)
+  cfg.run.kernels = kernels;
+  cfg.run.gradient_checkpointing = recompute_every > 0;    // 0: none; 1: every layer (full); n: every_n
+  cfg.run.gradient_checkpointing_every = recompute_every;  // 0 = not given (none, or selective)
   if (selective) {
-    cfg.gradient_checkpointing = true;
-    cfg.gradient_checkpointing_policy = "selective";
+    cfg.run.gradient_checkpointing = true;
+    cfg.run.gradient_checkpointing_policy = "selective";
   }
   const std::string before = kiln::ops::backends_spec();
   const auto report = kiln::profile::run_sweep(cfg);
   CHECK(kiln::ops::backends_spec() == before);  // the sweep restored the process's setting
   for (const auto& r : report.rows) {
-    INFO(model << " " << dtype << " kernels " << kernels << " recompute " << cfg.recomputation() << " cutoff_len "
+    INFO(model << " " << dtype << " kernels " << kernels << " recompute " << cfg.run_recomputation() << " cutoff_len "
                << r.point.cutoff_len << " batch " << r.point.batch_size << ": measured " << r.peak_allocated_bytes
                << " predicted " << r.predicted.total());
     REQUIRE(r.status == "ok");
@@ -266,12 +269,12 @@ TEST_CASE("memory model within 15% of the counted CPU peak: llama-100m, long", "
 }
 
 TEST_CASE("an out-of-memory point is marked OOM and the sweep goes on", "[profile]") {
-  kiln::profile::SweepConfig cfg;
-  cfg.model = "tiny";
+  kiln::profile::ProfileSettings cfg;
+  cfg.run.model = "tiny";
   cfg.dtype = "fp32";
-  cfg.device = "cpu";
-  cfg.cutoff_lens = {16, 1024};
-  cfg.batch_sizes = {1};
+  cfg.run.device = "cpu";
+  cfg.cutoff_len = {16, 1024};
+  cfg.per_device_train_batch_size = {1};
   cfg.steps = 1;
   cfg.warmup = 0;
   cfg.peak_tflops = 1.0;
@@ -292,7 +295,7 @@ TEST_CASE("the memory model's data-parallel terms per rank and ZeRO stage", "[pr
   auto est = [&](bool dp, int world, int stage) {
     return estimate_training_memory(
         c, RunDescription{.batch = 1,
-                          .seq_len = 2048,
+                          .cutoff_len = 2048,
                           .dtype = "bf16",
                           .kernels = kiln::train::kernel_choices("kiln", "bf16", false),
                           .parallel = {.data_parallel = dp, .world_size = world, .zero_stage = stage}});
@@ -345,7 +348,7 @@ TEST_CASE("memory model: selective recomputation's per-layer term", "[profile]")
   const double h = 2048, q = 2048, kv = 512, f = 8192, layers = 16, tokens = 4.0 * 2048;
   auto est = [&](const std::string& recompute) {
     return estimate_training_memory(c, RunDescription{.batch = 4,
-                                                      .seq_len = 2048,
+                                                      .cutoff_len = 2048,
                                                       .dtype = "bf16",
                                                       .recompute = recompute,
                                                       .kernels = kiln::train::kernel_choices("kiln", "bf16", false)});
@@ -371,4 +374,34 @@ TEST_CASE("compute_dtype_bytes: the one size of a compute dtype", "[profile][mem
   CHECK(kiln::cost::compute_dtype_bytes("fp16") == 2);
   CHECK_THROWS_WITH(kiln::cost::compute_dtype_bytes("int8"),
                     Catch::Matchers::Contains("'int8' is not fp32, bf16 or fp16"));
+}
+
+TEST_CASE("a grid's recomputation list runs each point with each, as the keys would", "[profile]") {
+  kiln::profile::ProfileSettings cfg;
+  cfg.run.model = "tiny";
+  cfg.dtype = "fp32";
+  cfg.run.device = "cpu";
+  cfg.run.kernels = "aten";
+  cfg.cutoff_len = {256};
+  cfg.recomputation = {"none", "full"};
+  cfg.steps = 1;
+  cfg.warmup = 0;
+  cfg.peak_tflops = 1.0;
+  const auto report = kiln::profile::run_sweep(cfg);
+  REQUIRE(report.rows.size() == 2);
+  for (const auto& r : report.rows) {
+    INFO(r.point.recomputation << ": measured " << r.peak_allocated_bytes << " predicted " << r.predicted.total());
+    REQUIRE(r.status == "ok");
+    CHECK(r.ratio() > 0.85);
+    CHECK(r.ratio() < 1.15);
+  }
+  CHECK(report.rows[0].point.recomputation == "none");
+  // Recomputing every layer holds fewer activations: the model and the counted peak agree.
+  CHECK(report.rows[1].predicted.total() < report.rows[0].predicted.total());
+  CHECK(report.rows[1].peak_allocated_bytes < report.rows[0].peak_allocated_bytes);
+  // The reports tell the rows apart: a recomputation column after cutoff_len, and in the JSON.
+  const std::string md = kiln::profile::to_markdown(report);
+  CHECK(md.find("| cutoff_len | recomputation | memory usage (GB) |") != std::string::npos);
+  CHECK(md.find("| 256 | full |") != std::string::npos);
+  CHECK(kiln::profile::to_json(report).find("\"recomputation\": \"full\"") != std::string::npos);
 }

@@ -2,7 +2,9 @@
 // built here by hand (no step runs): the cells say counted beside modelled, or modelled marked as
 // such; the JSON carries both fields and the reason; a point's components are the traffic model's
 // rows; the roofline SVG has the roof, the ridge, a dot per component and per measured step; a
-// peak violation is a warning line.
+// peak violation is a warning line; the charts' axes tick at round numbers.
+#include <regex>
+
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/profile/report.h"
+#include "kiln/profile/report_internal.h"
 #include "kiln/profile/sweep.h"
 
 namespace {
@@ -24,7 +27,7 @@ size_t count(const std::string& text, const std::string& what) {
 kiln::profile::SweepReport made_up_report() {
   using namespace kiln;
   profile::SweepReport report;
-  report.config.model = "tiny";
+  report.config.run.model = "tiny";
   report.config.dtype = "bf16";
   report.model = model::load_llama_config("tiny");
   report.device = "cuda:0 (NVIDIA A100-SXM4-80GB)";
@@ -89,7 +92,7 @@ TEST_CASE("Markdown and CSV carry the per-component table and the warning", "[pr
   const auto report = made_up_report();
   const std::string md = kiln::profile::to_markdown(report);
   CHECK(md.find("WARNING: BUG: MFU 104.2%") != std::string::npos);
-  CHECK(md.find("### Components: cutoff_len 64, batch 2, GA 1") != std::string::npos);
+  CHECK(md.find("### Components: cutoff_len 64, batch 2, gradient_accumulation_steps 1") != std::string::npos);
   CHECK(md.find("| q_proj | fwd |") != std::string::npos);
   CHECK(md.find("ridge point 153 FLOP/byte") != std::string::npos);
   const std::string csv = kiln::profile::to_components_csv(report);
@@ -111,4 +114,39 @@ TEST_CASE("the roofline chart: roof, ridge, one dot per component with work and 
   CHECK(count(html, R"(class="roofline-step")") == 1);
   CHECK(html.find(R"(class="warning")") != std::string::npos);
   CHECK(count(html, R"(<details class="components">)") == 1);
+}
+
+TEST_CASE("chart axes tick at 1-2-5 steps, labelled with SI prefixes", "[profile]") {
+  using namespace kiln::profile::report_detail;
+  auto same = [](const std::vector<double>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]));
+  };
+  same(linear_ticks(0, 10260), {0, 5000, 10000, 15000});               // tokens/s up to 9771 x 1.05
+  same(linear_ticks(16, 64), {10, 20, 30, 40, 50, 60, 70});            // cutoff_len 16 to 64
+  same(linear_ticks(0, 0.0131), {0, 0.005, 0.01, 0.015});              // not 0.0131
+  same(log_ticks(64, 4096), {50, 100, 200, 500, 1000, 2000, 5000});    // 1, 2, 5 in each decade
+  same(log_ticks(0.05, 5e4), {0.01, 0.1, 1, 10, 100, 1e3, 1e4, 1e5});  // decades over more than three
+  CHECK(si(0, 5000) == "0");
+  CHECK(si(15000, 5000) == "15k");
+  CHECK(si(1.5e9, 5e8) == "1.5G");
+  CHECK(si(1e9, 5e8) == "1G");
+  CHECK(si(0.02, 0.01) == "0.02");
+  CHECK(si(0.3 * (1 + 1e-16), 0.1) == "0.3");
+  CHECK(si(1020, 20) == "1.02k");
+  CHECK(si(5e-4, 1e-4) == "500u");
+  CHECK(si(32400, 324) == "32.4k");  // not 3.24e+04
+  CHECK(si(2.039e12, 2.039e10, "B/s") == "2.04 TB/s");
+
+  // Every axis label of the report's charts: an integer or decimal, at most two significant
+  // digits here, with an SI prefix.
+  const std::string html = kiln::profile::to_html(made_up_report());
+  const std::regex label(R"re(data-axis="[xy]">([^<]*)<)re"),
+      round(R"re(-?(0\.0*[1-9][0-9]?|[1-9](\.[0-9]|[0-9]?0*))[kMGTPmun]?|0)re");
+  size_t labels = 0;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), label); it != std::sregex_iterator(); ++it, ++labels) {
+    INFO((*it)[1].str());
+    CHECK(std::regex_match((*it)[1].str(), round));
+  }
+  CHECK(labels > 20);
 }

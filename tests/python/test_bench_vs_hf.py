@@ -154,7 +154,7 @@ def test_op_profile_traces_both_sides(kiln_bin, tmp_path):
     assert r.returncode == 0, r.stderr
     m = load_script()
     d = tmp_path / "trace-h64-l2_16_1_fp32"
-    kiln = m.op_self_times(next((d / "kiln").glob("trace_T16_B1_A1.json")), 2)
+    kiln = m.op_self_times(next((d / "kiln").glob("trace_cutoff_len16_batch1_gradient_accumulation_steps1.json")), 2)
     hf = m.op_self_times(d / "hf.json", 2)
     for side in (kiln, hf):
         # 7 weight matmuls per layer forward, 2 layers: every one ATen's.

@@ -152,10 +152,10 @@ def test_recomputation_follows_kiln_pretrains_rule(run_kiln):
     none = explain_header_and_bytes(run_kiln)
     full = explain_header_and_bytes(run_kiln, "--gradient-checkpointing")
     every4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-every", 4)
-    every_n = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "every_n")
-    every_n4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "every_n",
+    every_n = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-policy", "every_n")
+    every_n4 = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-policy", "every_n",
                                         "--gradient-checkpointing-every", 4)
-    selective = explain_header_and_bytes(run_kiln, "--gradient-checkpointing-policy", "selective")
+    selective = explain_header_and_bytes(run_kiln, "--gradient-checkpointing", "--gradient-checkpointing-policy", "selective")
     assert (none[0], full[0], every4[0], every_n[0], every_n4[0], selective[0]) == (
         "none", "full", "every_4", "every_2", "every_4", "selective")
     assert every_n4 == every4
@@ -164,11 +164,11 @@ def test_recomputation_follows_kiln_pretrains_rule(run_kiln):
 
 
 @pytest.mark.parametrize("flags, key, words", [
-    (["--gradient-checkpointing-policy", "full", "--gradient-checkpointing-every", "4"],
+    (["--gradient-checkpointing", "--gradient-checkpointing-policy", "full", "--gradient-checkpointing-every", "4"],
      "gradient_checkpointing_every", "contradicts gradient_checkpointing_policy full"),
-    (["--gradient-checkpointing-policy", "selective", "--gradient-checkpointing-every", "3"],
+    (["--gradient-checkpointing", "--gradient-checkpointing-policy", "selective", "--gradient-checkpointing-every", "3"],
      "gradient_checkpointing_every", "contradicts gradient_checkpointing_policy selective"),
-    (["--gradient-checkpointing-policy", "every_n", "--gradient-checkpointing-every", "1"],
+    (["--gradient-checkpointing", "--gradient-checkpointing-policy", "every_n", "--gradient-checkpointing-every", "1"],
      "gradient_checkpointing_every", "give n >= 2"),
     (["--gradient-checkpointing-every", "4"], "gradient_checkpointing_every",
      "no effect without gradient_checkpointing"),

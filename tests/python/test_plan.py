@@ -22,7 +22,7 @@ def plan(run_kiln, tmp_path, memory, cutoff_len=256):
 def sweep_status(run_kiln, tmp_path, batch, cap, every, cutoff_len=256):
     # every: 0 none, n every_n (1 = full), "selective"
     if every == "selective":
-        extra = ["--gradient-checkpointing-policy", "selective"]
+        extra = ["--gradient-checkpointing", "--gradient-checkpointing-policy", "selective"]
     else:
         extra = ["--gradient-checkpointing", "--gradient-checkpointing-every", str(every)] if every else []
     res = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--cutoff-len", str(cutoff_len), "--batch-size",

@@ -103,6 +103,33 @@ def test_bad_keys_and_values_are_named(run_kiln, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_keys_take_every_programs_spellings(run_kiln, tmp_path):
+    # One grammar with kiln's other programs (config/key_table.h): a '-' for '_' in a key, a
+    # boolean key alone for true, kiln-pretrain's own flags (--dry-run, --dump-data) read as keys.
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny\nmax_steps: 20\n")
+
+    def dry_run(name, *args):
+        dump = tmp_path / f"{name}.json"
+        out = run_ok(run_kiln, "kiln-pretrain", "--config", config, *args, "--dump-data", dump,
+                     "--output_dir", tmp_path / "out")
+        return out.stdout, dump.read_text()
+
+    kebab = dry_run("kebab", "--cutoff-len", "64", "--dry-run")
+    snake = dry_run("snake", "--cutoff_len", "64", "--dry-run", "true")
+    assert kebab == snake
+    assert "blocks of 64" in kebab[0]
+    assert dry_run("equals", "--cutoff-len=64", "--dry_run=true") == snake
+    # A boolean config key alone is true: --bf16 as --bf16 true.
+    assert dry_run("switch", "--bf16", "--cutoff-len", "64", "--dry-run") == \
+        dry_run("valued", "--bf16", "true", "--cutoff_len", "64", "--dry-run", "true")
+    # --dry-run false is no dry run: the dump then is refused as before.
+    out = run_kiln("kiln-pretrain", "--config", config, "--dry-run", "false", "--dump-data", tmp_path / "x.json")
+    assert out.returncode == 2 and "--dump-data needs --dry-run" in out.stderr, out.stderr
+    out = run_kiln("kiln-pretrain", "--config", config, "--dry-run", "maybe")
+    assert out.returncode == 2 and "key 'dry_run'" in out.stderr and "'maybe'" in out.stderr, out.stderr
+
+
 def test_settings_without_effect_are_named_in_a_warning(run_kiln, tmp_path):
     out = run_ok(run_kiln, "kiln-pretrain", "--dry-run", "--zero_stage", "2", "--max_samples", "5",
                  "--output_dir", tmp_path / "x")

@@ -4,6 +4,7 @@ formats. References: the FLOP formula recomputed here from the model's config.js
 and, where Chromium is installed, a headless screenshot of the HTML report."""
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -115,13 +116,47 @@ def test_html_report_structure(ci_sweep):
     assert p.charts == ["chart-memory", "chart-speed", "chart-breakdown", "chart-roofline"]
     memory = [name for chart, name, _ in p.series if chart == "chart-memory"]
     speed = [name for chart, name, _ in p.series if chart == "chart-speed"]
-    assert sorted(memory) == ["batch 1, GA 1 measured", "batch 1, GA 1 predicted",
-                              "batch 2, GA 1 measured", "batch 2, GA 1 predicted"]
-    assert sorted(speed) == ["batch 1, GA 1", "batch 2, GA 1"]
+    assert sorted(memory) == ["batch 1, gradient_accumulation_steps 1 measured", "batch 1, gradient_accumulation_steps 1 predicted",
+                              "batch 2, gradient_accumulation_steps 1 measured", "batch 2, gradient_accumulation_steps 1 predicted"]
+    assert sorted(speed) == ["batch 1, gradient_accumulation_steps 1", "batch 2, gradient_accumulation_steps 1"]
     assert all(d.count("L") == 1 for _, _, d in p.series)  # two cutoff_len points per line
     assert p.points == 6 * 2
     assert p.components >= 4 * 3  # parameters, optimizer and at least one more per bar
     assert p.urls == []  # self-contained: nothing to fetch
+
+
+SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def one_two_five(v: float) -> bool:
+    """v is 1, 2 or 5 times a power of ten."""
+    e = math.floor(math.log10(v) + 1e-9)
+    return any(math.isclose(v, m * 10.0**e, rel_tol=1e-9) for m in (1, 2, 5))
+
+
+def test_chart_axes_tick_at_round_numbers(ci_sweep):
+    _, out = ci_sweep
+    html = (out / "profile.html").read_text()
+    axes = 0
+    for chart, body in re.findall(r'<svg class="chart" id="([^"]+)"(.*?)</svg>', html, re.S):
+        for axis in "xy":
+            labels = re.findall(rf'data-axis="{axis}">([^<]*)<', body)
+            if not labels:
+                continue
+            values = []
+            for label in labels:  # a plain number with an SI prefix: never 0.0131 or 3.24e+04
+                m = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kMGTPmun]?)", label)
+                assert m, (chart, axis, label)
+                values.append(float(m[1]) * SI[m[2]])
+            assert len(values) >= 2 and values == sorted(values), (chart, axis, labels)
+            steps = [b - a for a, b in zip(values, values[1:])]
+            if all(math.isclose(d, steps[0], rel_tol=1e-6) for d in steps):  # linear: multiples of a 1-2-5 step
+                assert one_two_five(steps[0]), (chart, axis, labels)
+                assert all(math.isclose(v / steps[0], round(v / steps[0]), abs_tol=1e-6) for v in values), labels
+            else:  # log: 1, 2 or 5 times a power of ten
+                assert all(one_two_five(v) for v in values), (chart, axis, labels)
+            axes += 1
+    assert axes >= 5  # memory and speed (x, y), breakdown (x); the roofline's where the CPU has one
 
 
 def test_html_screenshot_in_headless_chromium(ci_sweep, tmp_path):

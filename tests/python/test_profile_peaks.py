@@ -259,7 +259,7 @@ def test_per_component_table_matches_explain(llama_sweep, run_kiln, tmp_path):
     for l, c in zip(lines, mine):
         assert float(l["bytes"]) == pytest.approx(c["bytes"], rel=1e-12)
         assert l["measured_seconds"] == "n/a"
-    assert "### Components: cutoff_len 32, batch 1, GA 1" in r.stdout
+    assert "### Components: cutoff_len 32, batch 1, gradient_accumulation_steps 1" in r.stdout
     md = [l for l in r.stdout.splitlines() if l.startswith("| q_proj | fwd |")]
     assert len(md) == 1 and md[0].endswith("| n/a |")
     assert md[0].split("|")[8].strip() == "n/a"  # MB counted: no counters asked for
@@ -410,7 +410,7 @@ def test_a_forced_mfu_above_100_percent_is_reported(run_kiln, tmp_path):
     doc = json.loads((tmp_path / "profile.json").read_text())
     row = doc["rows"][0]
     assert row["mfu"] > 1 and row["mfu_exceeds_peak"] is True
-    assert len(doc["warnings"]) == 1 and doc["warnings"][0].startswith("BUG: MFU at cutoff_len 16, batch 1, GA 1 ")
+    assert len(doc["warnings"]) == 1 and doc["warnings"][0].startswith("BUG: MFU at cutoff_len 16, batch 1, gradient_accumulation_steps 1 ")
     assert "exceeds 100% of the fp32 peak of 1e-06 TFLOP/s (--peak-tflops)" in doc["warnings"][0]
     assert f"kiln-profile: WARNING: {doc['warnings'][0]}" in r.stderr
     assert f"WARNING: {doc['warnings'][0]}" in r.stdout
@@ -441,7 +441,7 @@ def test_mfu_stays_below_100_percent_while_the_machine_is_loaded(run_kiln, tmp_p
 
 
 def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
-    # perf_event on the CPU (profile/counters.h): wherever the PMU or permissions lack an event,
+    # perf_event on the CPU (profile/counters/counters.h): wherever the PMU or permissions lack an event,
     # the column keeps the model's value and its reason says why, in one line.
     r = run_kiln("kiln-profile", "sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--cutoff-len", "16",
                  "--steps", "2", "--warmup", "0", "--counters", "--counter-steps", "1", "--format", "csv,json",
@@ -450,8 +450,8 @@ def test_counters_fill_the_counted_columns_or_say_why_not(run_kiln, tmp_path):
     doc = json.loads((tmp_path / "profile.json").read_text())
     assert doc["counters_requested"] is True and doc["counter_steps"] == 1 and doc["counters_per_kernel"] is False
     # Each phase of the point on stderr as it ends: a point that stalls shows where.
-    for line in ("cutoff_len 16 batch 1 GA 1: 2 timed steps in ", "cutoff_len 16 batch 1 GA 1: counting 1 step\n",
-                 "cutoff_len 16 batch 1 GA 1: counted in "):
+    for line in ("cutoff_len 16, batch 1, gradient_accumulation_steps 1: 2 timed steps in ", "cutoff_len 16, batch 1, gradient_accumulation_steps 1: counting 1 step\n",
+                 "cutoff_len 16, batch 1, gradient_accumulation_steps 1: counted in "):
         assert "kiln-profile: " + line in r.stderr, r.stderr
     row, cells = doc["rows"][0], next(csv.DictReader((tmp_path / "profile.csv").open()))
     note = next(l for l in r.stdout.splitlines() if l.startswith("counters: "))
@@ -478,7 +478,7 @@ def test_counter_phases_split_the_counted_steps_into_forward_backward_and_optimi
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "profile.json").read_text())
     assert doc["counters_requested"] is True  # --counter-phases implies --counters
-    assert ("kiln-profile: cutoff_len 32 batch 1 GA 2: counting 2 steps (forward, backward and optimizer apart)"
+    assert ("kiln-profile: cutoff_len 32, batch 1, gradient_accumulation_steps 2: counting 2 steps (forward, backward and optimizer apart)"
             in r.stderr), r.stderr
     row = doc["rows"][0]
     counters = row["counters"]

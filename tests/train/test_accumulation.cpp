@@ -4,7 +4,7 @@
 // test can fail.
 #include <catch2/catch.hpp>
 
-#include "kiln/train/step.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "support.h"
 
 using kiln::train::MicroBatch;

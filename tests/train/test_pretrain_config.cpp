@@ -20,7 +20,7 @@
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
 #include "kiln/train/trainer.h"
-#include "kiln/train/training_step.h"
+#include "kiln/train/training_stack.h"
 #include "support.h"
 
 using Catch::Matchers::Contains;

@@ -13,7 +13,7 @@
 #include "kiln/cost/run.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
-#include "kiln/profile/command_keys.h"
+#include "kiln/profile/settings.h"
 #include "kiln/profile/sweep.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/run_description.h"
@@ -25,8 +25,8 @@ using kiln::cost::RunDescription;
 // The fields every model reads (loss_chunk_tokens compared by its values at a few sizes).
 void check_same(const RunDescription& a, const RunDescription& b) {
   CHECK(a.batch == b.batch);
-  CHECK(a.seq_len == b.seq_len);
-  CHECK(a.grad_accum == b.grad_accum);
+  CHECK(a.cutoff_len == b.cutoff_len);
+  CHECK(a.gradient_accumulation_steps == b.gradient_accumulation_steps);
   CHECK(a.dtype == b.dtype);
   CHECK(a.recompute == b.recompute);
   CHECK(a.every == b.every);
@@ -75,8 +75,8 @@ TEST_CASE("describe_run: each of kiln-pretrain's keys lands in its field", "[tra
       .cuda = true, .hardware = kiln::cost::hardware_spec("H100-80GB"), .world_size = 8, .data_parallel = true};
   const RunDescription r = kiln::train::describe_run(c, model, gpu);
   CHECK(r.batch == 3);
-  CHECK(r.seq_len == 768);
-  CHECK(r.grad_accum == 5);
+  CHECK(r.cutoff_len == 768);
+  CHECK(r.gradient_accumulation_steps == 5);
   CHECK(r.dtype == "bf16");
   CHECK(r.recompute == "every_n");
   CHECK(r.every == 4);
@@ -141,47 +141,53 @@ TEST_CASE("a sweep point, explain and plan describe the run kiln-pretrain's conf
       const RunDescription want = kiln::train::describe_run(c, model, target);
 
       // kiln-profile sweep: the same keys, one point.
-      kiln::profile::SweepConfig sweep;
-      sweep.model = model_name;
+      kiln::profile::ProfileSettings sweep;
+      sweep.run.model = model_name;
       sweep.dtype = dtype;
-      sweep.kernels = kernels;
-      sweep.gradient_checkpointing = true;
-      sweep.gradient_checkpointing_policy = "every_n";
-      sweep.gradient_checkpointing_every = 3;
-      sweep.zero_stage = 1;
-      const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 4, .cutoff_len = 512};
+      sweep.run.kernels = kernels;
+      sweep.run.gradient_checkpointing = true;
+      sweep.run.gradient_checkpointing_policy = "every_n";
+      sweep.run.gradient_checkpointing_every = 3;
+      sweep.run.zero_stage = 1;
+      kiln::profile::settle(sweep);
+      const kiln::profile::SweepPoint point{.batch_size = 2, .gradient_accumulation_steps = 4, .cutoff_len = 512};
       check_same(kiln::profile::point_run(sweep, model, point, target), want);
 
       // kiln-profile explain.
-      kiln::profile::ExplainSettings e;
-      e.model = model_name;
-      e.cutoff_len = 512;
-      e.per_device_train_batch_size = 2;
-      e.gradient_accumulation_steps = 4;
+      kiln::profile::ProfileSettings e;
+      e.command = kiln::profile::Command::kExplain;
+      e.run.model = model_name;
+      e.cutoff_len = {512};
+      e.per_device_train_batch_size = {2};
+      e.gradient_accumulation_steps = {4};
       e.dtype = dtype;
-      e.kernels = kernels;
-      e.gradient_checkpointing = true;
-      e.gradient_checkpointing_policy = "every_n";
-      e.gradient_checkpointing_every = 3;
+      e.run.kernels = kernels;
+      e.run.gradient_checkpointing = true;
+      e.run.gradient_checkpointing_policy = "every_n";
+      e.run.gradient_checkpointing_every = 3;
       e.world_size = 4;
-      e.zero_stage = 1;
+      e.run.zero_stage = 1;
+      kiln::profile::settle(e);
       const kiln::profile::ExplainDevice device{.cuda = true, .hardware = *a100};
       check_same(kiln::profile::explain_run(e, model, device), want);
 
       // kiln-profile plan: its base run; the planner chooses batch, accumulation and
       // recomputation, so those are set as the trainer's before comparing.
-      kiln::profile::PlanSettings p;
-      p.model = model_name;
+      kiln::profile::ProfileSettings p;
+      p.command = kiln::profile::Command::kPlan;
+      p.run.model = model_name;
       p.dtype = dtype;
-      p.kernels = kernels;
+      p.run.kernels = kernels;
       p.device_memory = "A100-80GB";
       p.target_sequences = 32;
       p.world_size = 4;
-      p.zero_stage = 1;
+      p.run.zero_stage = 1;
+      p.cutoff_len = {1024};
+      kiln::profile::settle(p);
       RunDescription planned = kiln::profile::plan_config(p).run;
       planned.batch = 2;
-      planned.seq_len = 512;
-      planned.grad_accum = 4;
+      planned.cutoff_len = 512;
+      planned.gradient_accumulation_steps = 4;
       planned.recompute = "every_n";
       planned.every = 3;
       check_same(planned, want);

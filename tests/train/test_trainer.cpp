@@ -431,7 +431,7 @@ TEST_CASE("a dry run under a launcher plans the per-rank memory of the job's ZeR
     const auto m = kiln::cost::estimate_training_memory(
         kiln::model::load_llama_config("tiny"),
         kiln::cost::RunDescription{.batch = c.per_device_train_batch_size,
-                                   .seq_len = c.cutoff_len,
+                                   .cutoff_len = c.cutoff_len,
                                    .dtype = "fp32",
                                    .kernels = kiln::train::kernel_choices(c.kernels, "fp32", false),
                                    .parallel = {.data_parallel = world > 1,
@@ -535,7 +535,7 @@ TEST_CASE("checkpoints record their training data; evaluation can put a BOS befo
 
 TEST_CASE("two trainers with different kernels in one process do not interfere", "[train]") {
   // A: kiln's fused ops (on the CPU: the chunked linear + cross-entropy), B: the ATen reference
-  // with activation checkpointing (its recomputation re-enters B's kernel choice). Each alone,
+  // with recomputation (it re-enters B's kernel choice). Each alone,
   // then both at once on two threads: the same losses, bit for bit; the process-wide kernel
   // setting is never touched.
   auto config = [](const std::string& name, const std::string& kernels, bool checkpointing) {

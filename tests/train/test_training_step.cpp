@@ -18,9 +18,9 @@
 #include "kiln/model/llama_config.h"
 #include "kiln/ops/cpu_branches.h"
 #include "kiln/profile/sweep.h"
-#include "kiln/train/step.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "kiln/train/trainer.h"
-#include "kiln/train/training_step.h"
+#include "kiln/train/training_stack.h"
 #include "support.h"
 
 namespace {
@@ -55,19 +55,19 @@ TEST_CASE("a kiln-profile point runs kiln-pretrain's step: 5 steps, the same los
   const kiln::ops::testing::ForcedCpuBranches forced(branches()[branch]);
   const std::string rules = kiln::ops::testing::describe_cpu_rules();
   CAPTURE(dtype, branches()[branch].name, rules);
-  const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 32};
+  const kiln::profile::SweepPoint point{.batch_size = 2, .gradient_accumulation_steps = 2, .cutoff_len = 32};
 
-  kiln::profile::SweepConfig sweep;
-  sweep.model = "tiny";
+  kiln::profile::ProfileSettings sweep;
+  sweep.run = optimisation();  // the step's optimisation keys, kiln-pretrain's
+  sweep.run.model = "tiny";
   sweep.dtype = dtype;
-  sweep.device = "cpu";
-  sweep.cutoff_lens = {point.cutoff_len};
-  sweep.batch_sizes = {point.batch_size};
-  sweep.grad_accums = {point.grad_accum};
+  sweep.run.device = "cpu";
+  sweep.cutoff_len = {point.cutoff_len};
+  sweep.per_device_train_batch_size = {point.batch_size};
+  sweep.gradient_accumulation_steps = {point.gradient_accumulation_steps};
   sweep.warmup = 1;
   sweep.steps = 4;
   sweep.peak_tflops = 1.0;  // no CPU peak measurement
-  sweep.training = optimisation();
   const kiln::profile::SweepReport report = kiln::profile::run_sweep(sweep);
   REQUIRE(report.rows.size() == 1);
   REQUIRE(report.rows[0].status == "ok");
@@ -78,17 +78,17 @@ TEST_CASE("a kiln-profile point runs kiln-pretrain's step: 5 steps, the same los
   c.model = "tiny";
   c.bf16 = dtype == "bf16";
   c.device = "cpu";
-  c.kernels = sweep.kernels;
-  c.seed = static_cast<int64_t>(sweep.seed);
+  c.kernels = sweep.run.kernels;
+  c.seed = static_cast<int64_t>(sweep.run.seed);
   c.cutoff_len = point.cutoff_len;
   c.per_device_train_batch_size = point.batch_size;
-  c.gradient_accumulation_steps = point.grad_accum;
+  c.gradient_accumulation_steps = point.gradient_accumulation_steps;
   c.max_steps = 5;
   c.logging_steps = 1;
   c.save_steps = 0;
   c.output_dir = kiln::test::scratch_dir("training_step_" + dtype).string();
   const std::vector<kiln::train::MicroBatch> batches =
-      kiln::profile::synthetic_batches(kiln::model::load_llama_config("tiny"), point, sweep.seed);
+      kiln::profile::synthetic_batches(kiln::model::load_llama_config("tiny"), point, sweep.run.seed);
   size_t next = 0;
   kiln::train::Trainer trainer(
       c, [&]() -> std::optional<kiln::train::MicroBatch> { return batches[next++ % batches.size()]; });
@@ -153,7 +153,7 @@ TEST_CASE("one training step reads no device value on the host", "[train]") {
   c.model = "tiny";
   c.bf16 = dtype == "bf16";
   c.fp16 = dtype == "fp16";
-  const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 32};
+  const kiln::profile::SweepPoint point{.batch_size = 2, .gradient_accumulation_steps = 2, .cutoff_len = 32};
   const kiln::model::LlamaConfig mc = kiln::model::load_llama_config("tiny");
   kiln::train::TrainingStack stack(kiln::train::fresh_model(mc, at::kCPU, 7), at::kCPU,
                                    kiln::train::stack_options(c, nullptr, 0));
@@ -177,7 +177,7 @@ TEST_CASE("a training step on a GPU never makes the host wait (CUDA's sync debug
   kiln::train::PretrainConfig c = optimisation();
   c.bf16 = dtype == "bf16";
   c.fp16 = dtype == "fp16";
-  const kiln::profile::SweepPoint point{.batch_size = 2, .grad_accum = 2, .cutoff_len = 64};
+  const kiln::profile::SweepPoint point{.batch_size = 2, .gradient_accumulation_steps = 2, .cutoff_len = 64};
   const kiln::model::LlamaConfig mc = kiln::model::load_llama_config("tiny");
   const at::Device cuda(at::kCUDA, 0);
   kiln::train::TrainingStack stack(kiln::train::fresh_model(mc, cuda, 7), cuda,

@@ -1,22 +1,23 @@
 #include "kiln/common/malloc_tuning.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
+#include "kiln/common/env.h"
+
 namespace kiln {
+
+bool malloc_tuning_requested() {
+  return env::flag("KILN_MALLOC_TUNING").value_or(false);
+}
 
 std::string tune_malloc_for_training() {
 #if defined(__GLIBC__)
-  auto set = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0';
-  };
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if ((tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) || set("MALLOC_MMAP_THRESHOLD_") ||
+  // glibc's variables, as glibc reads them: set and not empty.
+  auto set = [](const char* name) { return env::string(name).has_value(); };
+  const auto tunables = env::raw("GLIBC_TUNABLES");
+  if ((tunables && tunables->find("glibc.malloc.") != std::string::npos) || set("MALLOC_MMAP_THRESHOLD_") ||
       set("MALLOC_TRIM_THRESHOLD_") || set("MALLOC_TOP_PAD_")) {
     return {};
   }

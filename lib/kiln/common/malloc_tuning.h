@@ -20,9 +20,7 @@
 // one line).
 #pragma once
 
-#include <cstdlib>
 #include <string>
-#include <string_view>
 
 #include "kiln/export.h"
 
@@ -30,10 +28,9 @@ namespace kiln {
 
 KILN_API std::string tune_malloc_for_training();
 
-// KILN_MALLOC_TUNING=1: what kiln's programs ask before calling the function above.
-inline bool malloc_tuning_requested() {
-  const char* v = std::getenv("KILN_MALLOC_TUNING");
-  return v != nullptr && std::string_view(v) == "1";
-}
+// KILN_MALLOC_TUNING, a flag (1, true, yes, on / 0, false, no, off; unset: off): what kiln's
+// programs ask before calling the function above. Throws std::invalid_argument naming the variable
+// for another value.
+KILN_API bool malloc_tuning_requested();
 
 }  // namespace kiln

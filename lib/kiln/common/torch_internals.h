@@ -30,7 +30,7 @@ namespace kiln::torch_internals {
 void set_post_accumulate_grad_hook(const at::Tensor& param, std::function<void()> fn);
 void clear_post_accumulate_grad_hook(const at::Tensor& param);
 
-// ---- Back-propagation from a dropped output (train/activation_checkpoint.cpp) ----
+// ---- Back-propagation from a dropped output (train/recompute_layers.cpp) ----
 // The graph edge of `output` (which must require grad), kept without keeping `output` itself.
 class GradientRoot {
  public:

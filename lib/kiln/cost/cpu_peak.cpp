@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include "kiln/common/device.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -342,6 +344,21 @@ HardwareSpec cpu_hardware_spec(const CpuPeak& peak, double bandwidth, double mem
   h.tensor_fp16 = peak.amx_fp16;
   h.source = "theoretical: " + peak.formula();
   return h;
+}
+
+MachineHardware machine_hardware(const at::Device& device) {
+  MachineHardware m;
+  if (device.is_cuda()) {
+    m.spec = hardware_for_device_name(device::name(device), device::device_memory_bytes(device));
+    if (m.spec) m.bandwidth_source = m.spec->source;
+    return m;
+  }
+  m.cpu_peak = this_cpu_peak(&m.cpu_peak_missing);
+  const double bandwidth = device::measure_cpu_copy_bandwidth();
+  m.bandwidth_source = fmt::format("measured: STREAM-like copy of 64 MiB fp32 with {} threads, best of 5, {:.1f} GB/s",
+                                   at::get_num_threads(), bandwidth / 1e9);
+  if (m.cpu_peak) m.spec = cpu_hardware_spec(*m.cpu_peak, bandwidth, device::device_memory_bytes(device));
+  return m;
 }
 
 }  // namespace kiln::cost

@@ -108,4 +108,15 @@ std::optional<CpuPeak> this_cpu_peak(std::string* why = nullptr);
 // device::measure_cpu_copy_bandwidth), the machine's RAM. Its "tensor cores" are AMX tiles.
 HardwareSpec cpu_hardware_spec(const CpuPeak& peak, double bandwidth, double memory_bytes);
 
+// This machine's device as a roofline sees it, one rule for kiln-profile's sweep and explain: a
+// GPU's row of the hardware table (none where the table lacks it), or the CPU's theoretical peaks
+// with its measured copy bandwidth (none without a theoretical peak: cpu_peak_missing says why).
+struct MachineHardware {
+  std::optional<HardwareSpec> spec;
+  std::string bandwidth_source;  // the data sheet's, or the measurement's
+  std::optional<CpuPeak> cpu_peak;
+  std::string cpu_peak_missing;
+};
+MachineHardware machine_hardware(const at::Device& device);
+
 }  // namespace kiln::cost

@@ -35,7 +35,7 @@ struct FlopsPerToken {
   double train_selective() const { return forward() * 3.0 + elementwise_recompute; }
 };
 
-FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t seq_len);
+FlopsPerToken flops_per_token(const model::LlamaConfig& config, int64_t cutoff_len);
 
 // 6 * N per token, N = all trainable parameters (the usual hand estimate).
 double six_n_per_token(const model::LlamaConfig& config);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "kiln/common/device.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/cost/cpu_peak.h"
 
 namespace kiln::cost {
@@ -165,8 +166,7 @@ std::optional<DevicePeak> gpu_peak(const std::string& device_name, at::ScalarTyp
 std::optional<DevicePeak> device_peak(const at::Device& device, at::ScalarType dtype) {
   if (device.is_cpu()) {
     if (const auto peak = this_cpu_peak()) {
-      const std::string d = dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : "fp32";
-      return DevicePeak{device::name(device), peak->flops(d) / 1e12, "theoretical"};
+      return DevicePeak{device::name(device), peak->flops(std::string(dtype_name(dtype))) / 1e12, "theoretical"};
     }
     return DevicePeak{device::name(device), device::measure_cpu_gemm_tflops(), "measured"};
   }

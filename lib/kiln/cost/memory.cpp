@@ -22,9 +22,9 @@ double MemoryEstimate::component(const std::string& name) const {
 
 MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, const RunDescription& o) {
   o.validate();
-  const int64_t batch = o.batch, seq_len = o.seq_len;
+  const int64_t batch = o.batch, cutoff_len = o.cutoff_len;
   const double n = static_cast<double>(c.num_parameters());
-  const double tokens = static_cast<double>(batch * seq_len);
+  const double tokens = static_cast<double>(batch * cutoff_len);
   const double layers = static_cast<double>(c.num_hidden_layers), h = static_cast<double>(c.hidden_size);
   const double ffn = static_cast<double>(c.intermediate_size), vocab = static_cast<double>(c.vocab_size);
   const double q = static_cast<double>(c.num_attention_heads * c.resolved_head_dim());
@@ -63,8 +63,8 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, const RunDe
   double selective_layer = 8.0 * h + cb * (2.0 * q + 2.0 * kv + 2.0 * ffn);
   if (o.kernels.attention == "math") {
     // Softmax probabilities [heads, T, T] per sequence: T * heads * c per token.
-    per_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
-    selective_layer += static_cast<double>(seq_len) * static_cast<double>(c.num_attention_heads) * cb;
+    per_layer += static_cast<double>(cutoff_len) * static_cast<double>(c.num_attention_heads) * cb;
+    selective_layer += static_cast<double>(cutoff_len) * static_cast<double>(c.num_attention_heads) * cb;
   }
   // Recomputed layers keep their fp32 input (4H per token); one of them is rebuilt at a time.
   // Backward runs from the last layer down: rebuilding a layer adds one layer's activations on top
@@ -88,7 +88,7 @@ MemoryEstimate estimate_training_memory(const model::LlamaConfig& c, const RunDe
     // On a CPU without AMX the head runs in fp32 (the ops rule in train/kernel_choices.cpp): fp32
     // copies of the hidden states and of their gradient, no low-precision weight or gradient.
     if (!k.loss_chunk_tokens) throw std::invalid_argument("KernelChoices: a fused loss head needs loss_chunk_tokens");
-    const double chunk = static_cast<double>(k.loss_chunk_tokens(batch * seq_len, c.vocab_size, c.hidden_size));
+    const double chunk = static_cast<double>(k.loss_chunk_tokens(batch * cutoff_len, c.vocab_size, c.hidden_size));
     const double hb = head_low_precision ? cb : 4.0;
     // The chunk: its logits, plus ATen's fp32 log-probabilities unless the fused CPU loop writes
     // the gradient over the logits in place (KernelChoices::cpu_loss_loop): fp32 logits, or

@@ -14,7 +14,7 @@
 //   c (2H + 3q + 2kv)     the norms' outputs cast for the projections, q/k/v as SDPA keeps them,
 //                         its output and the o_proj input
 //   4 c F                 gate, silu(gate), up and their product (SwiGLU)
-// Selective recomputation (activation_checkpointing with selective) keeps per layer only the
+// Selective recomputation (gradient_checkpointing_policy selective) keeps per layer only the
 // fp32 residual input and the residual after attention (8 H), q/k/v and the attention output as
 // the attention keeps them (c (2q + 2kv)) and gate and up (2 c F), whatever the kernels; plus
 // c F once (the top layer's backward).

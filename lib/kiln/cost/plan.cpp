@@ -84,12 +84,6 @@ PlanReport make_plan(const PlanConfig& c) {
   policies.emplace_back("full", 1);
 
   for (int64_t t : c.cutoff_lens) {
-    if (t > report.model.max_position_embeddings) {
-      throw config::ConfigError(
-          config::config_message(c.source, "cutoff_len",
-                                 fmt::format("{} exceeds the model's max_position_embeddings {} ({})", t,
-                                             report.model.max_position_embeddings, report.model.source)));
-    }
     const int64_t target = c.target_sequences > 0 ? c.target_sequences : (c.target_tokens + t - 1) / t;
     const FlopsPerToken flops = flops_per_token(report.model, t);
     std::vector<PlanRow> rows;
@@ -99,15 +93,15 @@ PlanReport make_plan(const PlanConfig& c) {
         PlanRow r;
         r.cutoff_len = t;
         r.micro_batch = b;
-        r.grad_accum = std::max<int64_t>((target + b * world - 1) / (b * world), 1);
-        r.global_sequences = b * r.grad_accum * world;
+        r.gradient_accumulation_steps = std::max<int64_t>((target + b * world - 1) / (b * world), 1);
+        r.global_sequences = b * r.gradient_accumulation_steps * world;
         const bool selective = name == "selective";
         r.policy = name;
         r.every = every;
         RunDescription run = c.run;
         run.batch = b;
-        run.seq_len = t;
-        run.grad_accum = r.grad_accum;
+        run.cutoff_len = t;
+        run.gradient_accumulation_steps = r.gradient_accumulation_steps;
         run.recompute = selective ? "selective" : every == 0 ? "none" : every == 1 ? "full" : "every_n";
         run.every = std::max(every, 1);
         r.predicted = estimate_training_memory(report.model, run);

@@ -46,8 +46,8 @@ struct PlanConfig {
 };
 
 struct PlanRow {
-  int64_t cutoff_len = 0, micro_batch = 0, grad_accum = 0;
-  int64_t global_sequences = 0;  // micro_batch x grad_accum x world
+  int64_t cutoff_len = 0, micro_batch = 0, gradient_accumulation_steps = 0;
+  int64_t global_sequences = 0;  // micro_batch x gradient_accumulation_steps x world
   std::string policy;            // none | selective | every_4 | every_2 | full
   int every = 0;                 // 0 = no whole layer recomputed (none, selective)
   MemoryEstimate predicted;

@@ -25,7 +25,7 @@ RunDescription reference_run(const RunDescription& run) {
 }
 
 StepTime step_time(const TrafficReport& report, const Roofline& roof, const HostModel& host, bool eager) {
-  const double a = static_cast<double>(report.run.grad_accum);
+  const double a = static_cast<double>(report.run.gradient_accumulation_steps);
   if (!(host.seconds_per_op >= 0)) throw std::invalid_argument("step_time: seconds_per_op must be >= 0");
   StepTime s;
   for (const TrafficRow& row : report.rows) {
@@ -67,7 +67,7 @@ namespace {
 class Replay {
  public:
   Replay(const model::LlamaConfig& m, const RunDescription& run) : m_(m), run_(run) {
-    n_ = static_cast<double>(run.batch * run.seq_len);
+    n_ = static_cast<double>(run.batch * run.cutoff_len);
     h_ = static_cast<double>(m.hidden_size), f_ = static_cast<double>(m.intermediate_size);
     v_ = static_cast<double>(m.vocab_size);
     q_ = static_cast<double>(m.num_attention_heads * m.resolved_head_dim());
@@ -95,7 +95,7 @@ class Replay {
     }
     grads_.assign(params_.size(), 0);
     for (int s = 0; s < steps; ++s) {
-      for (int64_t mb = 0; mb < run_.grad_accum; ++mb) micro_batch();
+      for (int64_t mb = 0; mb < run_.gradient_accumulation_steps; ++mb) micro_batch();
       optimizer_step();
     }
   }
@@ -267,7 +267,7 @@ class Replay {
 SmiMemory reference_memory(const model::LlamaConfig& m, const RunDescription& run) {
   run.validate();
   const double p = static_cast<double>(m.num_parameters());
-  const double n = static_cast<double>(run.batch * run.seq_len);
+  const double n = static_cast<double>(run.batch * run.cutoff_len);
   const double h = static_cast<double>(m.hidden_size), v = static_cast<double>(m.vocab_size);
   const double layers = static_cast<double>(m.num_hidden_layers);
   const bool autocast = run.dtype != "fp32";

@@ -22,8 +22,9 @@ int RunDescription::recomputed_stride() const {
 void RunDescription::validate() const {
   auto fail = [](const std::string& what) { throw std::invalid_argument("run description: " + what); };
   if (batch < 1) fail(fmt::format("batch must be >= 1, got {}", batch));
-  if (seq_len < 1) fail(fmt::format("seq_len must be >= 1, got {}", seq_len));
-  if (grad_accum < 1) fail(fmt::format("grad_accum must be >= 1, got {}", grad_accum));
+  if (cutoff_len < 1) fail(fmt::format("cutoff_len must be >= 1, got {}", cutoff_len));
+  if (gradient_accumulation_steps < 1)
+    fail(fmt::format("gradient_accumulation_steps must be >= 1, got {}", gradient_accumulation_steps));
   if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32") fail("dtype '" + dtype + "' is not bf16, fp16 or fp32");
   const std::string& attention = kernels.attention;
   if (attention != "flash" && attention != "sdpa" && attention != "math")

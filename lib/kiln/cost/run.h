@@ -65,9 +65,9 @@ struct Parallelism {
 
 struct RunDescription {
   // Shapes, per rank.
-  int64_t batch = 1;    // micro-batch, sequences
-  int64_t seq_len = 1;  // cutoff_len
-  int64_t grad_accum = 1;
+  int64_t batch = 1;       // micro-batch, sequences
+  int64_t cutoff_len = 1;  // cutoff_len
+  int64_t gradient_accumulation_steps = 1;
   std::string dtype = "bf16";  // compute: bf16 | fp16 (autocast over fp32 parameters) | fp32
   // Recomputation (train/recomputation.h): none | full | every_n (layers 0, n, 2n, ... with
   // n = every) | selective (per layer the RMSNorms, SwiGLU and the merged attention output).

@@ -304,8 +304,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
                             const GemmDram& dram) {
   o.validate();
   const model::LlamaConfig& m = config;
-  const double b = static_cast<double>(o.batch), t = static_cast<double>(o.seq_len);
-  const double a = static_cast<double>(o.grad_accum), n = b * t;
+  const double b = static_cast<double>(o.batch), t = static_cast<double>(o.cutoff_len);
+  const double a = static_cast<double>(o.gradient_accumulation_steps), n = b * t;
   const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.intermediate_size);
   const double v = static_cast<double>(m.vocab_size), layers = static_cast<double>(m.num_hidden_layers);
   const double d = static_cast<double>(m.resolved_head_dim());
@@ -316,7 +316,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   const double p = static_cast<double>(m.num_parameters());
   const double world = static_cast<double>(o.parallel.world_size);
   const KernelChoices& k = o.kernels;
-  const FlopsPerToken per_token = flops_per_token(m, o.seq_len);
+  const FlopsPerToken per_token = flops_per_token(m, o.cutoff_len);
 
   TrafficReport r;
   r.model = m;
@@ -405,10 +405,10 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   add_passes("down_proj", per_layer, down, down, true);
 
   // Autocast's casts around the layer's GEMMs (bf16/fp16 only). Forward: each fp32 weight cast
-  // once per micro-batch (autocast's cache lives for one forward: train/step.cpp clears it), R 4 W
+  // once per micro-batch (autocast's cache lives for one forward: train/gradient_accumulation.cpp clears it), R 4 W
   // c per weight element; the fp32 norm outputs cast before each of q, k, v and gate, up (autocast
   // does not cache activations), R 4NH W cNH each; selective recomputation casts each norm output
-  // once (train/activation_checkpoint.cpp). Backward: each weight's gradient (c bytes from the
+  // once (train/recompute_layers.cpp). Backward: each weight's gradient (c bytes from the
   // GEMM) cast to fp32 (R c W 4), and each of those five inputs' gradients (R c W 4 per NH).
   const double layer_weights = h * q + 2 * h * kv + q * h + 3 * h * f;
   const bool selective = o.recompute == "selective";
@@ -485,8 +485,8 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
     const bool low = autocast && k.loss_head_low_precision;
     const double hb = low ? c : 4.0;
     r.loss_head_accumulator =
-        loss_head_accumulator(o.batch * o.seq_len, m.vocab_size, m.hidden_size,
-                              k.loss_chunk_tokens(o.batch * o.seq_len, m.vocab_size, m.hidden_size), low);
+        loss_head_accumulator(o.batch * o.cutoff_len, m.vocab_size, m.hidden_size,
+                              k.loss_chunk_tokens(o.batch * o.cutoff_len, m.vocab_size, m.hidden_size), low);
     const double chunks = static_cast<double>(r.loss_head_accumulator.chunks);
     const double casts_in = low ? (4 + hb) * (n * h + v * h) : 0.0;
     head_kiln.fwd = {head_fwd, 5 * n * v,
@@ -504,7 +504,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
   // zero_grad sets them to None), every later one is added in, R 8 W 4 per parameter. Under ZeRO-2
   // each rank accumulates its shard only.
   const bool sharded_grads = o.parallel.world_size > 1 && o.parallel.zero_stage == 2;
-  if (o.grad_accum > 1) {
+  if (o.gradient_accumulation_steps > 1) {
     const double elems = sharded_grads ? p / world : p;
     const Cost acc = other(elems, 8 * elems, 4 * elems);
     add("gradient accumulation (.grad +=)", Pass::kBackward, a - 1, acc, acc, 0, false);
@@ -559,7 +559,7 @@ TrafficReport traffic_model(const model::LlamaConfig& config, const RunDescripti
 
   // ---- Recomputation in backward. full / every_n: the recomputed layers run their whole forward
   // again (weight casts included: the forward's autocast cache is gone by then). selective
-  // (train/activation_checkpoint.cpp): per layer both RMSNorms, the casts of their outputs, SwiGLU
+  // (train/recompute_layers.cpp): per layer both RMSNorms, the casts of their outputs, SwiGLU
   // and the merged attention output copy for o_proj's weight gradient. Executed work only: no
   // model FLOPs.
   if (o.recompute == "full" || o.recompute == "every_n") {

@@ -85,10 +85,10 @@ struct TrafficReport {
   model::LlamaConfig model;
   RunDescription run;
   int64_t num_parameters = 0;
-  double tokens_per_step = 0;  // batch x seq_len x grad_accum (per rank)
+  double tokens_per_step = 0;  // batch x cutoff_len x gradient_accumulation_steps (per rank)
   std::vector<TrafficRow> rows;
   // kiln's fused loss head, per micro-batch (its bytes are part of the "LM head + loss" backward
-  // row); all zero when the head is ATen's full-logits chain. Per step: bytes x grad_accum.
+  // row); all zero when the head is ATen's full-logits chain. Per step: bytes x gradient_accumulation_steps.
   LossHeadAccumulator loss_head_accumulator;
   Cost kiln_step() const;
   Cost eager_step() const;

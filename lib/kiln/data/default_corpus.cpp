@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "kiln/common/env.h"
 #include "kiln/data/byte_tokenizer.h"
 #include "kiln/data/hash.h"
 #include "kiln/data/tokenize.h"
@@ -25,9 +26,8 @@ std::vector<EmbeddedFile> embedded_corpus() {
 }
 
 std::string default_cache_dir() {
-  if (const char* home = std::getenv("KILN_HOME"); home && *home) return (fs::path(home) / "data").string();
-  const char* user = std::getenv("HOME");
-  return (fs::path(user && *user ? user : "/tmp") / ".cache" / "kiln" / "data").string();
+  if (const auto home = env::string("KILN_HOME")) return (fs::path(*home) / "data").string();
+  return (fs::path(env::string("HOME").value_or("/tmp")) / ".cache" / "kiln" / "data").string();
 }
 
 std::string default_corpus_shards(const std::string& cache_dir) {

@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "kiln/common/env.h"
+
 #ifdef KILN_WITH_DIST
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -52,8 +54,8 @@ class WorkPending final : public Pending {
 std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   // Gloo's convention: GLOO_SOCKET_IFNAME names the interface (several nodes); otherwise the
   // address that reaches the store's host (one node: loopback).
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (const auto ifname = kiln::env::string("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
   }
   if (env.world_size > env.local_world_size) return c10d::ProcessGroupGloo::createDefaultDevice();
   return c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr);

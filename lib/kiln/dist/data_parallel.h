@@ -18,7 +18,7 @@
 //   stage 2     each parameter's gradient is copied into its bucket's staging buffer and freed;
 //               the bucket is reduce-scattered (sum) into the owner's shard of the gradients, on
 //               every micro-batch (as DeepSpeed's stage 2), so no rank ever holds all gradients.
-// The loss is normalised by the target tokens of the whole step summed over ranks (train/step.h),
+// The loss is normalised by the target tokens of the whole step summed over ranks (train/gradient_accumulation.h),
 // so the summed gradient is exactly the one-process gradient of the same examples.
 #pragma once
 

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "kiln/common/env.h"
+
 namespace kiln::dist {
 
 namespace {
@@ -82,8 +84,7 @@ std::string first_slurm_host(const std::string& nodelist) {
 DistEnv read_dist_env(const std::function<std::optional<std::string>(const std::string&)>& getenv_fn) {
   const auto get = [&](const std::string& name) -> std::optional<std::string> {
     if (getenv_fn) return getenv_fn(name);
-    const char* v = std::getenv(name.c_str());
-    return v ? std::optional<std::string>(v) : std::nullopt;
+    return kiln::env::raw(name.c_str());  // the launchers' protocol: "" is a value (of a malformed job)
   };
   DistEnv env;
   constexpr int kMaxRanks = 1 << 20;

@@ -30,8 +30,9 @@ struct DistEnv {
   bool distributed() const { return world_size > 1 || launcher != "none"; }
 };
 
-// Reads the variables through `getenv` (std::getenv by default). Throws std::runtime_error naming
-// the variable for a malformed or inconsistent value (e.g. RANK >= WORLD_SIZE).
+// Reads the variables through `getenv` (by default common/env.h's env::raw: the value as set, ""
+// included). Throws std::runtime_error naming the variable for a malformed or inconsistent value
+// (e.g. RANK >= WORLD_SIZE).
 DistEnv read_dist_env(const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
 
 // The intra-op threads one rank of a job runs, so that the ranks on a host share its CPUs instead

@@ -5,6 +5,7 @@
 // other part works on, apart from what each part does with it.
 #pragma once
 
+#include "kiln/common/env.h"
 #include "kiln/kernels/emulation_fiber.h"
 
 namespace kiln::emu {
@@ -43,20 +44,14 @@ inline const char* schedule_name(Schedule s) {
 // KILN_EMU_CP_ASYNC (wait|issue), so a whole test run can be repeated under another schedule.
 inline Config config_from_env() {
   Config c;
-  if (const char* s = std::getenv("KILN_EMU_SCHEDULE"); s != nullptr && *s != '\0') {
-    const std::string v(s);
-    bool known = false;
+  if (const auto v = env::choice("KILN_EMU_SCHEDULE", {"index", "reverse", "random", "warp-ahead"})) {
     for (Schedule x : {Schedule::kIndex, Schedule::kReverse, Schedule::kRandom, Schedule::kWarpAhead}) {
-      if (v == schedule_name(x)) c.schedule = x, known = true;
+      if (*v == schedule_name(x)) c.schedule = x;
     }
-    if (!known)
-      throw std::invalid_argument("KILN_EMU_SCHEDULE: '" + v + "' is not index, reverse, random or warp-ahead");
   }
-  if (const char* s = std::getenv("KILN_EMU_SEED"); s != nullptr && *s != '\0') c.seed = std::strtoull(s, nullptr, 10);
-  if (const char* s = std::getenv("KILN_EMU_CP_ASYNC"); s != nullptr && *s != '\0') {
-    const std::string v(s);
-    if (v != "wait" && v != "issue") throw std::invalid_argument("KILN_EMU_CP_ASYNC: '" + v + "' is not wait or issue");
-    c.landing = v == "issue" ? Landing::kAtIssue : Landing::kAtWait;
+  if (const auto seed = env::integer("KILN_EMU_SEED", 0, INT64_MAX)) c.seed = static_cast<uint64_t>(*seed);
+  if (const auto v = env::choice("KILN_EMU_CP_ASYNC", {"wait", "issue"})) {
+    c.landing = *v == "issue" ? Landing::kAtIssue : Landing::kAtWait;
   }
   return c;
 }

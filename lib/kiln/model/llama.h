@@ -1,7 +1,7 @@
 // The LLaMA decoder on the LibTorch C++ frontend, single-device code only: parallelism,
-// recomputation (activation checkpointing) and kernel choice are applied from outside
+// recomputation (HF's gradient_checkpointing) and kernel choice are applied from outside
 // (docs/architecture.md). The decoder layer is a sequence of named sub-blocks that a
-// recomputation policy can wrap (train/activation_checkpoint.h), so the layer is written once.
+// recomputation policy can wrap (train/recompute_layers.h), so the layer is written once.
 //
 // Parameter names equal Hugging Face's LlamaForCausalLM state-dict keys
 // ("model.layers.0.self_attn.q_proj.weight", ...), so HF weights map one to one. Modules create
@@ -30,7 +30,7 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // [..., in] -> [..., out]
 
   // For a recomputation that keeps this projection's output but not its input (selective,
-  // train/activation_checkpoint.h): the weight as forward's matmul reads it (under autocast its
+  // train/recompute_layers.h): the weight as forward's matmul reads it (under autocast its
   // cast, through autocast's cache, so the copy is shared with the rest of the step; else itself),
   // and the gradients of forward(x) for `dy` formed from x and that weight (`wc`) as the matmul
   // read them (compute dtype), without running the matmul again: dW = dY^T x and db = sum dY in
@@ -99,7 +99,7 @@ TORCH_MODULE(LlamaMLP);
 // SwiGLU, the merge of the attention heads) whose output p feeds one or more projections; returns
 // p W_i^T + b_i per projection. Not a module of its own: it runs modules of the layer, whose
 // parameter names stay HF's. A recomputation policy wraps it from outside through `runner`
-// (train/activation_checkpoint.h: selective keeps the projections' outputs and recomputes the
+// (train/recompute_layers.h: selective keeps the projections' outputs and recomputes the
 // prologue in backward); the prologue takes its parameters as arguments so that a wrapper can
 // run it on copies of them.
 struct ProjectionBlock {
@@ -129,7 +129,7 @@ struct ProjectionBlock {
 };
 
 // How a wrapped decoder layer runs instead of its forward (no KV cache): installed from outside
-// (train/activation_checkpoint.h); empty = forward.
+// (train/recompute_layers.h); empty = forward.
 class LlamaDecoderLayerImpl;
 using LayerRunner = std::function<at::Tensor(LlamaDecoderLayerImpl& layer, const at::Tensor& x, const at::Tensor& cos,
                                              const at::Tensor& sin, const at::Tensor& segment_ids)>;

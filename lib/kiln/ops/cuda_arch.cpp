@@ -1,16 +1,15 @@
 #include "kiln/ops/cuda_arch.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <fmt/format.h>
 
+#include "kiln/common/env.h"
 #include "kiln/common/logger.h"
 #include "kiln/kernels/common.cuh"
 #include "kiln/version.h"
@@ -18,19 +17,9 @@
 namespace kiln::ops {
 
 int kernel_arch_override() {
-  static const int arch = [] {
-    const char* v = std::getenv("KILN_KERNEL_ARCH");
-    if (v == nullptr || *v == '\0') return 0;
-    const std::string s(v);
-    char* end = nullptr;
-    const long n = std::strtol(s.c_str(), &end, 10);
-    if (end == s.c_str() || *end != '\0' || n < 70 || n > 200) {
-      throw std::invalid_argument(fmt::format(
-          "KILN_KERNEL_ARCH={}: expected a compute capability times ten, 70 or more (70: the V100's code paths)", s));
-    }
-    return static_cast<int>(n);
-  }();
-  return arch;
+  const auto arch =
+      env::integer("KILN_KERNEL_ARCH", 70, 200, "a compute capability times ten; 70: the V100's code paths");
+  return static_cast<int>(arch.value_or(0));
 }
 
 int64_t planned_smem_optin(int arch, int64_t device_optin) {

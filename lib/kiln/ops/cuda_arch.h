@@ -27,8 +27,8 @@ struct KernelTarget {
 // Cached per device index; the first call per device may log the warning above.
 const KernelTarget& kernel_target(const c10::Device& device);
 
-// KILN_KERNEL_ARCH as a compute capability x 10 (0 when unset); an invalid value throws naming the
-// variable. Read once.
+// KILN_KERNEL_ARCH as a compute capability x 10 (0 when unset): an integer from 70 to 200
+// (common/env.h); another value throws naming the variable. kernel_target reads it once per device.
 int kernel_arch_override();
 
 // The smaller of the device's opt-in shared memory and, below arch 80, a V100's 96 KiB.

@@ -14,7 +14,7 @@
 //     its forward, backward and evaluation inside one, so two trainers in one process (two
 //     threads, or interleaved in one) each get their own kernels and never change the other's.
 // The choice is made where an op runs forward; a backward follows what its forward chose (the
-// recomputing forward of activation checkpointing re-enters the scope it was saved under).
+// recomputation's forward re-enters the scope it was saved under).
 //
 // The spec is the one switch a run sets, on the CPU as on a GPU: which implementation each op
 // runs. Inside kiln's CPU implementations three rules pick a precision or a loop by the CPU's
@@ -22,7 +22,8 @@
 // head's matmul dtype and its fused row loops). They are not settings: each has an environment
 // override, for measuring and testing on a machine whose CPU would pick the other path, listed in
 // docs/architecture.md's one table of environment variables, and a `testing::force_*` hook that
-// sets the same rule inside one test process (where the environment is read once).
+// sets that variable's override inside one test process (common/env.h: the same reader, the same
+// code path as a user's setting).
 #pragma once
 
 #include <memory>

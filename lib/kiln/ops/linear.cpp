@@ -3,8 +3,6 @@
 #include "kiln/ops/linear.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -15,6 +13,7 @@
 #include <cpuid.h>
 #endif
 
+#include "kiln/common/env.h"
 #include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/autocast_off.h"
 #include "kiln/ops/dispatch.h"
@@ -25,9 +24,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-std::atomic<int> forced_cpu_linear_fp32{-1};
-std::atomic<int> forced_native_low_precision_gemm{-1};
 
 // dst (fp32, contiguous) = src rounded to `compute` and widened back: the values a `compute`
 // GEMM reads. An fp32 source is rounded in one pass; a `compute` one is widened exactly.
@@ -194,11 +190,13 @@ bool cpu_has_amx_bf16() {
 }
 
 void testing::force_cpu_linear_fp32(int mode) {
-  forced_cpu_linear_fp32 = mode;
+  if (mode < 0) return env::clear_override("KILN_CPU_LINEAR_FP32");
+  env::set_override("KILN_CPU_LINEAR_FP32", mode != 0 ? "1" : "0");
 }
 
 void testing::force_cpu_native_low_precision_gemm(int mode) {
-  forced_native_low_precision_gemm = mode;
+  if (mode < 0) return env::clear_override("KILN_CPU_LOW_PRECISION_GEMM");
+  env::set_override("KILN_CPU_LOW_PRECISION_GEMM", mode != 0 ? "native" : "fp32");
 }
 
 bool cpu_is_amd_with_avx512_bf16() {
@@ -214,15 +212,7 @@ bool cpu_is_amd_with_avx512_bf16() {
 }
 
 bool cpu_native_low_precision_gemm(at::ScalarType compute) {
-  static const int env = [] {
-    const char* v = std::getenv("KILN_CPU_LOW_PRECISION_GEMM");
-    if (v == nullptr || *v == '\0') return -1;
-    const std::string s(v);
-    TORCH_CHECK(s == "native" || s == "fp32", "KILN_CPU_LOW_PRECISION_GEMM must be native or fp32, got '", s, "'");
-    return s == "native" ? 1 : 0;
-  }();
-  if (const int forced = forced_native_low_precision_gemm.load(); forced >= 0) return forced == 1;
-  if (env >= 0) return env == 1;
+  if (const auto rule = env::choice("KILN_CPU_LOW_PRECISION_GEMM", {"native", "fp32"})) return *rule == "native";
   static const bool amx = cpu_has_amx_bf16(), amd_bf16 = cpu_is_amd_with_avx512_bf16();
   if (compute == at::kBFloat16) return amx || amd_bf16;
   return amx;
@@ -230,8 +220,7 @@ bool cpu_native_low_precision_gemm(at::ScalarType compute) {
 
 bool cpu_linear_uses_fp32_gemm(at::ScalarType compute) {
   if (compute != at::kBFloat16 && compute != at::kHalf) return false;
-  const int forced = forced_cpu_linear_fp32.load();
-  if (forced >= 0) return forced != 0;
+  if (const auto fp32 = env::flag("KILN_CPU_LINEAR_FP32")) return *fp32;
   return !cpu_native_low_precision_gemm(compute);
 }
 

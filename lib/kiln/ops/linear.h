@@ -40,7 +40,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
 void mm_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate = false);
 
 // Whether ops::linear with the kiln backend takes the fp32-GEMM path for a CPU linear in `compute`
-// (bf16/fp16): not cpu_native_low_precision_gemm(compute), or the testing override.
+// (bf16/fp16): not cpu_native_low_precision_gemm(compute), or KILN_CPU_LINEAR_FP32=1/0 (flag).
 // The memory model (cost/memory.cpp) gets it through train/kernel_choices.cpp.
 bool cpu_linear_uses_fp32_gemm(at::ScalarType compute);
 
@@ -52,6 +52,7 @@ bool cpu_linear_uses_fp32_gemm(at::ScalarType compute);
 //   (9.5 against 6.1 ms); docs/kernels.md.
 // - fp16: AMX-BF16 (as before; no CPU here has measured otherwise).
 // KILN_CPU_LOW_PRECISION_GEMM=native or fp32 overrides the rule (ops::linear and the loss head).
+// Each KILN_* variable here is read through common/env.h when asked (never cached).
 bool cpu_native_low_precision_gemm(at::ScalarType compute);
 
 // x86 CPUID: an AMD CPU (vendor "AuthenticAMD") whose leaf 7 subleaf 1 EAX bit 5 says AVX512-BF16.
@@ -61,14 +62,17 @@ bool cpu_is_amd_with_avx512_bf16();
 // other architectures (keep their native low-precision path: nothing was measured there).
 bool cpu_has_amx_bf16();
 
+// The hooks below set the environment variable's override for the process (common/env.h,
+// env::set_override), so a test forcing a path and a user setting the variable take one code path.
 namespace testing {
-// The CPU rule of ops::linear: -1 = automatic (cpu_native_low_precision_gemm), 0 = native low-precision GEMM, 1 = fp32
-// GEMM. For tests that run both paths on any machine.
+// The CPU rule of ops::linear, as KILN_CPU_LINEAR_FP32: -1 = the process environment's (unset:
+// cpu_native_low_precision_gemm), 0 = native low-precision GEMM, 1 = fp32 GEMM. For tests that run
+// both paths on any machine.
 void force_cpu_linear_fp32(int mode);
-// cpu_native_low_precision_gemm's answer for every dtype: -1 = this CPU's rule (or
-// KILN_CPU_LOW_PRECISION_GEMM), 0 = fp32 is faster (an AVX2 or AVX-512 CPU without AMX), 1 = the
-// native bf16/fp16 GEMM is (AMX, Zen 4/5). The rules above it (ops::linear, the loss head) follow
-// unless forced themselves. ops/cpu_branches.h sets it with the other CPU rules.
+// cpu_native_low_precision_gemm's answer for every dtype, as KILN_CPU_LOW_PRECISION_GEMM: -1 = the
+// process environment's (unset: this CPU's rule), 0 = fp32 is faster (an AVX2 or AVX-512 CPU
+// without AMX), 1 = the native bf16/fp16 GEMM is (AMX, Zen 4/5). The rules above it (ops::linear,
+// the loss head) follow unless forced themselves. ops/cpu_branches.h sets it with the other CPU rules.
 void force_cpu_native_low_precision_gemm(int mode);
 }  // namespace testing
 

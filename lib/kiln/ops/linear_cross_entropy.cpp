@@ -4,8 +4,6 @@
 #include "kiln/ops/linear_cross_entropy.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -14,6 +12,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/version.h>
 
+#include "kiln/common/env.h"
 #include "kiln/kernels/cpu_loops.h"
 #include "kiln/ops/autocast_off.h"
 #include "kiln/ops/dispatch.h"
@@ -257,21 +256,13 @@ LinearCrossEntropyResult finish(at::Tensor loss_sum, at::Tensor z_sum, const at:
 
 }  // namespace
 
-namespace {
-std::atomic<int> forced_cpu_head_fp32{-1};
-std::atomic<bool> forced_cpu_cross_entropy_aten{false};
-}  // namespace
-
 void testing::force_cpu_cross_entropy_aten(bool on) {
-  forced_cpu_cross_entropy_aten = on;
+  if (!on) return env::clear_override("KILN_CPU_CE_LOOP");
+  env::set_override("KILN_CPU_CE_LOOP", "0");
 }
 
 bool cpu_cross_entropy_uses_loop(at::ScalarType logits) {
-  static const bool disabled = [] {
-    const char* v = std::getenv("KILN_CPU_CE_LOOP");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  return (logits == at::kFloat || logits == at::kBFloat16) && !disabled && !forced_cpu_cross_entropy_aten.load();
+  return (logits == at::kFloat || logits == at::kBFloat16) && env::flag("KILN_CPU_CE_LOOP").value_or(true);
 }
 
 WeightGradAccumulation linear_cross_entropy_weight_grad_path(at::ScalarType matmul, bool cuda, int arch) {
@@ -294,19 +285,14 @@ WeightGradAccumulation linear_cross_entropy_weight_grad_path(at::ScalarType matm
 }
 
 void testing::force_cpu_head_fp32(int mode) {
-  forced_cpu_head_fp32 = mode;
+  if (mode < 0) return env::clear_override("KILN_CPU_HEAD_FP32");
+  env::set_override("KILN_CPU_HEAD_FP32", mode != 0 ? "1" : "0");
 }
 
 at::ScalarType linear_cross_entropy_matmul_dtype(at::ScalarType compute, bool cpu) {
   if (!cpu || (compute != at::kBFloat16 && compute != at::kHalf)) return compute;
-  static const int env = [] {
-    const char* v = std::getenv("KILN_CPU_HEAD_FP32");
-    if (v != nullptr && *v != '\0') return std::string(v) == "0" ? 0 : 1;
-    return -1;
-  }();
-  const int automatic = env >= 0 ? env : (cpu_native_low_precision_gemm(compute) ? 0 : 1);
-  const int forced = forced_cpu_head_fp32.load();
-  return (forced >= 0 ? forced : automatic) != 0 ? at::kFloat : compute;
+  const std::optional<bool> fp32 = env::flag("KILN_CPU_HEAD_FP32");
+  return (fp32 ? *fp32 : !cpu_native_low_precision_gemm(compute)) ? at::kFloat : compute;
 }
 
 namespace {

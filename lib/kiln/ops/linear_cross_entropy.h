@@ -123,13 +123,17 @@ enum class WeightGradAccumulation {
 // KILN_KERNEL_ARCH=70 makes an A100/H100 take a V100's path); ignored on the CPU.
 WeightGradAccumulation linear_cross_entropy_weight_grad_path(at::ScalarType matmul, bool cuda, int arch);
 
+// The hooks below set the environment variable's override for the process (common/env.h,
+// env::set_override), so a test forcing a path and a user setting the variable take one code path.
 namespace testing {
-// Sends CPU chunks to the ATen ops whatever their dtype (true) or back to the rule above (false):
-// for tests and benchmarks that compare the two.
+// Sends CPU chunks to the ATen ops whatever their dtype (true: KILN_CPU_CE_LOOP=0) or back to the
+// process environment's choice (false; unset: the rule above): for tests and benchmarks that
+// compare the two.
 void force_cpu_cross_entropy_aten(bool on);
 
-// The CPU rule of linear_cross_entropy_matmul_dtype: -1 = automatic (the rule / KILN_CPU_HEAD_FP32),
-// 0 = keep the compute dtype, 1 = fp32. For tests that run both paths on any machine.
+// The CPU rule of linear_cross_entropy_matmul_dtype, as KILN_CPU_HEAD_FP32: -1 = the process
+// environment's (unset: the rule), 0 = keep the compute dtype, 1 = fp32. For tests that run both
+// paths on any machine.
 void force_cpu_head_fp32(int mode);
 }  // namespace testing
 

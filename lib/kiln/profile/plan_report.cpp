@@ -3,54 +3,70 @@
 #include "kiln/profile/plan_report.h"
 
 #include <algorithm>
-#include <cmath>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-#include "kiln/profile/report.h"
+#include "kiln/profile/report_internal.h"
 
 namespace kiln::profile {
 
-using json = nlohmann::json;
-using cost::MemoryEstimate;
-using cost::PlanReport;
+using namespace report_detail;
 using cost::PlanRow;
 
 namespace {
 
-std::string gb(double bytes) {
+std::string gb2(double bytes) {
   return fmt::format("{:.2f}", bytes / 1e9);
 }
 
-std::string components(const MemoryEstimate& e) {
-  std::string out;
-  for (const auto& [name, bytes] : e.components) {
-    if (bytes > 0) out += fmt::format("{}{} {}", out.empty() ? "" : "; ", name, gb(bytes));
-  }
-  return out;
-}
-
-std::string speed(const PlanReport& r, const PlanRow& row) {
-  return r.peak_tflops > 0 ? fmt::format("{:.0f}", row.tokens_per_second) : "n/a";
-}
-
-const std::vector<std::string> kHeader = {
-    "cutoff_len",  "micro-batch", "grad accum",           "global batch (seqs)", "recomputation",  "predicted (GB)",
-    "needed (GB)", "fits",        "tokens/s (predicted)", "recommended",         "components (GB)"};
-
-std::vector<std::string> cells(const PlanReport& r, const PlanRow& row) {
-  return {std::to_string(row.cutoff_len),
-          std::to_string(row.micro_batch),
-          std::to_string(row.grad_accum),
-          std::to_string(row.global_sequences),
-          row.policy,
-          gb(row.predicted.total()),
-          gb(row.needed_bytes),
-          row.fits ? "yes" : "no",
-          speed(r, row),
-          row.recommended ? "**yes**" : "",
-          components(row.predicted)};
+std::vector<Column<PlanRow>> plan_columns(const PlanReport& r) {
+  using P = const PlanRow&;
+  auto count = [](const char* name, const char* key, int64_t PlanRow::*m) -> Column<PlanRow> {
+    return {name, [m](P p) { return std::to_string(p.*m); }, key, [m](P p) { return json(p.*m); }};
+  };
+  auto bytes = [](const char* name, const char* key, double (*get)(P)) -> Column<PlanRow> {
+    return {name, [get](P p) { return gb2(get(p)); }, key, [get](P p) { return json(get(p)); }};
+  };
+  const bool speed = r.peak_tflops > 0;
+  const double device = r.config.device_memory_bytes;
+  return {count("cutoff_len", "cutoff_len", &PlanRow::cutoff_len),
+          count("micro-batch", "micro_batch", &PlanRow::micro_batch),
+          count("gradient_accumulation_steps", "gradient_accumulation_steps", &PlanRow::gradient_accumulation_steps),
+          count("global batch (seqs)", "global_sequences", &PlanRow::global_sequences),
+          {"recomputation", [](P p) { return p.policy; }, "policy", [](P p) { return json(p.policy); }},
+          field<PlanRow>("gradient_checkpointing_every", [](P p) { return p.every; }),
+          bytes("predicted (GB)", "predicted_bytes", [](P p) { return p.predicted.total(); }),
+          field<PlanRow>("allocator_overhead_bytes", [](P p) { return p.predicted.allocator_overhead; }),
+          bytes("needed (GB)", "needed_bytes", [](P p) { return p.needed_bytes; }),
+          {"fits", [](P p) { return p.fits ? "yes" : "no"; }, "fits", [](P p) { return json(p.fits); }},
+          {"tokens/s (predicted)", [=](P p) { return speed ? fmt::format("{:.0f}", p.tokens_per_second) : "n/a"; },
+           "tokens_per_second", [=](P p) { return speed ? json(p.tokens_per_second) : json(nullptr); }},
+          {"recommended", [](P p) { return p.recommended ? "yes" : ""; }, "recommended",
+           [](P p) { return json(p.recommended); }, false, "", true},
+          {"components (GB)",
+           [](P p) {
+             std::string out;
+             for (const auto& [name, b] : p.predicted.components) {
+               if (b > 0) out += fmt::format("{}{} {}", out.empty() ? "" : "; ", name, gb2(b));
+             }
+             return out;
+           },
+           "predicted_components",
+           [](P p) {
+             json comps = json::object();
+             for (const auto& [name, b] : p.predicted.components) comps[name] = b;
+             return comps;
+           }},
+          field<PlanRow>("peak_phase", [](P p) { return p.predicted.peak_phase; }),
+          {"of the device",
+           [=](P p) {
+             const double share = std::min(p.needed_bytes / device, 2.0) * 100;
+             return fmt::format("<span class=\"bar\" style=\"width:{:.0f}px\"></span> {:.0f}%", share, share);
+           },
+           "",
+           {},
+           false,
+           "",
+           false,
+           true}};
 }
 
 std::string title(const PlanReport& r) {
@@ -58,7 +74,7 @@ std::string title(const PlanReport& r) {
   return fmt::format(
       "kiln plan: {} ({} parameters), {}, {} GB per device{}, {} rank{}{}, target {} {} per step, MFU assumed {:.0f}% "
       "of {}",
-      c.model, r.num_parameters, c.run.dtype, gb(c.device_memory_bytes),
+      c.model, r.num_parameters, c.run.dtype, gb2(c.device_memory_bytes),
       c.device_name.empty() ? "" : " (" + c.device_name + ")", c.run.parallel.world_size,
       c.run.parallel.world_size == 1 ? "" : "s",
       c.run.parallel.zero_stage > 0 ? fmt::format(", ZeRO stage {}", c.run.parallel.zero_stage) : "",
@@ -68,130 +84,72 @@ std::string title(const PlanReport& r) {
                         : "an unknown peak (ranked by FLOPs only)");
 }
 
+std::vector<PlanRow> rows_of(const PlanReport& r, int64_t cutoff_len) {
+  std::vector<PlanRow> out;
+  std::copy_if(r.rows.begin(), r.rows.end(), std::back_inserter(out),
+               [&](const PlanRow& row) { return row.cutoff_len == cutoff_len; });
+  return out;
+}
+
 }  // namespace
 
 std::string plan_markdown(const PlanReport& r) {
   std::string out = "# " + title(r) + "\n";
   for (int64_t t : r.config.cutoff_lens) {
     out += fmt::format("\n## cutoff_len {}\n\n", t);
-    const PlanRow* best = r.recommended(t);
-    if (best) {
+    if (const PlanRow* best = r.recommended(t)) {
       out += fmt::format(
           "Recommended: micro-batch {}, gradient_accumulation_steps {}, recomputation {} (predicted {} GB, {} GB "
           "with the allocator's allowance).\n\n",
-          best->micro_batch, best->grad_accum, best->policy, gb(best->predicted.total()), gb(best->needed_bytes));
+          best->micro_batch, best->gradient_accumulation_steps, best->policy, gb2(best->predicted.total()),
+          gb2(best->needed_bytes));
     } else {
       out += "Nothing fits: not even micro-batch 1 with full recomputation.\n\n";
     }
-    out += "|";
-    for (const auto& h : kHeader) out += " " + h + " |";
-    out += "\n|";
-    for (size_t i = 0; i < kHeader.size(); ++i) out += " --- |";
-    out += "\n";
     // Per policy, the largest micro-batch that fits (the full list is in the CSV and JSON).
-    int shown = 0;
-    std::vector<std::string> seen;
-    for (const PlanRow& row : r.rows) {
-      if (row.cutoff_len != t || !row.fits) continue;
-      if (std::find(seen.begin(), seen.end(), row.policy) != seen.end()) continue;
-      seen.push_back(row.policy);
-      out += "|";
-      for (const auto& cell : cells(r, row)) out += " " + cell + " |";
-      out += "\n";
-      ++shown;
+    std::vector<PlanRow> shown;
+    for (const PlanRow& row : rows_of(r, t)) {
+      const bool seen =
+          std::any_of(shown.begin(), shown.end(), [&](const PlanRow& s) { return s.policy == row.policy; });
+      if (row.fits && !seen) shown.push_back(row);
     }
-    if (shown == 0) out += "| (none) |\n";
+    out += markdown_table(plan_columns(r), shown) + (shown.empty() ? "| (none) |\n" : "");
   }
   return out;
 }
 
 std::string plan_csv(const PlanReport& r) {
-  auto quote = [](const std::string& s) {
-    if (s.find_first_of(",\"\n") == std::string::npos) return s;
-    std::string q = "\"";
-    for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-    return q + "\"";
-  };
-  std::string out;
-  for (size_t i = 0; i < kHeader.size(); ++i) out += (i ? "," : "") + quote(kHeader[i]);
-  out += "\n";
-  for (const PlanRow& row : r.rows) {
-    auto c = cells(r, row);
-    c[9] = row.recommended ? "yes" : "";
-    for (size_t i = 0; i < c.size(); ++i) out += (i ? "," : "") + quote(c[i]);
-    out += "\n";
-  }
-  return out;
+  return csv_table(plan_columns(r), r.rows);
 }
 
 std::string plan_json(const PlanReport& r) {
   const auto& c = r.config;
-  json rows = json::array();
-  for (const PlanRow& row : r.rows) {
-    json comps = json::object();
-    for (const auto& [name, bytes] : row.predicted.components) comps[name] = bytes;
-    rows.push_back({{"cutoff_len", row.cutoff_len},
-                    {"micro_batch", row.micro_batch},
-                    {"gradient_accumulation_steps", row.grad_accum},
-                    {"global_sequences", row.global_sequences},
-                    {"policy", row.policy},
-                    {"gradient_checkpointing_every", row.every},
-                    {"predicted_bytes", row.predicted.total()},
-                    {"allocator_overhead_bytes", row.predicted.allocator_overhead},
-                    {"needed_bytes", row.needed_bytes},
-                    {"predicted_components", comps},
-                    {"peak_phase", row.predicted.peak_phase},
-                    {"fits", row.fits},
-                    {"tokens_per_second", r.peak_tflops > 0 ? json(row.tokens_per_second) : json(nullptr)},
-                    {"recommended", row.recommended}});
-  }
-  const json doc = {{"model", c.model},
-                    {"num_parameters", r.num_parameters},
-                    {"dtype", c.run.dtype},
-                    {"kernels", c.kernels},
-                    {"device_memory_bytes", c.device_memory_bytes},
-                    {"device_name", c.device_name},
-                    {"cuda", c.run.cuda},
-                    {"peak_tflops", r.peak_tflops > 0 ? json(r.peak_tflops) : json(nullptr)},
-                    {"mfu_assumed", c.mfu},
-                    {"target_tokens", c.target_tokens},
-                    {"target_sequences", c.target_sequences},
-                    {"world_size", c.run.parallel.world_size},
-                    {"zero_stage", c.run.parallel.zero_stage},
-                    {"rows", rows}};
+  const json doc = object("model", c.model, "num_parameters", r.num_parameters, "dtype", c.run.dtype, "kernels",
+                          c.kernels, "device_memory_bytes", c.device_memory_bytes, "device_name", c.device_name, "cuda",
+                          c.run.cuda, "peak_tflops", r.peak_tflops > 0 ? json(r.peak_tflops) : json(nullptr),
+                          "mfu_assumed", c.mfu, "target_tokens", c.target_tokens, "target_sequences",
+                          c.target_sequences, "world_size", c.run.parallel.world_size, "zero_stage",
+                          c.run.parallel.zero_stage, "rows", json_rows(plan_columns(r), r.rows));
   return doc.dump(2) + "\n";
 }
 
 std::string plan_html(const PlanReport& r) {
-  auto esc = [](const std::string& s) {
-    std::string o;
-    for (char ch : s) o += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
-    return o;
-  };
   std::string out =
       "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kiln plan</title><style>"
       "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid "
       "#ccc;padding:3px 8px;text-align:right}tr.best{background:#dfd}tr.no{color:#999}"
       ".bar{background:#69c;height:10px;display:inline-block}</style></head><body>\n";
-  out += "<h1>" + esc(title(r)) + "</h1>\n";
+  out += "<h1>" + html_escape(title(r)) + "</h1>\n";
   for (int64_t t : r.config.cutoff_lens) {
-    out += fmt::format("<h2>cutoff_len {}</h2>\n<table><tr>", t);
-    for (const auto& h : kHeader) out += "<th>" + esc(h) + "</th>";
-    out += "<th>of the device</th></tr>\n";
-    for (const PlanRow& row : r.rows) {
-      if (row.cutoff_len != t) continue;
-      out += fmt::format("<tr class=\"{}\">", row.recommended ? "best" : row.fits ? "" : "no");
-      auto c = cells(r, row);
-      c[9] = row.recommended ? "yes" : "";
-      for (const auto& cell : c) out += "<td>" + esc(cell) + "</td>";
-      const double share = std::min(row.needed_bytes / r.config.device_memory_bytes, 2.0);
-      out += fmt::format("<td><span class=\"bar\" style=\"width:{:.0f}px\"></span> {:.0f}%</td></tr>\n", share * 100,
-                         share * 100);
-    }
-    out += "</table>\n";
+    out += fmt::format("<h2>cutoff_len {}</h2>\n", t);
+    out += html_table<PlanRow>(
+               "<table>", plan_columns(r), rows_of(r, t),
+               [](const PlanRow& row) { return row.recommended ? "best"
+                                               : row.fits      ? ""
+                                                               : "no"; }, true) +
+           "\n";
   }
-  out += "</body></html>\n";
-  return out;
+  return out + "</body></html>\n";
 }
 
 std::vector<std::string> write_plan_reports(const PlanReport& report, const std::string& dir,

@@ -1,19 +1,16 @@
-// The HTML report draws its charts as inline SVG written here, so it opens offline and renders
-// the same in any browser; every chart is an <svg class="chart"> and every data series a
-// <path class="series" data-series="..."> with a <circle class="point"> per point, which the
-// tests check structurally (and, where Chromium is installed, by a headless screenshot).
+// The sweep's report in Markdown, CSV, JSON and HTML, and the table writers' helpers. The HTML
+// draws its charts as inline SVG (report_charts.cpp), so it opens offline and renders the same in
+// any browser; every chart is an <svg class="chart"> and every data series a <path class="series"
+// data-series="..."> with a <circle class="point"> per point, which the tests check structurally
+// (and, where Chromium is installed, by a headless screenshot).
 #include "kiln/profile/report.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <tuple>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "kiln/cost/flops.h"
 #include "kiln/io/safetensors.h"
@@ -22,18 +19,97 @@
 namespace kiln::profile {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 namespace report_detail {
 
+double in_unit(double v, char prefix) {
+  return prefix == 'G'   ? v / 1e9
+         : prefix == 'M' ? v / 1e6
+         : prefix == 'm' ? v * 1e3
+         : prefix == 'u' ? v * 1e6
+         : prefix == '%' ? v * 100
+                         : v;
+}
+bool ok(const ProfileRow& r) {
+  return r.status == "ok";
+}
 std::string gb(double bytes) {
   return fmt::format("{:.3f}", bytes / 1e9);
 }
 std::string pct(const std::optional<double>& f) {
   return f ? fmt::format("{:.1f}%", *f * 100) : "n/a";
 }
-bool ok(const ProfileRow& r) {
-  return r.status == "ok";
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
+  }
+  return out;
+}
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+std::string markdown_line(const std::vector<std::string>& cells) {
+  std::string l = "|";
+  for (const auto& c : cells) l += " " + c + " |";
+  return l + "\n";
+}
+
+json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source) {
+  return object("device", r.device, "gemm_flops_per_s", r.gemm_flops_per_s, "other_flops_per_s", r.other_flops_per_s,
+                "bandwidth", r.bandwidth, "bandwidth_source", bandwidth_source, "tensor_cores", r.tensor_cores, "ridge",
+                r.ridge());
+}
+
+std::vector<Column<ComponentRow>> component_columns() {
+  using C = const ComponentRow&;
+  auto text = [](const char* name, std::string ComponentRow::*m) -> Column<ComponentRow> {
+    return {name, [m](C c) { return c.*m; }, name, [m](C c) { return json(c.*m); }};
+  };
+  auto optional_ms = [](C c) { return c.measured_seconds ? fmt::format("{:.3f}", *c.measured_seconds * 1e3) : "n/a"; };
+  auto optional_mb = [](C c) { return c.counted_bytes ? fmt::format("{:.3f}", *c.counted_bytes / 1e6) : "n/a"; };
+  return {text("component", &ComponentRow::component),
+          text("pass", &ComponentRow::pass),
+          number<ComponentRow>("x", "repeats", 0, "{:g}", &ComponentRow::repeats),
+          number<ComponentRow>("GEMM GFLOP", "gemm_flops", 'G', "{:.4f}", &ComponentRow::gemm_flops),
+          number<ComponentRow>("other GFLOP", "other_flops", 'G', "{:.4f}", &ComponentRow::other_flops),
+          number<ComponentRow>("MB", "bytes", 'M', "{:.3f}", &ComponentRow::bytes),
+          number<ComponentRow>("MB eager", "eager_bytes", 'M', "{:.3f}", &ComponentRow::eager_bytes),
+          {"MB counted", optional_mb, "", {}, true},
+          number<ComponentRow>("FLOP/B", "intensity", 0, "{:.2f}", &ComponentRow::intensity),
+          text("bound", &ComponentRow::bound),
+          number<ComponentRow>("modelled ms", "modelled_seconds", 'm', "{:.3f}", &ComponentRow::modelled_seconds),
+          {"measured ms", optional_ms, "measured_seconds", [](C c) { return opt(c.measured_seconds); }, true},
+          field<ComponentRow>("counted_bytes", &ComponentRow::counted_bytes)};
+}
+
+}  // namespace report_detail
+
+using namespace report_detail;
+
+namespace {
+
+// What the report reads of the settings it ran with (profile/settings.h) beyond the measurement's
+// own keys.
+const std::string& model_name(const SweepReport& r) {
+  return r.config.run.model;
+}
+const std::string& kernels(const SweepReport& r) {
+  return r.config.run.kernels;
+}
+std::string recomputation(const SweepReport& r) {
+  return r.config.run_recomputation();
+}
+
+bool cuda(const SweepReport& r) {
+  return r.device.rfind("cuda", 0) == 0;
+}
+std::string ms(const std::optional<double>& seconds) {
+  return seconds ? fmt::format("{:.3f}", *seconds * 1e3) : "n/a";
 }
 // A counter column of the resource table: counted beside modelled, or the model's value marked as such.
 std::string utilisation_cell(const Utilisation& u) {
@@ -42,66 +118,17 @@ std::string utilisation_cell(const Utilisation& u) {
   if (u.modelled) return fmt::format("{:.1f}% (model)", *u.modelled * 100);
   return "n/a";
 }
-std::string point_label(const SweepPoint& p) {
-  return fmt::format("cutoff_len {}, batch {}, GA {}", p.cutoff_len, p.batch_size, p.grad_accum);
-}
-std::string ms(const std::optional<double>& seconds) {
-  return seconds ? fmt::format("{:.3f}", *seconds * 1e3) : "n/a";
-}
-std::string mb(const std::optional<double>& bytes) {
-  return bytes ? fmt::format("{:.3f}", *bytes / 1e6) : "n/a";
-}
-
-std::string dtype_column(const SweepReport& r) {
-  return r.config.dtype == "bf16" ? "bf16" : "fp16";
-}
-std::string dtype_value(const SweepReport& r) {
-  return r.config.dtype == "fp32" ? "false" : "true";
-}
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
-std::string series_name(const ProfileRow& r) {
-  return fmt::format("batch {}, GA {}", r.point.batch_size, r.point.grad_accum);
-}
 
 // What the peak, the roofline and the three columns are, one line each (Markdown and HTML).
 std::vector<std::string> describe(const SweepReport& report) {
   std::vector<std::string> lines;
+  const std::string& dtype = report.config.dtype;
   if (report.cpu_peak) {
     const cost::CpuPeak& p = *report.cpu_peak;
     std::string line = fmt::format("peak: theoretical fp32 = {}; {}", p.formula(), p.layout.row);
-    if (report.config.dtype != "fp32")
-      line += fmt::format("; {} = {:.4g} GFLOP/s ({})", report.config.dtype, p.flops(report.config.dtype) / 1e9,
-                          report.config.dtype == "bf16" ? p.bf16_source : p.fp16_source);
+    if (dtype != "fp32")
+      line += fmt::format("; {} = {:.4g} GFLOP/s ({})", dtype, p.flops(dtype) / 1e9,
+                          dtype == "bf16" ? p.bf16_source : p.fp16_source);
     if (report.measured_gemm_tflops)
       line += fmt::format("; measured fp32 GEMM (1024^3 at::mm) {:.4g} GFLOP/s = {:.0f}% of the theoretical fp32 peak",
                           *report.measured_gemm_tflops * 1e3, *report.measured_gemm_tflops * 1e12 / p.fp32 * 100);
@@ -167,58 +194,53 @@ std::vector<std::tuple<std::string, std::string, double>> unmatched_component_ti
   return out;
 }
 
-// One point's per-component table (Markdown).
-std::string components_markdown(const ProfileRow& r) {
-  std::string out = fmt::format("\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})\n\n",
-                                point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
-                                component_times_note(r));
-  out +=
-      "| component | pass | x | GEMM GFLOP | other GFLOP | MB | MB eager | MB counted | FLOP/B | bound | modelled ms | "
-      "measured ms |\n"
-      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n";
-  for (const ComponentRow& c : r.components) {
-    out += fmt::format("| {} | {} | {:g} | {:.4f} | {:.4f} | {:.3f} | {:.3f} | {} | {:.2f} | {} | {:.3f} | {} |\n",
-                       c.component, c.pass, c.repeats, c.gemm_flops / 1e9, c.other_flops / 1e9, c.bytes / 1e6,
-                       c.eager_bytes / 1e6, mb(c.counted_bytes), c.intensity, c.bound, c.modelled_seconds * 1e3,
-                       ms(c.measured_seconds));
-  }
-  const auto merged = unmatched_component_times(r);
-  if (!merged.empty()) {
-    out += "\nMeasured in scopes that merge the rows above (fused Functions):";
-    for (const auto& [component, pass, seconds] : merged)
-      out += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
-    out.back() = '\n';
-  }
+// One phase of a point's counted steps (--counter-phases): the interval's counts and, per step,
+// the row beside the traffic model's.
+struct PhaseEntry {
+  const PhaseCounters* counted;
+  PhaseRow per_step;
+};
+std::vector<PhaseEntry> phase_entries(const ProfileRow& r, int64_t counted_steps) {
+  std::vector<PhaseEntry> out;
+  const std::vector<PhaseRow> rows = phase_rows(r, counted_steps);
+  for (size_t i = 0; i < rows.size(); ++i) out.push_back({&r.counters->phases[i], rows[i]});
   return out;
 }
-
-// One point's per-phase table (--counter-phases): header and cells, shared by Markdown and HTML.
-std::vector<std::string> phase_header(const ProfileRow& r) {
-  const bool cuda = r.counters && r.counters->source == "cupti";
-  return {"phase",
-          "entered per step",
-          "wall ms",
-          cuda ? "GPU ms (counted)" : "CPU ms (counted, all threads)",
-          "modelled ms",
-          "DRAM GB counted",
-          "GB modelled",
-          "counted/modelled",
-          "memory bandwidth",
-          "tensor core",
-          "fp engine"};
-}
-std::vector<std::vector<std::string>> phase_cells(const ProfileRow& r, int64_t counted_steps) {
-  std::vector<std::vector<std::string>> out;
-  for (const PhaseRow& p : phase_rows(r, counted_steps)) {
-    out.push_back({p.phase, fmt::format("{:g}", p.segments_per_step), fmt::format("{:.3f}", p.wall_seconds * 1e3),
-                   ms(p.counted_seconds), ms(p.modelled_seconds), p.counted_bytes ? gb(*p.counted_bytes) : "n/a",
-                   p.modelled_bytes ? gb(*p.modelled_bytes) : "n/a",
-                   p.counted_bytes && p.modelled_bytes && *p.modelled_bytes > 0
-                       ? fmt::format("{:.2f}", *p.counted_bytes / *p.modelled_bytes)
-                       : "n/a",
-                   pct(p.memory_bandwidth), pct(p.tensor_core), pct(p.fp_engine)});
-  }
-  return out;
+std::vector<Column<PhaseEntry>> phase_columns(const ProfileRow& r) {
+  using P = const PhaseEntry&;
+  const bool gpu = r.counters && r.counters->source == "cupti";
+  auto counted = [](std::optional<double> PhaseCounters::*m) { return [m](P p) { return opt(p.counted->*m); }; };
+  auto gb_or_na = [](const std::optional<double>& b) { return b ? gb(*b) : "n/a"; };
+  return {{"phase", [](P p) { return p.per_step.phase; }, "name", [](P p) { return json(p.counted->name); }},
+          {"entered per step", [](P p) { return fmt::format("{:g}", p.per_step.segments_per_step); }, "segments",
+           [](P p) { return json(p.counted->segments); }},
+          {"wall ms", [](P p) { return fmt::format("{:.3f}", p.per_step.wall_seconds * 1e3); }, "seconds",
+           [](P p) { return json(p.counted->seconds); }},
+          {gpu ? "GPU ms (counted)" : "CPU ms (counted, all threads)",
+           [](P p) { return ms(p.per_step.counted_seconds); }, "gpu_seconds", counted(&PhaseCounters::gpu_seconds)},
+          {"", {}, "cpu_seconds", counted(&PhaseCounters::cpu_seconds)},
+          {"", {}, "cycles", counted(&PhaseCounters::cycles)},
+          {"", {}, "instructions", counted(&PhaseCounters::instructions)},
+          {"modelled ms", [](P p) { return ms(p.per_step.modelled_seconds); }, "modelled_seconds_per_step",
+           [](P p) { return opt(p.per_step.modelled_seconds); }},
+          {"DRAM GB counted", [=](P p) { return gb_or_na(p.per_step.counted_bytes); }, "dram_bytes",
+           counted(&PhaseCounters::dram_bytes)},
+          {"GB modelled", [=](P p) { return gb_or_na(p.per_step.modelled_bytes); }, "modelled_bytes_per_step",
+           [](P p) { return opt(p.per_step.modelled_bytes); }},
+          {"counted/modelled",
+           [](P p) {
+             const PhaseRow& m = p.per_step;
+             return m.counted_bytes && m.modelled_bytes && *m.modelled_bytes > 0
+                        ? fmt::format("{:.2f}", *m.counted_bytes / *m.modelled_bytes)
+                        : "n/a";
+           }},
+          {"memory bandwidth", [](P p) { return pct(p.per_step.memory_bandwidth); }, "memory_bandwidth",
+           counted(&PhaseCounters::memory_bandwidth)},
+          {"", {}, "memory_throughput", counted(&PhaseCounters::memory_throughput)},
+          {"tensor core", [](P p) { return pct(p.per_step.tensor_core); }, "tensor_core",
+           counted(&PhaseCounters::tensor_core)},
+          {"fp engine", [](P p) { return pct(p.per_step.fp_engine); }, "fp_engine", counted(&PhaseCounters::fp_engine)},
+          {"", {}, "kernels", [](P p) { return json(p.counted->kernels); }}};
 }
 std::string phase_note(const ProfileRow& r, int64_t counted_steps) {
   return fmt::format(
@@ -228,145 +250,349 @@ std::string phase_note(const ProfileRow& r, int64_t counted_steps) {
       counted_steps, counted_steps == 1 ? "" : "s", r.counters->detail);
 }
 
-}  // namespace report_detail
+json counters_json(const ProfileRow& r, int64_t counted_steps) {
+  if (!r.counters) return nullptr;
+  const CounterReading& c = *r.counters;
+  json per_range = json::array(), kernels = json::array(), components = json::array();
+  for (const auto& [name, seconds] : c.per_range) per_range.push_back({name, seconds});
+  auto kernel_json = [](const KernelCounters& k) {
+    json j = object("name", k.name, "launches", k.launches, "seconds", k.seconds, "dram_bytes", k.dram_bytes,
+                    "memory_bandwidth", k.memory_bandwidth, "memory_throughput", k.memory_throughput, "tensor_core",
+                    k.tensor_core, "fp_engine", k.fp_engine);
+    if (!k.pass.empty()) j["pass"] = k.pass;
+    return j;
+  };
+  for (const KernelCounters& k : c.kernels) kernels.push_back(kernel_json(k));
+  for (const KernelCounters& k : c.components) components.push_back(kernel_json(k));
+  return object("source", c.source, "memory_bandwidth", c.memory_bandwidth, "tensor_core", c.tensor_core, "fp_engine",
+                c.fp_engine, "dram_bytes", c.dram_bytes, "cycles", c.cycles, "instructions", c.instructions,
+                "cpu_seconds", c.cpu_seconds, "memory_throughput", c.memory_throughput, "gpu_seconds", c.gpu_seconds,
+                "ranges", c.ranges, "collect_seconds", c.collect_seconds, "seconds", c.seconds, "reason", c.reason,
+                "detail", c.detail, "per_range", per_range, "kernels", kernels, "components", components,
+                "unattributed", c.unattributed ? kernel_json(*c.unattributed) : json(nullptr), "phases",
+                json_rows(phase_columns(r), phase_entries(r, counted_steps)));
+}
 
-using namespace report_detail;
+json component_times_json(const ProfileRow& r) {
+  if (!r.component_times) return nullptr;
+  const ComponentTimes& t = *r.component_times;
+  json merged = json::array();
+  for (const auto& [component, pass, seconds] : unmatched_component_times(r))
+    merged.push_back(object("component", component, "pass", pass, "measured_seconds", seconds));
+  return object("source", t.source, "linked_activities", t.linked_activities, "timed_activities", t.timed_activities,
+                "unplaced_activities", t.unplaced_activities, "profiled_seconds", t.profiled_seconds,
+                "unattributed_seconds", t.unattributed_seconds, "merged_rows", merged);
+}
+
+// The main table: the user's columns, kiln's, and the JSON's fields of a point.
+std::vector<Column<ProfileRow>> sweep_columns(const SweepReport& report) {
+  using R = const ProfileRow&;
+  auto when_ok = [](auto get) { return [get](R r) { return ok(r) ? opt(std::invoke(get, r)) : json(nullptr); }; };
+  auto count = [](const char* name, const char* key, int64_t SweepPoint::*m) -> Column<ProfileRow> {
+    return {name, [m](R r) { return std::to_string(r.point.*m); }, key, [m](R r) { return json(r.point.*m); }};
+  };
+  auto utilisation = [](const char* name, std::string key, Utilisation ProfileRow::*m) -> Column<ProfileRow> {
+    return {name, [m](R r) { return ok(r) ? utilisation_cell(r.*m) : ""; }, "",
+            [key, m](R r) {
+              const Utilisation& u = r.*m;
+              return object(key + "_modelled", u.modelled, key + "_counted", u.counted, key + "_counted_reason",
+                            u.counted ? json(nullptr) : json(u.counted_reason));
+            }};
+  };
+  const int64_t steps = report.config.counted_steps();
+  std::vector<Column<ProfileRow>> columns = {
+      {"task", [&](R) { return report.config.task; }},
+      {report.config.dtype == "bf16" ? "bf16" : "fp16",
+       [&](R) { return report.config.dtype == "fp32" ? "false" : "true"; }},
+      {"speed", [](R r) { return r.speed(); }, "speed", [](R r) { return json(r.speed()); }},
+      {"num_gpu", [&](R) { return cuda(report) ? std::to_string(report.world_size) : "0"; }},
+      count("batch size per gpu", "batch_size", &SweepPoint::batch_size),
+      count("gradient_accumulation_steps", "gradient_accumulation_steps", &SweepPoint::gradient_accumulation_steps),
+      count("cutoff_len", "cutoff_len", &SweepPoint::cutoff_len),
+      {"memory usage (GB)", [](R r) { return ok(r) ? gb(r.peak_allocated_bytes) : r.status; }, "peak_allocated_bytes",
+       when_ok(&ProfileRow::peak_allocated_bytes)},
+      utilisation("memory bandwidth", "memory_bandwidth", &ProfileRow::memory_bandwidth),
+      utilisation("tensor core", "tensor_core", &ProfileRow::tensor_core),
+      utilisation("fp engine", "fp_engine", &ProfileRow::fp_engine),
+      {"tokens/s", [](R r) { return ok(r) ? fmt::format("{:.0f}", r.tokens_per_second) : ""; }, "tokens_per_second",
+       when_ok(&ProfileRow::tokens_per_second)},
+      {"TFLOP/s", [](R r) { return ok(r) ? fmt::format("{:.3g}", r.tflops) : ""; }, "tflops",
+       when_ok(&ProfileRow::tflops)},
+      {"MFU", [](R r) { return ok(r) ? pct(r.mfu) : ""; }, "mfu", when_ok(&ProfileRow::mfu)},
+      {"reserved (GB)", [](R r) { return r.peak_reserved_bytes && ok(r) ? gb(*r.peak_reserved_bytes) : "n/a"; },
+       "peak_reserved_bytes", when_ok(&ProfileRow::peak_reserved_bytes)},
+      {"predicted (GB)", [](R r) { return gb(r.predicted.total()); }, "predicted_bytes",
+       [](R r) { return r.predicted.total(); }},
+      {"measured/predicted", [](R r) { return ok(r) ? fmt::format("{:.3f}", r.ratio()) : ""; },
+       "measured_over_predicted", when_ok(&ProfileRow::ratio)},
+      {"peak RSS (GB)", [](R r) { return gb(r.peak_rss_bytes); }, "peak_rss_bytes",
+       [](R r) { return r.peak_rss_bytes; }},
+      {"ranks", [&](R) { return std::to_string(report.world_size); }},
+      {"comm wait", [](R r) { return ok(r) && r.comm_wait_share ? pct(r.comm_wait_share) : "n/a"; }, "comm_wait_share",
+       [](R r) { return opt(r.comm_wait_share); }},
+      {"status", [](R r) { return r.status; }, "status", [](R r) { return json(r.status); }},
+      field<ProfileRow>("message", &ProfileRow::message),
+      {"", {}, "seconds_per_step", when_ok(&ProfileRow::seconds_per_step)},
+      {"", {}, "rss_peak_over_baseline_bytes", when_ok(&ProfileRow::rss_peak_over_baseline_bytes)},
+      field<ProfileRow>("predicted_components",
+                        [](R r) {
+                          json comps = json::object();
+                          for (const auto& [n, b] : r.predicted.components) comps[n] = b;
+                          return comps;
+                        }),
+      field<ProfileRow>("flops_per_token",
+                        [&](R r) {
+                          const auto f = cost::flops_per_token(report.model, r.point.cutoff_len);
+                          return object("matmul_forward", f.matmul_forward, "attention_forward", f.attention_forward,
+                                        "train", f.train(), "six_n", cost::six_n_per_token(report.model));
+                        }),
+      field<ProfileRow>("buckets_launched", &ProfileRow::buckets_launched),
+      field<ProfileRow>("buckets_overlapped", &ProfileRow::buckets_overlapped),
+      field<ProfileRow>("mfu_exceeds_peak", &ProfileRow::mfu_exceeds_peak),
+      field<ProfileRow>("losses", &ProfileRow::losses),
+      field<ProfileRow>("modelled_step_seconds",
+                        [](R r) { return r.components.empty() ? json(nullptr) : json(r.modelled_step_seconds); }),
+      {"", {}, "executed_flops_per_step", when_ok(&ProfileRow::executed_flops)},
+      {"", {}, "traffic_bytes_per_step", when_ok(&ProfileRow::traffic_bytes)},
+      field<ProfileRow>("components", [](R r) { return json_rows(component_columns(), r.components); }),
+      field<ProfileRow>("component_times", component_times_json),
+      field<ProfileRow>("counters", [=](R r) { return counters_json(r, steps); })};
+  // A grid that lists recomputations (settings.h): each row's, after cutoff_len.
+  if (!report.config.recomputation.empty()) {
+    columns.insert(columns.begin() + 7, {"recomputation", [](R r) { return r.point.recomputation; }, "recomputation",
+                                         [](R r) { return json(r.point.recomputation); }});
+  }
+  return columns;
+}
+
+// The points that have a per-component table, and those counted per phase.
+bool has_components(const ProfileRow& r) {
+  return ok(r) && !r.components.empty();
+}
+bool has_phases(const ProfileRow& r) {
+  return ok(r) && r.counters && !r.counters->phases.empty();
+}
+
+json cpu_peak_json(const cost::CpuPeak& p) {
+  const cost::CpuFeatures& f = p.features;
+  return object("vendor", f.vendor, "family", f.family, "model", f.model, "model_name", f.model_name, "flags",
+                object("sse2", f.sse2, "avx", f.avx, "fma", f.fma, "avx2", f.avx2, "avx512f", f.avx512f, "avx512_bf16",
+                       f.avx512_bf16, "avx512_fp16", f.avx512_fp16, "amx_bf16", f.amx_bf16, "amx_fp16", f.amx_fp16),
+                "width_bits", p.layout.width_bits, "fma_units", p.layout.units, "flop_per_instruction",
+                p.layout.flop_per_instruction, "table_row", p.layout.row, "clock_hz", p.clock.hz, "clock_source",
+                p.clock.source, "clock_reported_hz", p.clock.reported_hz, "clock_reported_source",
+                p.clock.reported_source, "clock_measured_hz",
+                p.clock.measured_hz > 0 ? json(p.clock.measured_hz) : json(nullptr), "threads", p.threads, "cores",
+                p.cores, "fp32_flops", p.fp32, "bf16_flops", p.bf16, "fp16_flops", p.fp16, "bf16_source", p.bf16_source,
+                "fp16_source", p.fp16_source, "formula", p.formula());
+}
+
+json hardware_json(const cost::HardwareSpec& h) {
+  auto tensor = [](bool has, double tflops) { return has ? json(tflops) : json(nullptr); };
+  return object("name", h.name, "source", h.source, "tensor_tflops",
+                object("bf16", tensor(h.tensor_bf16, h.bf16), "fp16", tensor(h.tensor_fp16, h.fp16), "tf32",
+                       tensor(h.tf32 > 0, h.tf32)),
+                "vector_tflops", object("bf16", h.bf16_vector, "fp16", h.fp16_vector, "fp32", h.fp32),
+                "memory_bandwidth", h.memory_bandwidth);
+}
+
+}  // namespace
 
 std::vector<std::string> table_header(const SweepReport& report) {
-  return {"task",
-          dtype_column(report),
-          "speed",
-          "num_gpu",
-          "batch size per gpu",
-          "gradient_accumulation_steps",
-          "cutoff_len",
-          "memory usage (GB)",
-          "memory bandwidth",
-          "tensor core",
-          "fp engine",
-          "tokens/s",
-          "TFLOP/s",
-          "MFU",
-          "reserved (GB)",
-          "predicted (GB)",
-          "measured/predicted",
-          "peak RSS (GB)",
-          "ranks",
-          "comm wait",
-          "status"};
+  return text_cells<ProfileRow>(sweep_columns(report), nullptr);
 }
 
 std::vector<std::vector<std::string>> table_rows(const SweepReport& report) {
-  const bool cuda = report.device.rfind("cuda", 0) == 0;
+  const auto columns = sweep_columns(report);
   std::vector<std::vector<std::string>> out;
-  for (const auto& r : report.rows) {
-    const bool good = ok(r);
-    out.push_back({report.config.task,
-                   dtype_value(report),
-                   r.speed(),
-                   cuda ? std::to_string(report.world_size) : "0",
-                   std::to_string(r.point.batch_size),
-                   std::to_string(r.point.grad_accum),
-                   std::to_string(r.point.cutoff_len),
-                   good ? gb(r.peak_allocated_bytes) : r.status,
-                   good ? utilisation_cell(r.memory_bandwidth) : "",
-                   good ? utilisation_cell(r.tensor_core) : "",
-                   good ? utilisation_cell(r.fp_engine) : "",
-                   good ? fmt::format("{:.0f}", r.tokens_per_second) : "",
-                   good ? fmt::format("{:.3g}", r.tflops) : "",
-                   good ? pct(r.mfu) : "",
-                   r.peak_reserved_bytes && good ? gb(*r.peak_reserved_bytes) : "n/a",
-                   gb(r.predicted.total()),
-                   good ? fmt::format("{:.3f}", r.ratio()) : "",
-                   gb(r.peak_rss_bytes),
-                   std::to_string(report.world_size),
-                   good && r.comm_wait_share ? pct(r.comm_wait_share) : "n/a",
-                   r.status});
-  }
+  for (const auto& r : report.rows) out.push_back(text_cells(columns, &r));
   return out;
 }
 
 std::string to_markdown(const SweepReport& report) {
-  const auto header = table_header(report);
   std::string out = fmt::format(
       "kiln-profile: {} ({} parameters), {}, kernels {}, device {}, peak {:.3g} TFLOP/s ({})\n"
       "memory usage = peak bytes held by tensors during one step ({}); GB = 1e9 bytes\n",
-      report.config.model, report.num_parameters, report.config.dtype, report.config.kernels, report.device,
+      model_name(report), report.num_parameters, report.config.dtype, kernels(report), report.device,
       report.peak_tflops, report.peak_source.empty() ? "unknown" : report.peak_source,
-      report.device.rfind("cuda", 0) == 0 ? "CUDA caching allocator, allocated" : "counting CPU allocator");
+      cuda(report) ? "CUDA caching allocator, allocated" : "counting CPU allocator");
   for (const auto& l : describe(report)) out += l + "\n";
-  out += "\n";
-  auto line = [](const std::vector<std::string>& cells) {
-    std::string l = "|";
-    for (const auto& c : cells) l += " " + c + " |";
-    return l + "\n";
-  };
-  out += line(header);
-  out += line(std::vector<std::string>(header.size(), "---"));
-  for (const auto& row : table_rows(report)) out += line(row);
+  out += "\n" + markdown_table(sweep_columns(report), report.rows);
   for (const auto& r : report.rows) {
     if (!ok(r))
-      out += fmt::format("\n{} at cutoff_len {}, batch {}, GA {}: {}", r.status, r.point.cutoff_len, r.point.batch_size,
-                         r.point.grad_accum, r.message.substr(0, r.message.find('\n')));
+      out += fmt::format("\n{} at {}: {}", r.status, point_label(r.point), r.message.substr(0, r.message.find('\n')));
   }
   out += "\n";
   for (const auto& w : report.warnings) out += "\nWARNING: " + w + "\n";
   bool heading = false;
   for (const auto& r : report.rows) {
-    if (!ok(r) || r.components.empty()) continue;
-    if (!heading) {
+    if (!has_components(r)) continue;
+    if (!std::exchange(heading, true)) {
       out +=
           "\n## Memory traffic and FLOPs per component (cost/traffic.h, per optimizer step, kiln's step; "
           "\"eager\" an unfused HF eager step)\n";
-      heading = true;
     }
-    out += components_markdown(r);
+    out += fmt::format("\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})\n\n",
+                       point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
+                       component_times_note(r));
+    out += markdown_table(component_columns(), r.components, true);
+    const auto merged = unmatched_component_times(r);
+    if (!merged.empty()) {
+      out += "\nMeasured in scopes that merge the rows above (fused Functions):";
+      for (const auto& [component, pass, seconds] : merged)
+        out += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
+      out.back() = '\n';
+    }
   }
   heading = false;
+  const int64_t steps = report.config.counted_steps();
   for (const auto& r : report.rows) {
-    if (!ok(r) || !r.counters || r.counters->phases.empty()) continue;
-    if (!heading) {
+    if (!has_phases(r)) continue;
+    if (!std::exchange(heading, true))
       out += "\n## Counted per phase (--counter-phases): forward, backward, optimizer\n";
-      heading = true;
-    }
-    const int64_t steps = report.config.counted_steps();
     out += fmt::format("\n### Phases: {} ({})\n\n", point_label(r.point), phase_note(r, steps));
-    const auto header = phase_header(r);
-    out += line(header);
-    out += line(std::vector<std::string>(header.size(), "---"));
-    for (const auto& cells : phase_cells(r, steps)) out += line(cells);
+    out += markdown_table(phase_columns(r), phase_entries(r, steps));
   }
   return out;
 }
 
 std::string to_csv(const SweepReport& report) {
-  std::string out;
-  auto line = [&](const std::vector<std::string>& cells) {
-    for (size_t i = 0; i < cells.size(); ++i) {
-      if (i > 0) out += ',';
-      out += csv_field(cells[i]);
-    }
-    out += "\n";
-  };
-  line(table_header(report));
-  for (const auto& row : table_rows(report)) line(row);
-  return out;
+  return csv_table(sweep_columns(report), report.rows);
 }
 
+// The point's shape, then the component columns' JSON values: strings as they are, numbers to
+// 17 digits, "n/a" for none.
 std::string to_components_csv(const SweepReport& report) {
-  std::string out =
-      "cutoff_len,batch_size,gradient_accumulation_steps,component,pass,repeats,gemm_flops,other_flops,bytes,"
-      "eager_bytes,intensity,bound,modelled_seconds,measured_seconds,counted_bytes\n";
+  const auto columns = component_columns();
+  std::string out = "cutoff_len,batch_size,gradient_accumulation_steps";
+  for (const auto& c : columns) out += c.key.empty() ? "" : "," + c.key;
+  out += "\n";
   for (const auto& r : report.rows) {
-    for (const ComponentRow& c : r.components) {
-      out += fmt::format("{},{},{},{},{},{:g},{:.17g},{:.17g},{:.17g},{:.17g},{:.17g},{},{:.17g},{},{}\n",
-                         r.point.cutoff_len, r.point.batch_size, r.point.grad_accum, csv_field(c.component), c.pass,
-                         c.repeats, c.gemm_flops, c.other_flops, c.bytes, c.eager_bytes, c.intensity, c.bound,
-                         c.modelled_seconds, c.measured_seconds ? fmt::format("{:.17g}", *c.measured_seconds) : "n/a",
-                         c.counted_bytes ? fmt::format("{:.17g}", *c.counted_bytes) : "n/a");
+    for (const ComponentRow& row : r.components) {
+      out += fmt::format("{},{},{}", r.point.cutoff_len, r.point.batch_size, r.point.gradient_accumulation_steps);
+      for (const auto& c : columns) {
+        if (c.key.empty()) continue;
+        const json v = c.value(row);
+        out += ',';
+        out += v.is_null()     ? "n/a"
+               : v.is_string() ? csv_field(v.get<std::string>())
+                               : fmt::format("{:.17g}", v.get<double>());
+      }
+      out += "\n";
     }
   }
   return out;
+}
+
+std::string to_json(const SweepReport& report) {
+  const auto& c = report.config;
+  const json doc = object(
+      "model", model_name(report), "num_parameters", report.num_parameters, "dtype", c.dtype, "kernels",
+      kernels(report), "device", report.device, "peak_tflops",
+      report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr), "peak_name", report.peak_name, "peak_source",
+      report.peak_source, "gradient_checkpointing", c.run.gradient_checkpointing, "recomputation",
+      recomputation(report), "steps", c.steps, "warmup", c.warmup, "synthetic_data", c.run.dataset_dir.empty(),
+      "counters", report.counters_note, "counters_requested", c.counters, "counter_steps",
+      c.counters ? json(c.counted_steps()) : json(nullptr), "counters_per_kernel", c.counters_per_kernel, "cpu_peak",
+      report.cpu_peak ? cpu_peak_json(*report.cpu_peak) : json(nullptr), "cpu_peak_missing", report.cpu_peak_missing,
+      "measured_gemm_tflops", report.measured_gemm_tflops, "measured_gemm_exceeds_peak",
+      report.measured_gemm_exceeds_peak, "hardware", report.hardware ? hardware_json(*report.hardware) : json(nullptr),
+      "roofline", report.roofline ? roofline_json(*report.roofline, report.bandwidth_source) : json(nullptr),
+      "warnings", report.warnings, "world_size", report.world_size, "launcher", report.launcher, "backend",
+      report.backend, "zero_stage", c.run.zero_stage, "ddp_overlap", c.ddp_overlap, "optimisation",
+      object("learning_rate", c.run.learning_rate, "lr_scheduler_type", c.run.lr_scheduler_type, "warmup_ratio",
+             c.run.warmup_ratio, "warmup_steps", c.run.warmup_steps, "weight_decay", c.run.weight_decay,
+             "max_grad_norm", c.run.max_grad_norm),
+      "rows", json_rows(sweep_columns(report), report.rows));
+  return doc.dump(2) + "\n";
+}
+
+std::string to_html(const SweepReport& report) {
+  std::map<std::string, Series> mem, mem_pred, speed;
+  size_t color = 0;
+  std::map<std::string, std::string> colors;
+  for (const auto& r : report.rows) {
+    const std::string name = fmt::format(
+        "batch {}, gradient_accumulation_steps {}{}", r.point.batch_size, r.point.gradient_accumulation_steps,
+        r.point.recomputation.empty() ? "" : ", recomputation " + r.point.recomputation);
+    if (!colors.count(name)) colors[name] = kColors[color++ % 8];
+    mem_pred[name] = {name + " predicted", mem_pred[name].points, colors[name], true};
+    mem_pred[name].points.emplace_back(static_cast<double>(r.point.cutoff_len), r.predicted.total() / 1e9);
+    mem[name] = {name + " measured", mem[name].points, colors[name]};
+    speed[name] = {name, speed[name].points, colors[name]};
+    if (!ok(r)) continue;
+    mem[name].points.emplace_back(static_cast<double>(r.point.cutoff_len), r.peak_allocated_bytes / 1e9);
+    speed[name].points.emplace_back(static_cast<double>(r.point.cutoff_len), r.tokens_per_second);
+  }
+  std::vector<Series> mem_series, speed_series;
+  for (auto& [n, s] : mem) {
+    mem_series.push_back(s);
+    mem_series.push_back(mem_pred[n]);
+  }
+  for (auto& [n, s] : speed) speed_series.push_back(s);
+
+  const auto& c = report.config;
+  std::string out = R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>kiln-profile report</title>
+<style>
+body { font-family: sans-serif; margin: 24px; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 12px 0; }
+th, td { border: 1px solid #bbb; padding: 3px 7px; text-align: right; }
+th { background: #eee; }
+td.oom { color: #b00; font-weight: bold; }
+svg.chart { display: block; margin: 16px 0; background: #fff; border: 1px solid #ccc; }
+svg .title { font-weight: bold; font-size: 14px; }
+svg .tick, svg .legend { font-size: 11px; }
+svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
+.note { color: #555; font-size: 13px; }
+.warning { color: #b00; font-weight: bold; }
+</style></head><body>
+)";
+  out += fmt::format("<h1>kiln-profile: {}</h1>\n", html_escape(model_name(report)));
+  out += fmt::format(
+      "<p>{} parameters, compute dtype {}, device {}, peak {:.3g} TFLOP/s ({}), {} timed steps after {} warm-up, "
+      "{} data{}.</p>\n",
+      report.num_parameters, html_escape(c.dtype), html_escape(report.device), report.peak_tflops,
+      html_escape(report.peak_source.empty() ? "unknown" : report.peak_source), c.steps, c.warmup,
+      c.run.dataset_dir.empty() ? "synthetic" : "shard",
+      c.run.gradient_checkpointing ? ", recomputation " + recomputation(report) : "");
+  out += html_table("<table id=\"results\">", sweep_columns(report), report.rows) + "\n";
+  for (const auto& w : report.warnings) out += "<p class=\"warning\">WARNING: " + html_escape(w) + "</p>\n";
+  for (const auto& l : describe(report)) out += "<p class=\"note\">" + html_escape(l) + "</p>\n";
+  out +=
+      "<p class=\"note\">Memory usage is the peak of one step; predicted is the analytic model of "
+      "docs/performance.md.</p>\n";
+  out += line_chart("chart-memory", "Peak memory against cutoff_len (solid: measured, dashed: predicted)", "cutoff_len",
+                    "GB", mem_series);
+  out += line_chart("chart-speed", "Tokens per second against cutoff_len", "cutoff_len", "tokens/s", speed_series);
+  out += breakdown_chart(report);
+  out += roofline_chart(report);
+  bool heading = false;
+  for (const auto& r : report.rows) {
+    if (!has_components(r)) continue;
+    if (!std::exchange(heading, true)) {
+      out +=
+          "<h2>Memory traffic and FLOPs per component</h2>\n<p class=\"note\">cost/traffic.h, per optimizer step: "
+          "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: from "
+          "LibTorch's profiler with --component-times (on a CPU the ops' CPU time, on a GPU the time of the "
+          "kernels, copies and memsets they launch), else n/a.</p>\n";
+    }
+    out += fmt::format(
+        "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms; {}</summary>\n",
+        html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
+        html_escape(component_times_note(r)));
+    out += html_table("<table class=\"components\">", component_columns(), r.components) + "</details>\n";
+  }
+  heading = false;
+  const int64_t steps = c.counted_steps();
+  for (const auto& r : report.rows) {
+    if (!has_phases(r)) continue;
+    if (!std::exchange(heading, true)) out += "<h2>Counted per phase: forward, backward, optimizer</h2>\n";
+    out += fmt::format("<p class=\"note\">{}: {}</p>\n", html_escape(point_label(r.point)),
+                       html_escape(phase_note(r, steps)));
+    out += html_table("<table class=\"phases\">", phase_columns(r), phase_entries(r, steps)) + "\n";
+  }
+  return out + "</body></html>\n";
 }
 
 std::vector<std::string> write_report_files(const std::string& dir, const std::string& stem,

@@ -23,6 +23,7 @@
 
 #include "kiln/common/component_scope.h"
 #include "kiln/common/device.h"
+#include "kiln/common/dtype_names.h"
 #include "kiln/common/logger.h"
 #include "kiln/common/nvtx.h"
 #include "kiln/common/torch_internals.h"
@@ -39,80 +40,20 @@
 #include "kiln/model/llama.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/optim/schedule.h"
-#include "kiln/profile/counters.h"
-#include "kiln/profile/cpu_allocator.h"
+#include "kiln/profile/counters/counters.h"
+#include "kiln/profile/counters/cpu_allocator.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/run_description.h"
-#include "kiln/train/step.h"
-#include "kiln/train/training_step.h"
+#include "kiln/train/run_plan.h"
+#include "kiln/train/training_stack.h"
 
 namespace kiln::profile {
-
-void SweepConfig::validate() const {
-  auto fail = [&](const std::string& key, const std::string& problem) {
-    throw config::ConfigError(config::config_message(source, key, problem));
-  };
-  if (dtype != "bf16" && dtype != "fp16" && dtype != "fp32")
-    fail("dtype", fmt::format("'{}' is not bf16, fp16 or fp32", dtype));
-  try {
-    device::check_spec(device);
-  } catch (const std::invalid_argument& e) {
-    fail("device", e.what());
-  }
-  if (attention != "sdpa") fail("attention", fmt::format("'{}': only sdpa is implemented", attention));
-  try {
-    ops::validate_backends(kernels);
-  } catch (const std::invalid_argument& e) {
-    fail("kernels", e.what());
-  }
-  auto positive = [&](const std::vector<int64_t>& v, const std::string& key) {
-    if (v.empty()) fail(key, "empty list");
-    for (int64_t x : v) {
-      if (x <= 0) fail(key, fmt::format("{} is not positive", x));
-    }
-  };
-  positive(cutoff_lens, "cutoff_len");
-  positive(batch_sizes, "per_device_train_batch_size");
-  positive(grad_accums, "gradient_accumulation_steps");
-  if (steps < 1) fail("steps", fmt::format("{} (at least 1 timed step)", steps));
-  if (warmup < 0) fail("warmup", fmt::format("{} is negative", warmup));
-  if (counter_steps < 0) fail("counter_steps", fmt::format("{} is negative (0: as many as steps)", counter_steps));
-  if (counter_steps > 0 && !counters) fail("counter_steps", "has no effect without counters: true (--counters)");
-  if (seed < 0) fail("seed", fmt::format("{} is negative", seed));
-  if (peak_tflops < 0) fail("peak_tflops", fmt::format("{} is negative", peak_tflops));
-  if (memory_cap_bytes < 0) fail("memory_cap_bytes", fmt::format("{} is negative", memory_cap_bytes));
-  if (const auto problem = train::recomputation_problem(gradient_checkpointing, gradient_checkpointing_policy,
-                                                        gradient_checkpointing_every)) {
-    fail(problem->first, problem->second);
-  }
-  if (zero_stage < 0 || zero_stage > 2) fail("zero_stage", fmt::format("{} is not 0, 1 or 2", zero_stage));
-  if (ddp_bucket_cap_mb < 1) fail("ddp_bucket_cap_mb", fmt::format("{} is not positive", ddp_bucket_cap_mb));
-  for (const auto& f : formats) {
-    if (f != "md" && f != "csv" && f != "json" && f != "html")
-      fail("format", fmt::format("'{}' is not md, csv, json or html", f));
-  }
-  // The optimisation keys, by kiln-pretrain's rules and words (the rest of `training` is unused).
-  train::PretrainConfig t = training;
-  t.source = source;
-  t.model = model.empty() ? "tiny" : model;
-  t.model_name_or_path.clear();
-  t.validate();
-}
-
-train::Recomputation SweepConfig::recomputation_choice() const {
-  return train::resolve_recomputation(gradient_checkpointing, gradient_checkpointing_policy,
-                                      gradient_checkpointing_every);
-}
-
-int64_t SweepConfig::steps_per_point() const {
-  return warmup + steps + (counters ? counted_steps() : 0) + (component_times ? steps : 0) +
-         (trace_dir.empty() ? 0 : steps);
-}
 
 std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& p, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);  // the model's init draws from `seed`
   std::vector<train::MicroBatch> out;
-  for (int64_t i = 0; i < p.grad_accum; ++i) {
+  for (int64_t i = 0; i < p.gradient_accumulation_steps; ++i) {
     const at::Tensor ids = at::randint(0, model.vocab_size, {p.batch_size, p.cutoff_len}, gen, at::kLong);
     out.push_back({ids, ids.clone(), at::Tensor()});
   }
@@ -184,38 +125,15 @@ std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps) {
   return out;
 }
 
-train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& p) {
-  train::PretrainConfig t = config.training;
-  train::set_compute_dtype(t, config.dtype);
-  t.gradient_checkpointing = config.gradient_checkpointing;
-  t.gradient_checkpointing_policy = config.gradient_checkpointing_policy;
-  t.gradient_checkpointing_every = config.gradient_checkpointing_every;
-  t.ddp_bucket_cap_mb = config.ddp_bucket_cap_mb;
-  t.zero_stage = config.zero_stage;
-  t.kernels = config.kernels;
-  t.seed = static_cast<int64_t>(config.seed);
-  t.cutoff_len = p.cutoff_len;
-  t.per_device_train_batch_size = p.batch_size;
-  t.gradient_accumulation_steps = p.grad_accum;
-  t.max_steps = config.steps_per_point();
-  return t;
-}
-
-cost::RunDescription point_run(const SweepConfig& config, const model::LlamaConfig& model, const SweepPoint& point,
+cost::RunDescription point_run(const ProfileSettings& config, const model::LlamaConfig& model, const SweepPoint& point,
                                const train::RunTarget& target) {
-  return train::describe_run(point_training_config(config, point), model, target);
+  return train::describe_run(point_config(config, point), model, target);
 }
 
 namespace {
 
-std::optional<at::ScalarType> autocast_dtype(const std::string& dtype) {
-  if (dtype == "bf16") return at::kBFloat16;
-  if (dtype == "fp16") return at::kHalf;
-  return std::nullopt;
-}
-
 struct PointContext {
-  const SweepConfig& config;
+  const ProfileSettings& config;
   const model::LlamaConfig& model_config;
   at::Device device;
   CountingCpuAllocatorGuard* counter;                  // CPU only
@@ -235,7 +153,8 @@ void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step)
   device::synchronize(ctx.device);
   fs::create_directories(ctx.config.trace_dir);
   const fs::path path =
-      fs::path(ctx.config.trace_dir) / fmt::format("trace_T{}_B{}_A{}.json", p.cutoff_len, p.batch_size, p.grad_accum);
+      fs::path(ctx.config.trace_dir) / fmt::format("trace_cutoff_len{}_batch{}_gradient_accumulation_steps{}.json",
+                                                   p.cutoff_len, p.batch_size, p.gradient_accumulation_steps);
   const fs::path tmp = path.string() + ".tmp";
   trace.save(tmp.string());
   fs::rename(tmp, path);
@@ -243,15 +162,15 @@ void write_trace(const PointContext& ctx, const SweepPoint& p, const Step& step)
 
 void measure_point(const PointContext& ctx, ProfileRow& row) {
   const SweepPoint& p = row.point;
-  const train::PretrainConfig training = point_training_config(ctx.config, p);
+  const train::PretrainConfig training = point_config(ctx.config, p);
   // The model is ready before the rest of the stack: the RSS baseline below is taken with it alone.
-  model::LlamaForCausalLM model = train::fresh_model(ctx.model_config, ctx.device, ctx.config.seed);
+  model::LlamaForCausalLM model = train::fresh_model(ctx.model_config, ctx.device, training.seed);
   // RSS baseline: the model is ready, nothing of the step exists yet (device.h read_rss).
   std::optional<int64_t> rss_baseline;
   if (device::reset_rss_peak()) {
     if (const auto rss = device::read_rss()) rss_baseline = rss->current_bytes;
   }
-  train::StackOptions options = train::stack_options(training, ctx.comm, static_cast<int>(ctx.config.zero_stage));
+  train::StackOptions options = train::stack_options(training, ctx.comm, static_cast<int>(training.zero_stage));
   options.parallel.overlap = ctx.config.ddp_overlap;
   train::TrainingStack stack(model, ctx.device, std::move(options));
   const dist::DataParallel* dp = stack.data_parallel();
@@ -264,7 +183,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   if (ctx.dataset) {
     data::LoaderOptions lo;
     lo.batch_size = p.batch_size;
-    lo.seed = ctx.config.seed;
+    lo.seed = training.seed;
     lo.prefetch = 0;
     if (ctx.comm) {
       lo.rank = ctx.comm->rank();
@@ -272,7 +191,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     }
     loader = std::make_unique<data::DataLoader>(ctx.dataset, lo);
   } else {
-    synthetic = synthetic_batches(ctx.model_config, p, ctx.config.seed);
+    synthetic = synthetic_batches(ctx.model_config, p, training.seed);
   }
 
   std::vector<std::pair<at::Tensor, int64_t>> losses;  // each step's loss sum (on the device) and targets
@@ -282,28 +201,23 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
   std::function<void(const char*)> mark;
   auto step = [&] {
     if (mark) mark("forward");  // the batch's assembly and copy to the device count as forward
-    std::vector<train::MicroBatch> micro;
-    int64_t targets = 0;
-    for (int64_t i = 0; i < p.grad_accum; ++i) {
-      if (loader) {
-        data::Batch b = loader->next();
-        micro.push_back({std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)});
-      } else {
-        micro.push_back(synthetic[static_cast<size_t>(i)]);
-      }
-      targets += train::count_targets(micro.back().labels);
-    }
-    if (ctx.comm) targets = static_cast<int64_t>(ctx.comm->host_sum({static_cast<double>(targets)})[0]);
-    const double lr = training.learning_rate * optim::lr_multiplier(schedule, step_index++);
-    // cutoff_len 1 has no target: a zero loss
-    const train::StepResult r = stack.step(micro, std::max<int64_t>(targets, 1), lr, {.mark = mark});
+    size_t next = 0;            // of the synthetic batches
+    train::StepWindow w = train::draw_window(
+        [&]() -> std::optional<train::MicroBatch> {
+          if (!loader) return synthetic[next++];
+          data::Batch b = loader->next();
+          return train::MicroBatch{std::move(b.input_ids), std::move(b.labels), std::move(b.segment_ids)};
+        },
+        p.gradient_accumulation_steps, false, ctx.comm.get());
+    const int64_t targets = std::max<int64_t>(w.targets, 1);  // cutoff_len 1 has no target: a zero loss
+    const train::StepResult r =
+        stack.step(w.micro, targets, train::step_learning_rate(training, schedule, step_index++), {.mark = mark});
     comm_seconds += r.comm_seconds;
-    losses.emplace_back(r.loss_sum, std::max<int64_t>(targets, 1));
+    losses.emplace_back(r.loss_sum, targets);
   };
 
   // Each phase's time on the log as it ends (stderr, flushed): a point that stalls shows where.
-  const std::string where =
-      fmt::format("kiln-profile: cutoff_len {} batch {} GA {}", p.cutoff_len, p.batch_size, p.grad_accum);
+  const std::string where = "kiln-profile: " + point_label(p);
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -328,7 +242,7 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
                                       : device::peak_memory_bytes(ctx.device));
   }
   const int world = ctx.comm ? ctx.comm->world_size() : 1;
-  const double tokens = static_cast<double>(p.batch_size * p.grad_accum * p.cutoff_len * world);
+  const double tokens = static_cast<double>(p.batch_size * p.gradient_accumulation_steps * p.cutoff_len * world);
   if (ctx.comm) {
     // The job's step takes as long as its slowest rank; memory is the largest rank's.
     const auto worst = ctx.comm->host_max({static_cast<int64_t>(seconds * 1e9), static_cast<int64_t>(peak)});
@@ -400,14 +314,14 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
 }
 
 // "1 step after each point's timed ones", "as many steps again after ...".
-std::string counted_steps_text(const SweepConfig& config) {
+std::string counted_steps_text(const ProfileSettings& config) {
   if (config.counter_steps == 0) return "as many steps again after each point's timed ones";
   return fmt::format("{} step{} after each point's timed ones", config.counter_steps,
                      config.counter_steps == 1 ? "" : "s");
 }
 
 // The model's three columns at the measured step time, the components, and the counted columns.
-void fill_utilisation(const SweepReport& report, const SweepConfig& config, const train::RunTarget& target,
+void fill_utilisation(const SweepReport& report, const ProfileSettings& config, const train::RunTarget& target,
                       ProfileRow& row) {
   const cost::TrafficReport traffic =
       cost::traffic_model(report.model, point_run(config, report.model, row.point, target));
@@ -445,28 +359,19 @@ void fill_utilisation(const SweepReport& report, const SweepConfig& config, cons
 
 }  // namespace
 
-SweepReport run_sweep(const SweepConfig& config, const std::function<void(const ProfileRow&)>& on_row) {
-  config.validate();
+SweepReport run_sweep(const ProfileSettings& settings, const std::function<void(const ProfileRow&)>& on_row) {
+  ProfileSettings config = settings;
+  settle(config);
   SweepReport report;
   report.config = config;
-  report.model = model::load_llama_config(config.model);
-  for (int64_t t : config.cutoff_lens) {
-    if (t > report.model.max_position_embeddings) {
-      throw config::ConfigError(
-          config::config_message(config.source, "cutoff_len",
-                                 fmt::format("{} exceeds the model's max_position_embeddings {} ({})", t,
-                                             report.model.max_position_embeddings, report.model.source)));
-    }
-  }
-  bool cuda = false;  // auto, cpu or cuda (common/device.h)
-  try {
-    cuda = device::resolve(config.device).is_cuda();
-  } catch (const std::invalid_argument& e) {
-    throw config::ConfigError(config::config_message(config.source, "device", e.what()));
-  }
+  report.model = model::load_llama_config(config.run.model);
+  // Where the points run: the trainer's rule (device, LOCAL_RANK's GPU, its dtype check, the
+  // cutoff_len bound) at the grid's longest cutoff_len.
   const dist::DistEnv env = dist::read_dist_env();
-  const at::Device device =
-      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)) : at::Device(at::kCPU);
+  const SweepPoint longest{1, 1, *std::max_element(config.cutoff_len.begin(), config.cutoff_len.end())};
+  const train::PlacedRun placed = train::run_target(point_config(config, longest), report.model, {.dist = env});
+  const at::Device device = placed.device;
+  train::RunTarget target = placed.target;
   if (device.is_cuda()) at::accelerator::setDeviceIndex(device.index());
   std::shared_ptr<dist::Comm> comm;
   if (env.distributed()) {
@@ -475,33 +380,27 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.launcher = env.launcher;
     report.backend = comm->backend();
   }
-  const auto autocast = autocast_dtype(config.dtype);
+  const auto autocast = autocast_dtype(config.dtype);  // common/dtype_names.h
   {
     model::LlamaForCausalLM meta(report.model, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
     report.num_parameters = meta->num_parameters();
   }
   report.device = device.str();
-  if (device.is_cpu()) {
-    // The theoretical peak (cpuid, the FMA table, sysfs), and the measured GEMM rate beside it.
-    report.cpu_peak = cost::this_cpu_peak(&report.cpu_peak_missing);
-    report.measured_gemm_tflops = device::measure_cpu_gemm_tflops();
-    const double bandwidth = device::measure_cpu_copy_bandwidth();
-    report.bandwidth_source =
-        fmt::format("measured: STREAM-like copy of 64 MiB fp32 with {} threads, best of 5, {:.1f} GB/s",
-                    at::get_num_threads(), bandwidth / 1e9);
-    if (report.cpu_peak) {
-      report.hardware = cost::cpu_hardware_spec(*report.cpu_peak, bandwidth, device::device_memory_bytes(device));
-      const double theoretical = report.cpu_peak->fp32 / 1e12;
-      if (const auto bug =
-              cost::peak_violation(*report.measured_gemm_tflops / theoretical, "the measured fp32 GEMM rate",
-                                   "the theoretical fp32 peak (" + report.cpu_peak->formula() + ")")) {
-        report.measured_gemm_exceeds_peak = true;
-        report.warnings.push_back(*bug);
-      }
+  // The roofline's device: a GPU's data-sheet row, or the CPU's theoretical peak (cpuid, the FMA
+  // table, sysfs) and measured copy bandwidth, with the measured GEMM rate beside it.
+  const cost::MachineHardware machine = cost::machine_hardware(device);
+  report.hardware = machine.spec;
+  report.bandwidth_source = machine.bandwidth_source;
+  report.cpu_peak = machine.cpu_peak;
+  report.cpu_peak_missing = machine.cpu_peak_missing;
+  if (device.is_cpu()) report.measured_gemm_tflops = device::measure_cpu_gemm_tflops();
+  if (report.cpu_peak) {
+    if (const auto bug = cost::peak_violation(*report.measured_gemm_tflops / (report.cpu_peak->fp32 / 1e12),
+                                              "the measured fp32 GEMM rate",
+                                              "the theoretical fp32 peak (" + report.cpu_peak->formula() + ")")) {
+      report.measured_gemm_exceeds_peak = true;
+      report.warnings.push_back(*bug);
     }
-  } else if (device.is_cuda()) {
-    report.hardware = cost::hardware_for_device_name(device::name(device), device::device_memory_bytes(device));
-    if (report.hardware) report.bandwidth_source = report.hardware->source;
   }
   if (config.peak_tflops > 0) {
     report.peak_name = "--peak-tflops";
@@ -527,7 +426,8 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     CounterOptions options{.per_kernel = config.counters_per_kernel, .phases = config.counter_phases};
     // Phase segments of one point's counted steps: a forward and a backward per micro-batch and an
     // optimizer per step, at the sweep's largest accumulation (CUPTI sizes its ranges by it).
-    const int64_t max_accum = *std::max_element(config.grad_accums.begin(), config.grad_accums.end());
+    const int64_t max_accum =
+        *std::max_element(config.gradient_accumulation_steps.begin(), config.gradient_accumulation_steps.end());
     options.max_phase_ranges = config.counted_steps() * (2 * max_accum + 1);
     counters = CounterSession::open(device, report.roofline ? report.roofline->bandwidth : 0.0, options);
     report.counters_note = counters->available() ? "counted: hardware counters over " + counted_steps_text(config)
@@ -537,41 +437,34 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
     report.counters_note = "not counted (run with --counters): the columns show the traffic model's values";
   }
 
-  // Where the points run, for the cost models' description of each (train/run_description.h).
-  train::RunTarget target;
-  target.cuda = device.is_cuda();
-  if (target.cuda) target.hardware = report.hardware;
-  target.world_size = report.world_size;
-  target.data_parallel = comm != nullptr;
-
   // The run's kernels, for this thread only (the sweep may run inside a larger program).
-  const ops::BackendScope backends(config.kernels);
+  const ops::BackendScope backends(config.run.kernels);
 
   std::unique_ptr<CountingCpuAllocatorGuard> counter;
   if (device.is_cpu()) counter = std::make_unique<CountingCpuAllocatorGuard>(config.memory_cap_bytes);
   if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, config.memory_cap_bytes);
 
   std::shared_ptr<data::TokenShards> shards;
-  if (!config.dataset_dir.empty()) {
+  if (!config.run.dataset_dir.empty()) {
     // Checked once here: the step's loss head trusts its labels (ops::CheckedLabelsScope).
-    shards = data::TokenShards::open(config.dataset_dir);
-    shards->check_ids_below(report.model.vocab_size, fmt::format("the model's vocab_size ({})", config.model));
+    shards = data::TokenShards::open(config.run.dataset_dir);
+    shards->check_ids_below(report.model.vocab_size, fmt::format("the model's vocab_size ({})", config.run.model));
   }
 
-  for (int64_t cutoff : config.cutoff_lens) {
-    std::shared_ptr<const data::PackedDataset> dataset;
-    if (shards) {
-      dataset = std::make_shared<data::PackedDataset>(shards->split("train"), cutoff);
+  std::shared_ptr<const data::PackedDataset> dataset;  // the shards packed at the point's cutoff_len
+  for (const SweepPoint& point : grid_points(config)) {
+    if (shards && (!dataset || dataset->cutoff_len() != point.cutoff_len)) {
+      dataset = std::make_shared<data::PackedDataset>(shards->split("train"), point.cutoff_len);
       if (dataset->num_blocks() == 0) {
         throw config::ConfigError(config::config_message(
             config.source, "cutoff_len",
-            fmt::format("{} is longer than the whole train split of {}", cutoff, config.dataset_dir)));
+            fmt::format("{} is longer than the whole train split of {}", point.cutoff_len, config.run.dataset_dir)));
       }
     }
-    for (int64_t batch : config.batch_sizes) {
-      for (int64_t accum : config.grad_accums) {
+    {
+      {
         ProfileRow row;
-        row.point = {batch, accum, cutoff};
+        row.point = point;
         row.predicted =
             cost::estimate_training_memory(report.model, point_run(config, report.model, row.point, target));
         const PointContext ctx{config,  report.model,       device, counter.get(),
@@ -600,7 +493,7 @@ SweepReport run_sweep(const SweepConfig& config, const std::function<void(const 
               u->counted_reason = report.counters_note;
           }
           if (row.mfu) {
-            const std::string what = fmt::format("MFU at cutoff_len {}, batch {}, GA {}", cutoff, batch, accum);
+            const std::string what = "MFU at " + point_label(point);
             const std::string of =
                 fmt::format("the {} peak of {:.4g} TFLOP/s ({})", config.dtype, report.peak_tflops, report.peak_source);
             if (const auto bug = cost::peak_violation(*row.mfu, what, of)) {

@@ -1,21 +1,22 @@
 // The kiln-profile sweep: one training step per grid point (cutoff_len x batch size x gradient
-// accumulation), timed with the device synchronised and with its peak memory measured, next to
-// the analytic FLOP and memory models, so that a table says how fast and how big a run is and
-// how far the prediction is off.
+// accumulation x recomputation), timed with the device synchronised and with its peak memory
+// measured, next to the analytic FLOP and memory models, so that a table says how fast and how big
+// a run is and how far the prediction is off.
 //
 // A step here is the trainer's step, the same code: train::TrainingStack::step (train/
-// training_step.h) on a stack built from the same settings as kiln-pretrain's, with the config's
-// optimisation keys and its schedule over the point's steps. Data is synthetic (random token ids of the point's
-// shape) unless a shard directory is given. An out-of-memory point (a real one, or one past an
-// artificial cap) becomes a row marked OOM and the sweep goes on.
+// training_stack.h) on a stack built from the point's PretrainConfig (settings.h, point_config),
+// on train::run_target's device, its micro-batches drawn by train::draw_window and its learning
+// rate train::step_learning_rate's over the point's steps. Data is synthetic (random token ids of
+// the point's shape) unless a shard directory is given. An out-of-memory point (a real one, or
+// one past an artificial cap) becomes a row marked OOM and the sweep goes on.
 //
 // Beside the measurement, each point carries the traffic and FLOP model of its step per component
 // (cost/traffic.h) against the device's roofline (the data-sheet row of a GPU; on the CPU its
 // theoretical peak from cpuid/sysfs, cost/cpu_peak.h, and a measured copy bandwidth), and from it
 // the user's three columns as modelled (memory bandwidth, tensor core, fp engine at the measured
-// step time); with `counters`, hardware counters (profile/counters.h) over as many more steps
-// fill them as counted. A fraction of a peak above 100% (MFU, the measured GEMM rate against the
-// CPU's theoretical peak) is reported as a bug in `warnings`, never clamped.
+// step time); with `counters`, hardware counters (profile/counters/counters.h) over as many more
+// steps fill them as counted. A fraction of a peak above 100% (MFU, the measured GEMM rate against
+// the CPU's theoretical peak) is reported as a bug in `warnings`, never clamped.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,9 @@
 #include "kiln/cost/traffic.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/ops/dispatch.h"
-#include "kiln/profile/component_times.h"
-#include "kiln/profile/counters.h"
+#include "kiln/profile/counters/component_times.h"
+#include "kiln/profile/counters/counters.h"
+#include "kiln/profile/settings.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
 #include "kiln/train/run_description.h"
@@ -43,94 +45,17 @@ struct MicroBatch;
 
 namespace kiln::profile {
 
-struct SweepConfig {
-  std::string source = "command line";  // where it came from, for error messages
-  std::string model = "tiny";           // preset name or model YAML
-  std::string dtype = "bf16";           // bf16 | fp16 | fp32 (compute; parameters stay fp32)
-  std::vector<int64_t> cutoff_lens{128};
-  std::vector<int64_t> batch_sizes{1};
-  std::vector<int64_t> grad_accums{1};
-  int64_t steps = 3;            // timed steps per point
-  int64_t warmup = 1;           // untimed steps first
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string dataset_dir;      // token shards; empty = synthetic ids
-  // Recomputation: kiln-pretrain's three keys and rule (train/recomputation.h): policy "" = by
-  // the stride (every >= 2: every_n, else full), full, every_n (every: default 2) or selective.
-  bool gradient_checkpointing = false;
-  std::string gradient_checkpointing_policy;
-  int64_t gradient_checkpointing_every = 0;    // 0 = not given
-  std::string attention = "sdpa";              // recorded for the memory model (kiln uses SDPA)
-  std::string kernels = ops::kDefaultKernels;  // ops backends for the run (ops/dispatch.h spec), as kiln-pretrain's key
-  double peak_tflops = 0;                      // > 0 overrides the device table / CPU measurement
-  int64_t memory_cap_bytes = 0;                // > 0: allocations past it fail as out-of-memory
-  std::string task = "pretrain";               // the table's first column
-  std::vector<std::string> formats{"md", "csv", "json", "html"};
-  std::string output_dir = "profile";
-  // Non-empty: after the timed steps of each point, `steps` more steps run under LibTorch's
-  // (Kineto) profiler and their trace is written as trace_T<cutoff>_B<batch>_A<accum>.json here
-  // (Chrome trace format, as torch.profiler's export_chrome_trace: Perfetto or chrome://tracing
-  // opens it; scripts/bench_vs_hf.py --op-profile sums it per op). Not part of the timing.
-  std::string trace_dir;
-  int64_t seed = 42;  // the model's initialisation; the synthetic ids draw from seed + 1
-  // Under torchrun/srun every rank runs the step data-parallel (kiln/dist/data_parallel.h).
-  int64_t zero_stage = 0;
-  int64_t ddp_bucket_cap_mb = 25;
-  bool ddp_overlap = true;  // false: every bucket after backward (to measure what the overlap hides)
-  // Hardware counters (profile/counters.h) over `counter_steps` more steps of each point after its
-  // timed ones (0: as many as `steps`), filling the counted columns. On a GPU one CUPTI range spans
-  // those steps; with counters_per_kernel one range per kernel instead (per-kernel rows in the
-  // JSON; the kernels serialised and much slower, so keep counter_steps small).
-  bool counters = false;
-  bool counters_per_kernel = false;  // implies counters
-  // Counts forward, backward and the optimizer apart as well (CounterOptions::phases; the
-  // per-phase table beside the traffic model's fwd, bwd + recompute and step rows). On a GPU with
-  // one range, a device synchronisation at each phase boundary of the counted steps. Implies counters.
-  bool counter_phases = false;
-  int64_t counter_steps = 0;
-  int64_t counted_steps() const { return counter_steps > 0 ? counter_steps : steps; }
-  // Measured time per component (profile/component_times.h): `steps` more steps of each point
-  // under LibTorch's profiler after its timed ones, attributed to the traffic model's rows: on a
-  // CPU the ops' CPU times, on a GPU the times of the kernels, copies and memsets they launched.
-  bool component_times = false;
-  // The step's optimisation settings, kiln-pretrain's keys with its defaults (learning_rate,
-  // lr_scheduler_type, warmup_ratio, warmup_steps, min_lr_ratio, decay_ratio, weight_decay,
-  // adam_beta1, adam_beta2, adam_epsilon, max_grad_norm; the rest of `training` is unused): each
-  // point runs the trainer's step (train/training_step.h) with this schedule over its own steps.
-  train::PretrainConfig training;
-  // The optimizer steps one point runs: warmup, timed, counted, profiled and traced.
-  int64_t steps_per_point() const;
+// What one point runs, as the memory and traffic models price it: train::describe_run of its
+// trainer settings (point_config) on `target` (the kernels the step runs: kiln's flash kernels
+// only on a GPU that runs them, SDPA on the CPU; recomputation; data parallelism).
+cost::RunDescription point_run(const ProfileSettings& settings, const model::LlamaConfig& model,
+                               const SweepPoint& point, const train::RunTarget& target);
 
-  void validate() const;  // throws config::ConfigError naming source and key
-  // What the points run (train::resolve_recomputation of the three settings; validate() first),
-  // and its name: "none", "full", "every_2", "selective".
-  train::Recomputation recomputation_choice() const;
-  std::string recomputation() const { return recomputation_choice().name(); }
-};
-
-// Reads a configs/profile/*.yaml (`path`; "" = none), then `--key value` overrides as (key, value)
-// pairs (config::parse_overrides), through the sweep's key table (profile/command_keys.h):
-// lists as YAML sequences or "128,256" strings, the same keys and errors in both; validates.
-SweepConfig load_sweep_config(const std::string& path,
-                              const std::vector<std::pair<std::string, std::string>>& overrides = {});
-
-struct SweepPoint {
-  int64_t batch_size = 1, grad_accum = 1, cutoff_len = 128;
-};
-
-// A point's micro-batches without a dataset_dir: grad_accum batches of uniform random ids (labels
-// the ids), drawn from a generator seeded with seed + 1; every step of the point takes the same.
+// A point's micro-batches without a dataset_dir: gradient_accumulation_steps batches of uniform
+// random ids (labels the ids), drawn from a generator seeded with seed + 1; every step of the
+// point takes the same.
 std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& point,
                                                  uint64_t seed);
-
-// The trainer's settings for one point: the sweep's optimisation keys (`training`), dtype,
-// kernels, recomputation and data parallelism with the point's shapes, and as many steps as the
-// point runs (what train::stack_options and train::schedule_of read).
-train::PretrainConfig point_training_config(const SweepConfig& config, const SweepPoint& point);
-// What one point runs, as the memory and traffic models price it: train::describe_run of its
-// trainer settings on `target` (the kernels the step runs: kiln's flash kernels only on a GPU that
-// runs them, SDPA on the CPU; recomputation; data parallelism).
-cost::RunDescription point_run(const SweepConfig& config, const model::LlamaConfig& model, const SweepPoint& point,
-                               const train::RunTarget& target);
 
 // One row of the traffic model (cost::TrafficRow) at a point, per step, against the roofline.
 struct ComponentRow {
@@ -222,7 +147,7 @@ struct ProfileRow {
 std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps);
 
 struct SweepReport {
-  SweepConfig config;
+  ProfileSettings config;
   model::LlamaConfig model;
   int64_t num_parameters = 0;
   std::string device;       // "cpu", "cuda:0 (NVIDIA H200)"
@@ -251,6 +176,6 @@ struct SweepReport {
 // Runs every point of the grid (cutoff_len outermost, then batch size, then accumulation).
 // `on_row` is called after each point (progress output). Launched by torchrun or srun, every
 // rank must call it; tokens/s are then the job's, memory the largest rank's.
-SweepReport run_sweep(const SweepConfig& config, const std::function<void(const ProfileRow&)>& on_row = {});
+SweepReport run_sweep(const ProfileSettings& config, const std::function<void(const ProfileRow&)>& on_row = {});
 
 }  // namespace kiln::profile

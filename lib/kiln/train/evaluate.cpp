@@ -8,7 +8,7 @@
 #include "kiln/common/nvtx.h"
 #include "kiln/data/loader.h"
 #include "kiln/data/stream_dataset.h"
-#include "kiln/train/step.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::train {

@@ -11,7 +11,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "kiln/model/llama.h"
-#include "kiln/train/step.h"
+#include "kiln/train/gradient_accumulation.h"
 
 namespace kiln::data {
 class PackedDataset;

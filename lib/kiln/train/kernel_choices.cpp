@@ -1,5 +1,6 @@
 #include "kiln/train/kernel_choices.h"
 
+#include "kiln/common/dtype_names.h"
 #include "kiln/cost/traffic.h"
 #include "kiln/ops/dispatch.h"
 #include "kiln/ops/linear.h"
@@ -15,7 +16,7 @@ cost::KernelChoices kernel_choices(const std::string& kernels, const std::string
                                    const cost::HardwareSpec* hardware, int64_t head_dim) {
   auto kiln_op = [&](ops::Op op) { return ops::backend_in_spec(kernels, op) == ops::Backend::kKiln; };
   cost::compute_dtype_bytes(dtype);  // throws naming a dtype that is none of the three
-  const at::ScalarType compute = dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+  const at::ScalarType compute = dtype_from_name(dtype);
   cost::KernelChoices k;
   k.fused_rmsnorm = kiln_op(ops::Op::kRmsNorm);
   k.fused_swiglu = kiln_op(ops::Op::kSwiGlu);

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "kiln/common/device.h"
@@ -20,6 +21,7 @@
 #include "kiln/data/mixture.h"
 #include "kiln/model/presets.h"
 #include "kiln/ops/dispatch.h"
+#include "kiln/optim/schedule.h"
 #include "kiln/train/hf/lf_keys.h"
 #include "kiln/train/hf/lf_template.h"
 #include "kiln/train/hf/run_outputs.h"
@@ -33,8 +35,10 @@ using config::ConfigReader;
 
 const config::KeyTable<PretrainConfig>& pretrain_key_table() {
   using C = PretrainConfig;
+  const PretrainConfig d;  // the defaults the help lines name
   static const config::KeyTable<PretrainConfig> table = {
-      {"model", &C::model},
+      {"model", &C::model,
+       "model preset (tiny, llama-100m, llama-3.2-1b), model YAML, or an HF folder or its config.json"},
       {"model_name_or_path", &C::model_name_or_path},
       {"train_from_scratch", &C::train_from_scratch},
       {"dataset_dir", &C::dataset_dir},
@@ -60,26 +64,42 @@ const config::KeyTable<PretrainConfig>& pretrain_key_table() {
       {"gradient_accumulation_steps", &C::gradient_accumulation_steps},
       {"num_train_epochs", &C::num_train_epochs},
       {"max_steps", &C::max_steps},
-      {"learning_rate", &C::learning_rate},
-      {"lr_scheduler_type", &C::lr_scheduler_type},
-      {"warmup_ratio", &C::warmup_ratio},
-      {"warmup_steps", &C::warmup_steps},
-      {"min_lr_ratio", &C::min_lr_ratio},
-      {"decay_ratio", &C::decay_ratio},
-      {"weight_decay", &C::weight_decay},
-      {"adam_beta1", &C::adam_beta1},
-      {"adam_beta2", &C::adam_beta2},
-      {"adam_epsilon", &C::adam_epsilon},
-      {"max_grad_norm", &C::max_grad_norm},
+      {"learning_rate", &C::learning_rate, fmt::format("AdamW's peak learning rate (default {:g})", d.learning_rate)},
+      {"lr_scheduler_type", &C::lr_scheduler_type,
+       fmt::format("{} over the run's steps, with HF's default arguments (default {})",
+                   fmt::join(optim::schedule_types(), ", "), d.lr_scheduler_type)},
+      {"warmup_ratio", &C::warmup_ratio, fmt::format("warmup share of the steps (default {:g})", d.warmup_ratio)},
+      {"warmup_steps", &C::warmup_steps,
+       fmt::format("warmup steps, or below 1 a share of the steps; a warmup_ratio > 0 replaces it, as in "
+                   "transformers 5.6 (default {:g})",
+                   d.warmup_steps)},
+      {"min_lr_ratio", &C::min_lr_ratio,
+       fmt::format("floor of cosine and warmup_stable_decay (default {:g})", d.min_lr_ratio)},
+      {"decay_ratio", &C::decay_ratio,
+       "> 0: warmup_stable_decay decays over this share of the steps (default 0: LLaMA-Factory's split, or "
+       "lr_scheduler_kwargs' step counts)"},
+      {"weight_decay", &C::weight_decay, fmt::format("AdamW's weight decay (default {:g})", d.weight_decay)},
+      {"adam_beta1", &C::adam_beta1, fmt::format("AdamW's beta1 (default {:g})", d.adam_beta1)},
+      {"adam_beta2", &C::adam_beta2, fmt::format("AdamW's beta2 (default {:g})", d.adam_beta2)},
+      {"adam_epsilon", &C::adam_epsilon, fmt::format("AdamW's epsilon (default {:g})", d.adam_epsilon)},
+      {"max_grad_norm", &C::max_grad_norm,
+       fmt::format("gradient clipping norm, 0 = none (default {:g})", d.max_grad_norm)},
       {"bf16", &C::bf16},
       {"fp16", &C::fp16},
-      {"gradient_checkpointing", &C::gradient_checkpointing},
-      {"gradient_checkpointing_policy", &C::gradient_checkpointing_policy},
-      {"gradient_checkpointing_every", &C::gradient_checkpointing_every},
+      {"gradient_checkpointing", &C::gradient_checkpointing, "recompute each layer in backward"},
+      {"gradient_checkpointing_policy", &C::gradient_checkpointing_policy,
+       "with gradient_checkpointing: full, every_n (n: gradient_checkpointing_every, default 2) or selective "
+       "(keep matmul outputs, recompute RMSNorm/SwiGLU); left out: every_n when gradient_checkpointing_every >= 2, "
+       "else "
+       "full"},
+      {"gradient_checkpointing_every", &C::gradient_checkpointing_every,
+       "with gradient_checkpointing: recompute layers 0, n, 2n, ... only (n >= 2: every_n)"},
       {"auto_fit", &C::auto_fit},
       {"auto_fit_memory", &C::auto_fit_memory},
-      {"device", &C::device},
-      {"kernels", &C::kernels},
+      {"device", &C::device, "auto | cpu | cuda (auto: the GPU if there is one, else the CPU)"},
+      {"kernels", &C::kernels,
+       "ops backends: kiln,attention=aten (default: kiln's kernels, SDPA's attention), kiln (every op, kiln's flash "
+       "attention too), aten, or per op, e.g. kiln,linear_ce=aten"},
       {"nan_policy", &C::nan_policy},
       {"full_determinism", &C::full_determinism},
       {"neat_packing", &C::neat_packing},
@@ -95,8 +115,8 @@ const config::KeyTable<PretrainConfig>& pretrain_key_table() {
       {"plot_loss", &C::plot_loss},
       {"logging_dir", &C::logging_dir},
       {"ddp_timeout", &C::ddp_timeout},
-      {"ddp_bucket_cap_mb", &C::ddp_bucket_cap_mb},
-      {"zero_stage", &C::zero_stage},
+      {"ddp_bucket_cap_mb", &C::ddp_bucket_cap_mb, "under torchrun/srun: gradient bucket size (MB), default 25"},
+      {"zero_stage", &C::zero_stage, "under torchrun/srun: ZeRO stage 0, 1 or 2 of the data-parallel step"},
       {"deepspeed", &C::deepspeed},
   };
   return table;
@@ -445,8 +465,18 @@ int PretrainConfig::resolved_zero_stage() const {
   return stage;
 }
 
+config::Spelling pretrain_spelling() {
+  config::Spelling s;
+  s.kebab_case = true;
+  s.switches = config::boolean_keys(pretrain_key_table());
+  s.keys = pretrain_config_keys();
+  const auto& lf = lf_keys();
+  s.keys.insert(s.keys.end(), lf.begin(), lf.end());
+  return s;
+}
+
 std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args) {
-  return config::parse_overrides(args);
+  return config::parse_overrides(args, pretrain_spelling());
 }
 
 PretrainConfig pretrain_config_from_yaml_text(const std::string& text, const std::string& source) {

@@ -111,7 +111,7 @@ struct KILN_API PretrainConfig {
   // With gradient_checkpointing: full (every decoder layer, HF's), every_n (layers 0, n, 2n, ...
   // with n = gradient_checkpointing_every, default 2): a memory/time point between none and full,
   // or selective (every layer keeps its matmul outputs and recomputes only the element-wise parts:
-  // RMSNorm, SwiGLU; train/activation_checkpoint.h). Left out ("", 0): by the stride, n >= 2 is
+  // RMSNorm, SwiGLU; train/recompute_layers.h). Left out ("", 0): by the stride, n >= 2 is
   // every_n, else full. The same rule as kiln-profile's; a contradiction is a ConfigError.
   std::string gradient_checkpointing_policy;
   int64_t gradient_checkpointing_every = 0;
@@ -194,8 +194,9 @@ KILN_API int64_t resolve_steps(double value, int64_t total_steps);
 KILN_API PretrainConfig load_pretrain_config(const std::string& path,
                                              const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
-// Splits "--key value" / "--key=value" arguments into (key, value) pairs; throws naming a
-// dangling "--key" or a stray positional argument.
+// Splits kiln-pretrain's command-line arguments into (key, value) pairs: "--key value",
+// "--key=value", a '-' in a key read as '_' (--cutoff-len is cutoff_len) and a boolean key alone
+// meaning true (--bf16); throws naming a dangling "--key" or a stray positional argument.
 KILN_API std::vector<std::pair<std::string, std::string>> parse_overrides(const std::vector<std::string>& args);
 
 // Reads YAML text (the same keys and checks as a file); `source` names it in errors.

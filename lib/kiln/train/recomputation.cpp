@@ -56,4 +56,15 @@ Recomputation resolve_recomputation(bool gradient_checkpointing, const std::stri
   return {"full", 1};
 }
 
+RecomputationKeys recomputation_keys(const std::string& name) {
+  if (name == "none") return {};
+  if (name == "full" || name == "selective") return {true, name, 0};
+  if (name.rfind("every_", 0) == 0 && name.size() > 6 && name.find_first_not_of("0123456789", 6) == std::string::npos &&
+      std::stoll(name.substr(6)) >= 2) {
+    return {true, "every_n", std::stoll(name.substr(6))};
+  }
+  throw std::invalid_argument(
+      fmt::format("'{}' is not none, full, selective or every_<n> with n >= 2 (e.g. every_4)", name));
+}
+
 }  // namespace kiln::train

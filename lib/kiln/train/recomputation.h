@@ -29,4 +29,14 @@ std::optional<std::pair<std::string, std::string>> recomputation_problem(bool gr
 // What the settings ask for; throws std::invalid_argument with recomputation_problem's words.
 Recomputation resolve_recomputation(bool gradient_checkpointing, const std::string& policy, int64_t every);
 
+// The three keys' values that ask for the recomputation called `name` (Recomputation::name():
+// "none", "full", "every_<n>" with n >= 2, "selective"), so that a grid of kiln-profile can list
+// recomputations by name; throws std::invalid_argument for another word.
+struct RecomputationKeys {
+  bool gradient_checkpointing = false;
+  std::string policy;
+  int64_t every = 0;
+};
+RecomputationKeys recomputation_keys(const std::string& name);
+
 }  // namespace kiln::train

@@ -5,15 +5,15 @@
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
-#include "kiln/train/training_step.h"
+#include "kiln/train/training_stack.h"
 
 namespace kiln::train {
 
 cost::RunDescription describe_run(const PretrainConfig& c, const model::LlamaConfig& model, const RunTarget& target) {
   cost::RunDescription r;
   r.batch = c.per_device_train_batch_size;
-  r.seq_len = c.cutoff_len;
-  r.grad_accum = c.gradient_accumulation_steps;
+  r.cutoff_len = c.cutoff_len;
+  r.gradient_accumulation_steps = c.gradient_accumulation_steps;
   r.dtype = compute_dtype(c);
   const Recomputation recompute =
       resolve_recomputation(c.gradient_checkpointing, c.gradient_checkpointing_policy, c.gradient_checkpointing_every);

@@ -34,7 +34,7 @@ cost::RunDescription describe_run(const PretrainConfig& config, const model::Lla
                                   const RunTarget& target);
 
 // Sets bf16/fp16 for a compute dtype name ("bf16", "fp16", "fp32"): the inverse of compute_dtype
-// (training_step.h), for programs whose key is `dtype`.
+// (training_stack.h), for programs whose key is `dtype`.
 void set_compute_dtype(PretrainConfig& config, const std::string& dtype);
 
 }  // namespace kiln::train

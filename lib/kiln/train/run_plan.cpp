@@ -26,6 +26,7 @@
 #include "kiln/data/stream_dataset.h"
 #include "kiln/dist/comm.h"
 #include "kiln/model/hf.h"
+#include "kiln/train/hf/checkpoint_layout.h"
 #include "kiln/train/kernel_choices.h"
 #include "kiln/train/recomputation.h"
 #include "kiln/train/run_description.h"
@@ -66,12 +67,43 @@ c10::Device run_device(const PretrainConfig& config, const dist::DistEnv& env) {
   return device;
 }
 
+PlacedRun run_target(const PretrainConfig& config, const model::LlamaConfig& model, const RunEnvironment& env) {
+  PlacedRun out;
+  RunTarget& t = out.target;
+  if (env.described) {
+    try {
+      device::check_spec(config.device);
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(config::config_message(config.source, "device", e.what()));
+    }
+    t.cuda = env.gpu || config.device == "cuda" || (config.device == "auto" && device::resolve("auto").is_cuda());
+    if (t.cuda) t.hardware = env.gpu;
+    t.data_parallel = env.dist.world_size > 1;
+  } else {
+    out.device = run_device(config, env.dist);
+    t.cuda = out.device.is_cuda();
+    if (t.cuda) {
+      t.hardware = cost::hardware_for_device_name(device::name(out.device), device::device_memory_bytes(out.device));
+    }
+    // Under a launcher the step runs data-parallel (also in a job of one process).
+    t.data_parallel = env.dist.distributed();
+  }
+  t.world_size = env.dist.world_size;
+  if (config.cutoff_len > model.max_position_embeddings && env.dist.rank == 0) {
+    logger()->warn(
+        "warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); positions past it were "
+        "not trained",
+        config.source, config.cutoff_len, model.max_position_embeddings, model.source);
+  }
+  return out;
+}
+
 namespace {
 
 // The model's config alone: the preset or model YAML, or model_name_or_path's config.json.
 model::LlamaConfig model_config_of(const PretrainConfig& c) {
   if (c.model_name_or_path.empty()) return model::load_llama_config(c.model);
-  return model::read_hf_config((fs::path(c.model_name_or_path) / "config.json").string()).config;
+  return model::read_hf_config((fs::path(c.model_name_or_path) / kModelConfigFile).string()).config;
 }
 
 // auto_fit: the planner's recommendation for the run's cutoff_len and global batch, applied to
@@ -108,7 +140,7 @@ std::string apply_auto_fit(PretrainConfig& c, const model::LlamaConfig& model, c
                     p.device_memory_bytes / 1e9, c.cutoff_len)));
   }
   c.per_device_train_batch_size = best->micro_batch;
-  c.gradient_accumulation_steps = best->grad_accum;
+  c.gradient_accumulation_steps = best->gradient_accumulation_steps;
   const bool selective = best->policy == "selective";
   c.gradient_checkpointing = best->every > 0 || selective;
   const bool every_n = c.gradient_checkpointing && !selective && best->every > 1;
@@ -120,8 +152,8 @@ std::string apply_auto_fit(PretrainConfig& c, const model::LlamaConfig& model, c
   return fmt::format(
       "micro-batch {} x accumulation {} x {} rank{} = {} sequences (target {}), recomputation {}; predicted {:.2f} GB "
       "of {:.2f} GB",
-      best->micro_batch, best->grad_accum, world, world == 1 ? "" : "s", best->global_sequences, p.target_sequences,
-      best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
+      best->micro_batch, best->gradient_accumulation_steps, world, world == 1 ? "" : "s", best->global_sequences,
+      p.target_sequences, best->policy, best->needed_bytes / 1e9, p.device_memory_bytes / 1e9);
 }
 
 // LLaMA-Factory 0.9.5's examples (data/lf_examples.h) of one shard folder of named datasets,
@@ -437,7 +469,6 @@ RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
                     "packed as LLaMA-Factory's non-streaming run does)",
                     plan.env.world_size, plan.env.launcher)));
   }
-  plan.device = run_device(c, plan.env);
   if (c.full_determinism) {
     if (const std::string k = trainer_kernels(c.kernels, true); k != c.kernels) {
       if (main) {
@@ -456,23 +487,9 @@ RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options) {
         c.resolved_zero_stage());
   }
   plan.model = model_config_of(c);
-  if (c.cutoff_len > plan.model.max_position_embeddings && main) {
-    // As LLaMA-Factory, a warning: it runs, but positions past the limit were never trained.
-    logger()->warn(
-        "kiln-pretrain: warning: {}: cutoff_len {} is beyond the model's max_position_embeddings {} ({}); "
-        "positions past it were not trained",
-        c.source, c.cutoff_len, plan.model.max_position_embeddings, plan.model.source);
-  }
-
-  RunTarget target;
-  target.cuda = plan.device.is_cuda();
-  if (target.cuda) {
-    target.hardware =
-        cost::hardware_for_device_name(device::name(plan.device), device::device_memory_bytes(plan.device));
-  }
-  target.world_size = plan.env.world_size;
-  // Under a launcher the step runs data-parallel (also in a job of one process).
-  target.data_parallel = plan.env.distributed();
+  const PlacedRun placed = run_target(c, plan.model, {.dist = plan.env});
+  plan.device = placed.device;
+  const RunTarget& target = placed.target;
   if (c.auto_fit) plan.auto_fit = apply_auto_fit(c, plan.model, plan.device, target);
 
   const int world = plan.env.world_size;

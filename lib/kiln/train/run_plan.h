@@ -13,17 +13,20 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <c10/core/Device.h>
 
+#include "kiln/cost/hardware.h"
 #include "kiln/cost/memory.h"
 #include "kiln/cost/run.h"
 #include "kiln/data/loader.h"
 #include "kiln/dist/env.h"
 #include "kiln/model/llama_config.h"
 #include "kiln/train/pretrain_config.h"
-#include "kiln/train/step_math.h"
+#include "kiln/train/run_description.h"
+#include "kiln/train/step_plan.h"
 
 namespace kiln::data {
 class TokenShards;
@@ -91,6 +94,26 @@ RunPlan plan_run(const PretrainConfig& config, const PlanOptions& options = {});
 // resolver (common/device.h), LOCAL_RANK's GPU, the GPU's bf16 check (check_dtype_for_gpu).
 // Errors are config::ConfigError naming the key, or std::runtime_error for a rank without a GPU.
 c10::Device run_device(const PretrainConfig& config, const dist::DistEnv& env);
+
+// Where a run of `config` executes, for every program that runs or prices one (kiln-pretrain's
+// plan, kiln-profile's sweep, plan and explain): one rule for each of device, rank, dtype and
+// cutoff_len.
+struct RunEnvironment {
+  dist::DistEnv dist;  // the launcher's ranks (dist::read_dist_env()); a described job sets world_size
+  // Price the run without opening a device (kiln-profile plan and explain): `gpu` is the GPU's
+  // row of cost/hardware.h; without it `device` decides (cuda, or auto on a machine with a GPU:
+  // a GPU the table may not know; else the CPU). The job is data-parallel when world_size > 1.
+  bool described = false;
+  std::optional<cost::HardwareSpec> gpu;
+};
+struct PlacedRun {
+  c10::Device device{c10::kCPU};  // this rank's device (run_device); the CPU when described
+  RunTarget target;               // what the cost models price (run_description.h)
+};
+// run_device's device (unless described), the GPU's row of the hardware table, the job's ranks;
+// and the cutoff_len rule: beyond the model's max_position_embeddings it runs (as LLaMA-Factory),
+// with a warning on rank 0's log, since positions past it were never trained.
+PlacedRun run_target(const PretrainConfig& config, const model::LlamaConfig& model, const RunEnvironment& env);
 
 // The config's compute dtype on a GPU of compute capability major.minor: bf16 needs 8.0 (Ampere);
 // a V100 (7.0) or a Turing card (7.5) has no bf16 arithmetic, so `bf16: true` there is refused when

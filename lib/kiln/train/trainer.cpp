@@ -4,7 +4,7 @@
 //
 // Micro-batches are drawn from the loader (epochs roll over inside it) in accumulation windows
 // that start at each epoch's first batch, as HF Trainer's: an epoch's last window holds what is
-// left (step_math.h), so a checkpoint's loader state (epoch, position) alone restores the exact
+// left (step_plan.h), so a checkpoint's loader state (epoch, position) alone restores the exact
 // next batch and its window.
 #include "kiln/train/trainer.h"
 
@@ -222,44 +222,26 @@ Trainer::Run::StepBatches Trainer::Run::draw_batches() {
     if (step.windows == 1) b.micro_targets.clear();
     return b;
   }
-  int64_t exhausted = 0;
   int64_t window = t.config_.gradient_accumulation_steps;
   if (t.loader_) window = std::min(window, t.loader_->batches_per_epoch() - t.loader_->state().position);
-  for (int64_t i = 0; i < window; ++i) {
-    if (t.source_) {
-      std::optional<MicroBatch> m = t.source_();
-      if (!m) {
-        exhausted = 1;
-        break;
-      }
-      check_host_batch(*m, t.model_->config().vocab_size);
-      b.micro.push_back(std::move(*m));
-    } else {
-      data::Batch m = t.loader_->next();
-      b.micro.push_back({std::move(m.input_ids), std::move(m.labels), std::move(m.segment_ids)});
-    }
-    // LLaMA-Factory's datasets: transformers' num_items_in_batch, every label that is not -100
-    // before the shift (trainer.py, get_batch_samples); kiln's own: the scored targets.
-    const at::Tensor labels = b.micro.back().labels.cpu();
-    b.targets += t.plan_.data.ignored_label_id >= 0 ? labels.ne(-100).sum().item<int64_t>() : count_targets(labels);
-    b.tokens += b.micro.back().input_ids.numel();
-  }
-  if (t.comm_) {
-    // The step's loss is normalised by every rank's target tokens (host values: no device sync);
-    // a rank whose source ran out ends the run for all of them.
-    const auto sums = t.comm_->host_sum(
-        {static_cast<double>(b.targets), static_cast<double>(b.tokens), static_cast<double>(exhausted)});
-    b.targets = static_cast<int64_t>(sums[0]);
-    b.tokens = static_cast<int64_t>(sums[1]);
-    exhausted = static_cast<int64_t>(sums[2]);
-  }
-  b.exhausted = exhausted > 0;
-  return b;
+  // LLaMA-Factory's datasets: transformers' num_items_in_batch (trainer.py, get_batch_samples);
+  // kiln's own: the scored targets.
+  return draw_window(
+      [&]() -> std::optional<MicroBatch> {
+        if (t.source_) {
+          std::optional<MicroBatch> m = t.source_();
+          if (m) check_host_batch(*m, t.model_->config().vocab_size);
+          return m;
+        }
+        data::Batch m = t.loader_->next();
+        return MicroBatch{std::move(m.input_ids), std::move(m.labels), std::move(m.segment_ids)};
+      },
+      window, t.plan_.data.ignored_label_id >= 0, t.comm_.get());
 }
 
 bool Trainer::Run::train_step(StepBatches& batches) {
   const PretrainConfig& c = t.config_;
-  const double lr = c.learning_rate * optim::lr_multiplier(sched, st.global_step);
+  const double lr = step_learning_rate(c, sched, st.global_step);
   const StepResult r = t.stack_->step(batches.micro, batches.targets, lr,
                                       {.should_stop = [this] { return t.stop_requested(); }}, batches.micro_targets);
   if (r.interrupted) return false;

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "kiln/model/llama.h"
+#include "kiln/train/gradient_accumulation.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/run_plan.h"
-#include "kiln/train/step.h"
-#include "kiln/train/step_math.h"
-#include "kiln/train/training_step.h"
+#include "kiln/train/step_plan.h"
+#include "kiln/train/training_stack.h"
 
 namespace kiln::data {
 class DataLoader;
@@ -157,7 +157,7 @@ class Trainer {
   std::string prepare_data_main_first();  // the shard folder: rank 0 tokenizes, the others wait
   void setup_optimizer();
   EvalOptions eval_options();
-  // The step's parts (training_step.h) after comm_: data parallelism's hooks and collectives go
+  // The step's parts (training_stack.h) after comm_: data parallelism's hooks and collectives go
   // first, then the last reference to the groups, whose destructor aborts them during an
   // exception's unwinding and shuts them down otherwise.
   std::shared_ptr<dist::Comm> comm_;

@@ -1,7 +1,5 @@
 // Checkpoints: save (model, optimizer shards, loader and random states, HF's trainer_state.json)
 // and resume exactly, with HF's fractional epoch and trainer state.
-#include <regex>
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,6 +18,7 @@
 #include "kiln/optim/grad.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/checkpoint_files.h"
+#include "kiln/train/hf/checkpoint_layout.h"
 #include "kiln/train/hf/hf_optimizer_files.h"
 #include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/trainer_internal.h"
@@ -28,7 +27,7 @@
 namespace kiln::train {
 
 // HF's state.epoch: the batches consumed so far over the batches per epoch. An epoch's last
-// window may be shorter than gradient_accumulation_steps (step_math.h).
+// window may be shorter than gradient_accumulation_steps (step_plan.h).
 double Trainer::epoch_of(int64_t step) const {
   if (stream_) {
     // A stream's epochs end where its data does: the loader's position after the step (every
@@ -93,17 +92,6 @@ model::SaveOptions save_options_for(const ModelFolderFiles& files) {
 
 namespace {
 
-// Per-rank files of a data-parallel checkpoint: AdamW shards (ZeRO 1, 2) and random states (as HF's
-// rng_state_{rank}).
-std::string optimizer_shard_file(int rank, int world) {
-  return fmt::format("optimizer.rank-{:05d}-of-{:05d}.safetensors", rank, world);
-}
-std::string rng_state_file(int rank, int world) {
-  return world > 1 ? fmt::format("rng_state_{}.safetensors", rank) : "rng_state.safetensors";
-}
-// What a resume must match that HF's trainer_state.json has no field for.
-constexpr const char* kKilnStateFile = "kiln_state.json";
-
 // Every parameter's whole AdamW state in HF's layout, on rank 0's CPU (empty on the other ranks).
 // With ZeRO each rank holds chunk r of every bucket: the chunks are all-gathered bucket by bucket
 // (a collective: every rank calls this), so no rank ever holds more than one bucket of them
@@ -164,7 +152,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
   // Data parallel: rank 0 prepares the folder; every rank writes its part into it; once all have
   // (a barrier), rank 0 renames it into place, so a checkpoint-N folder is whole or absent.
   State& st = *state_;
-  const fs::path final_dir = fs::path(config_.output_dir) / fmt::format("checkpoint-{}", step);
+  const fs::path final_dir = fs::path(config_.output_dir) / checkpoint_folder_name(step);
   if (st.last_saved_step == step && fs::is_directory(final_dir)) return final_dir.string();
   // The checkpoint a run resumed from is never rewritten (a resume at its own last step ends
   // where it started): it may be transformers' or someone's download, with files kiln does not write.
@@ -174,7 +162,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
     st.last_saved_step = step;
     return final_dir.string();
   }
-  const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".checkpoint-{}.tmp", step);
+  const fs::path tmp = fs::path(config_.output_dir) / fmt::format(".{}.tmp", checkpoint_folder_name(step));
   if (is_main()) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
@@ -188,7 +176,7 @@ std::string Trainer::save_checkpoint(int64_t step) {
       opt.emplace_back("grad_scaler.scale", stack_->scaler()->scale());
       opt.emplace_back("grad_scaler.growth_tracker", stack_->scaler()->growth_tracker());
     }
-    const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
+    const std::string file = sharded ? optimizer_shard_file(rank(), world_size()) : kKilnOptimizerFile;
     io::save_safetensors((tmp / file).string(), opt);
   }
   // transformers' optimizer.pt, scheduler.pt (and scaler.pt), so that its Trainer (and LLaMA-Factory)
@@ -197,18 +185,18 @@ std::string Trainer::save_checkpoint(int64_t step) {
       gather_hf_state(model_, stack_->optimizer(), stack_->data_parallel(), is_main());
   if (is_main()) {
     const optim::ScheduleConfig sched = schedule_of(config_, plan_.steps.total_steps);
-    const double next_lr = config_.learning_rate * optim::lr_multiplier(sched, std::min(step, plan_.steps.total_steps));
+    const double next_lr = step_learning_rate(config_, sched, std::min(step, plan_.steps.total_steps));
     const HfAdamWHyper hyper{.lr = next_lr,
                              .initial_lr = config_.learning_rate,
                              .beta1 = config_.adam_beta1,
                              .beta2 = config_.adam_beta2,
                              .eps = config_.adam_epsilon,
                              .weight_decay = config_.weight_decay};
-    io::save_torch_pickle((tmp / "optimizer.pt").string(), hf_adamw_state_dict(hf_state, hyper));
-    io::save_torch_pickle((tmp / "scheduler.pt").string(),
+    io::save_torch_pickle((tmp / kHfOptimizerFile).string(), hf_adamw_state_dict(hf_state, hyper));
+    io::save_torch_pickle((tmp / kHfSchedulerFile).string(),
                           hf_lambda_lr_state_dict(config_.learning_rate, step, next_lr));
     if (stack_->scaler()) {
-      io::save_torch_pickle((tmp / "scaler.pt").string(),
+      io::save_torch_pickle((tmp / kHfScalerFile).string(),
                             hf_grad_scaler_state_dict(stack_->scaler()->scale().item<double>(),
                                                       stack_->scaler()->growth_tracker().item<int64_t>()));
     }
@@ -221,15 +209,15 @@ std::string Trainer::save_checkpoint(int64_t step) {
     const ModelFolderFiles& files = st.folder_files(config_, model_->config(), plan_.data.shards.get());
     model::save_pretrained(model_, tmp.string(), save_options_for(files));
     write_model_folder_files(files, tmp.string());
-    io::write_file_atomic((tmp / "training_args.json").string(), pretrain_config_json(config_));
+    io::write_file_atomic((tmp / kTrainingArgsFile).string(), pretrain_config_json(config_));
     if (loader_ || stream_) {  // a host's batches have no position kiln could restore
-      io::write_file_atomic((tmp / "loader_state.json").string(),
+      io::write_file_atomic((tmp / kLoaderStateFile).string(),
                             (loader_ ? loader_->state() : stream_->state()).to_json());
       io::write_file_atomic((tmp / data::DataRecord::kFile).string(),
                             data::DataRecord::of(plan_.data.dir, plan_.data.shards->meta()).to_json());
     }
     // HF's trainer_state.json (TrainerState.load_from_json reads it); kiln's own facts beside it.
-    io::write_file_atomic((tmp / "trainer_state.json").string(), trainer_state_text(hf_trainer_state(step)));
+    io::write_file_atomic((tmp / kTrainerStateFile).string(), trainer_state_text(hf_trainer_state(step)));
     const json kiln_state = {{"world_size", world_size()}, {"zero_stage", stack_->data_parallel() ? zero_stage_ : 0}};
     io::write_file_atomic((tmp / kKilnStateFile).string(), kiln_state.dump(2) + "\n");
   }
@@ -255,33 +243,23 @@ void Trainer::resume(const std::string& dir) {
   }
   state_->resumed_from = dir;
   // DeepSpeed's checkpoints keep the optimizer state in its own partitioned files.
-  if (fs::is_directory(d)) {
-    static const std::regex ds("global_step[0-9]+");
-    for (const auto& e : fs::directory_iterator(d)) {
-      if (e.is_directory() && std::regex_match(e.path().filename().string(), ds)) {
-        throw std::runtime_error(fmt::format(
-            "resume_from_checkpoint: {} holds DeepSpeed's {}/ (its partitioned optimizer state), which kiln does not "
-            "read: convert the weights with the zero_to_fp32.py that DeepSpeed wrote beside it and start from them "
-            "(model_name_or_path), or resume the run in DeepSpeed",
-            dir, e.path().filename().string()));
-      }
-    }
+  if (const auto ds = deepspeed_state_folder(d)) {
+    throw std::runtime_error(fmt::format(
+        "resume_from_checkpoint: {} holds DeepSpeed's {}/ (its partitioned optimizer state), which kiln does not "
+        "read: convert the weights with the zero_to_fp32.py that DeepSpeed wrote beside it and start from them "
+        "(model_name_or_path), or resume the run in DeepSpeed",
+        dir, *ds));
   }
   // A checkpoint of transformers' Trainer (LLaMA-Factory's): none of kiln's own files.
-  const bool from_hf = !fs::exists(d / kKilnStateFile) && !fs::exists(d / "loader_state.json") &&
-                       !fs::exists(d / "optimizer.safetensors") && fs::exists(d / "optimizer.pt");
-  const std::vector<const char*> needed =
-      from_hf ? std::vector<const char*>{"config.json", "trainer_state.json", "scheduler.pt"}
-              : std::vector<const char*>{"config.json", "loader_state.json", "trainer_state.json"};
-  for (const char* f : needed) {
-    if (!from_hf && source_ && std::string(f) == "loader_state.json") continue;  // the host restores its own data
+  const bool from_hf = is_hf_trainer_checkpoint(d);
+  for (const char* f : resume_required_files(from_hf, /*host_batches=*/static_cast<bool>(source_))) {
     if (!fs::exists(d / f)) {
       throw std::runtime_error(fmt::format(
           "resume_from_checkpoint: {} is neither a kiln checkpoint nor one of transformers' Trainer (no {})", dir, f));
     }
   }
   // trainer_state.json (HF's TrainerState), then kiln_state.json: read bounded, numbers checked.
-  const std::string ts_file = (d / "trainer_state.json").string();
+  const std::string ts_file = (d / kTrainerStateFile).string();
   TrainerStateFile ts = read_trainer_state_file(ts_file);
   state_->global_step = ts.global_step;
   state_->log_history = std::move(ts.log_history);
@@ -304,7 +282,7 @@ void Trainer::resume(const std::string& dir) {
                     fs::path(state_file).filename().string(), world_size(), stage));
   }
   const bool sharded = stage > 0;
-  const std::string opt_file = sharded ? optimizer_shard_file(rank(), world_size()) : "optimizer.safetensors";
+  const std::string opt_file = sharded ? optimizer_shard_file(rank(), world_size()) : kKilnOptimizerFile;
   if (!fs::exists(d / opt_file)) {
     throw std::runtime_error(fmt::format("resume_from_checkpoint: {} is not a kiln checkpoint (no {})", dir, opt_file));
   }
@@ -356,7 +334,7 @@ void Trainer::resume(const std::string& dir) {
     }
   }
   if (loader_ || stream_) {
-    const std::string file = (d / "loader_state.json").string();
+    const std::string file = (d / kLoaderStateFile).string();
     data::LoaderState loader_state =
         data::LoaderState::from_json(io::read_input_file(file, io::kMaxJsonFileBytes), file);
     loader_state.rank = rank();  // rank 0 wrote it; every rank is at the same position of its own share
@@ -379,7 +357,7 @@ void Trainer::resume(const std::string& dir) {
 
 void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   const fs::path d(dir);
-  const std::string state_file = (d / "trainer_state.json").string();
+  const std::string state_file = (d / kTrainerStateFile).string();
   // The schedule: its length from trainer_state.json, its type and warmup from the learning rate
   // that scheduler.pt holds for the saved step (LambdaLR keeps no more of it).
   const optim::ScheduleConfig sched = schedule_of(config_, plan_.steps.total_steps);
@@ -394,10 +372,10 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
     io::refuse(state_file, "global_step", fmt::format("at most this run's {} steps", plan_.steps.total_steps),
                fmt::format("{}", state_->global_step));
   }
-  const std::string sched_file = (d / "scheduler.pt").string();
+  const std::string sched_file = (d / kHfSchedulerFile).string();
   const HfSchedulerState s = read_hf_lambda_lr(io::load_torch_pickle(sched_file), sched_file);
   if (s.last_epoch != state_->global_step) {
-    io::refuse(sched_file, "last_epoch", fmt::format("global_step {} of trainer_state.json", state_->global_step),
+    io::refuse(sched_file, "last_epoch", fmt::format("global_step {} of {}", state_->global_step, kTrainerStateFile),
                fmt::format("{}", s.last_epoch));
   }
   // Relative closeness of finite numbers (read_hf_lambda_lr refused the others).
@@ -409,7 +387,7 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
                  fmt::format("{}", s.base_lrs[i]));
     }
   }
-  const double expected = config_.learning_rate * optim::lr_multiplier(sched, s.last_epoch);
+  const double expected = step_learning_rate(config_, sched, s.last_epoch);
   for (size_t i = 0; i < s.last_lrs.size(); ++i) {
     if (!close(s.last_lrs[i], expected)) {
       io::refuse(sched_file, io::field_path("_last_lr", static_cast<int64_t>(i)),
@@ -423,19 +401,19 @@ void Trainer::resume_from_hf(const std::string& dir, int64_t saved_max_steps) {
   io::SafetensorsCheckpoint weights(dir);
   model::load_weights(*model_, weights, dir);
 
-  load_hf_optimizer_file((d / "optimizer.pt").string(), model_, stack_->optimizer(),
+  load_hf_optimizer_file((d / kHfOptimizerFile).string(), model_, stack_->optimizer(),
                          stack_->data_parallel() && zero_stage_ > 0 ? stack_->data_parallel() : nullptr,
                          state_->global_step);
-  if (const fs::path f = d / "scaler.pt"; stack_->scaler() && fs::exists(f)) {
+  if (const fs::path f = d / kHfScalerFile; stack_->scaler() && fs::exists(f)) {
     const HfScalerState sc = read_hf_grad_scaler(io::load_torch_pickle(f.string()), f.string());
     stack_->scaler()->mutable_scale().fill_(sc.scale);
     stack_->scaler()->growth_tracker().fill_(sc.growth_tracker);
   }
-  if (fs::exists(d / "rng_state.pth") && is_main()) {
+  if (fs::exists(d / kHfRngStateFile) && is_main()) {
     logger()->info(
         "kiln-pretrain: {}: ignored (the Python, numpy and torch random states of transformers' Trainer; "
         "kiln's data order follows the seed and the step)",
-        (d / "rng_state.pth").string());
+        (d / kHfRngStateFile).string());
   }
   if (stream_) {
     // transformers' position for an iterable train set: epochs_trained = global_step // max_steps

@@ -78,14 +78,7 @@ struct Trainer::Run {
     std::optional<data::LoaderState> loader;
     at::Tensor cpu_rng;
   };
-  struct StepBatches {
-    std::vector<MicroBatch> micro;
-    int64_t targets = 0, tokens = 0;  // of every rank
-    // streaming: each micro-batch's window's targets (TrainingStack::step's micro_targets); empty
-    // when the step's micro-batches are one window normalised by `targets`.
-    std::vector<int64_t> micro_targets;
-    bool exhausted = false;  // the host's batches ran out (on any rank)
-  };
+  using StepBatches = StepWindow;  // training_stack.h
   StepStart mark_step_start() const;
   void undo_step(const StepStart& start);
   StepBatches draw_batches();

@@ -17,6 +17,7 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/train/checkpoint_dir.h"
 #include "kiln/train/evaluate.h"
+#include "kiln/train/hf/checkpoint_layout.h"
 #include "kiln/train/hf/loss_plot.h"
 #include "kiln/train/hf/run_outputs.h"
 #include "kiln/train/stop_request.h"
@@ -29,7 +30,7 @@ namespace kiln::train {
 std::string Trainer::banner() const {
   std::string out = run_banner(plan_, comm_.get());
   if (config_.train_from_scratch && !config_.model_name_or_path.empty()) {
-    const std::string config_json = (fs::path(config_.model_name_or_path) / "config.json").string();
+    const std::string config_json = (fs::path(config_.model_name_or_path) / kModelConfigFile).string();
     const std::string tokenizer = model_tokenizer_spec(config_);
     const std::string tokenizer_line =
         !config_.llamafactory_data() ? ""
@@ -104,7 +105,7 @@ EvalResult Trainer::evaluate(const BatchSource& source) {
 void Trainer::log_metrics(const std::string& json_line) {
   if (callbacks_.on_log) callbacks_.on_log(json_line);
   if (!is_main()) return;
-  append_line((fs::path(config_.output_dir) / "metrics.jsonl").string(), json_line);
+  append_line((fs::path(config_.output_dir) / kMetricsFile).string(), json_line);
 }
 
 void Trainer::prepare_output_dir() {
@@ -127,7 +128,7 @@ void Trainer::prepare_output_dir_on_main() {
   fs::create_directories(out);
   clean_incomplete_on_main();
   // LLaMA-Factory's LogCallback.on_init_end: an earlier run's log goes only with overwrite_output_dir.
-  if (const fs::path log = out / "trainer_log.jsonl"; config_.overwrite_output_dir && fs::exists(log)) {
+  if (const fs::path log = out / kTrainerLogFile; config_.overwrite_output_dir && fs::exists(log)) {
     logger()->info("kiln-pretrain: {}: previous trainer log deleted (overwrite_output_dir)", log.string());
     fs::remove(log);
   }
@@ -165,7 +166,7 @@ void Trainer::Run::record(const json& entry, bool to_metrics) {
     // LLaMA-Factory's LogCallback: one line per log entry, the summary's included; timed from this
     // call's start, as its on_train_begin.
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
-    append_line((fs::path(t.config_.output_dir) / "trainer_log.jsonl").string(),
+    append_line((fs::path(t.config_.output_dir) / kTrainerLogFile).string(),
                 trainer_log_line(entry, entry.at("step").get<int64_t>(), t.plan_.steps.total_steps, elapsed));
   }
   if (st.tensorboard) st.tensorboard->add_scalars(entry.at("step").get<int64_t>(), tensorboard_scalars(entry));
@@ -316,7 +317,7 @@ TrainResult Trainer::Run::finish() {
     summary.erase("step");
     if (complete) save_final_model();
     save_metrics(c.output_dir, "train", summary);
-    io::write_file_atomic((fs::path(c.output_dir) / "trainer_state.json").string(),
+    io::write_file_atomic((fs::path(c.output_dir) / kTrainerStateFile).string(),
                           trainer_state_text(t.hf_trainer_state(st.global_step)));
     if (c.plot_loss) {
       std::vector<std::string> keys = {"loss"};
@@ -381,7 +382,7 @@ TrainResult Trainer::Run::finish() {
                            .hyperparameters = card_hyperparameters(c, t.world_size()),
                            .framework_versions = {fmt::format("kiln {}", KILN_VERSION_STRING),
                                                   fmt::format("LibTorch {}", KILN_TORCH_VERSION_STRING)}};
-      io::write_file_atomic((fs::path(c.output_dir) / "README.md").string(), model_card_text(card));
+      io::write_file_atomic((fs::path(c.output_dir) / kModelCardFile).string(), model_card_text(card));
     }
   }
   st.tensorboard.reset();
@@ -395,7 +396,7 @@ void Trainer::Run::save_final_model() {
   const ModelFolderFiles& files = st.folder_files(t.config_, t.model_->config(), t.plan_.data.shards.get());
   model::save_pretrained(t.model_, dir, save_options_for(files));
   write_model_folder_files(files, dir);
-  io::write_file_atomic((fs::path(dir) / "training_args.json").string(), pretrain_config_json(t.config_));
+  io::write_file_atomic((fs::path(dir) / kTrainingArgsFile).string(), pretrain_config_json(t.config_));
   // kiln-generate and kiln-eval read the tokenizer and BOS convention from it, as in a checkpoint.
   if ((t.loader_ || t.stream_) && t.plan_.data.shards) {
     io::write_file_atomic((fs::path(dir) / data::DataRecord::kFile).string(),

@@ -9,6 +9,7 @@
 #include <torch/cuda.h>
 
 #include "kiln/common/device.h"
+#include "kiln/common/env.h"
 #include "kiln/common/logger.h"
 #include "kiln/common/runtime_info.h"
 #include "kiln/config/yaml.h"
@@ -24,8 +25,9 @@
 #include "kiln/model/hf.h"
 #include "kiln/optim/adamw.h"
 #include "kiln/optim/grad.h"
-#include "kiln/train/activation_checkpoint.h"
+#include "kiln/train/hf/checkpoint_layout.h"
 #include "kiln/train/kernel_choices.h"
+#include "kiln/train/recompute_layers.h"
 #include "kiln/train/run_description.h"
 #include "kiln/train/stop_request.h"
 #include "kiln/train/trainer_internal.h"
@@ -42,9 +44,9 @@ void check_model_weights(const PretrainConfig& c) {
   const std::filesystem::path dir(c.model_name_or_path);
   if (!std::filesystem::is_directory(dir)) return;
   // io::SafetensorsCheckpoint's two layouts: one file, or shards and their index.
-  const std::filesystem::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  const std::filesystem::path single = dir / kModelWeightsFile, index = dir / kModelWeightsIndexFile;
   if (std::filesystem::exists(single) || std::filesystem::exists(index)) return;
-  const bool torch_bin = std::filesystem::exists(dir / "pytorch_model.bin");
+  const bool torch_bin = std::filesystem::exists(dir / kTorchWeightsFile);
   throw config::ConfigError(config::config_message(
       c.source, "model_name_or_path",
       fmt::format("{}: no weights to load: {} not found (nor {}){}. To initialise the model at random from {} and "
@@ -53,7 +55,7 @@ void check_model_weights(const PretrainConfig& c) {
                   torch_bin ? " (pytorch_model.bin is there: kiln reads safetensors only; save the model with "
                               "transformers' save_pretrained, which writes safetensors)"
                             : "",
-                  (dir / "config.json").string())));
+                  (dir / kModelConfigFile).string())));
 }
 
 }  // namespace
@@ -67,8 +69,7 @@ void Trainer::init() {
   if (config_.full_determinism) {
     // cuBLAS needs CUBLAS_WORKSPACE_CONFIG before its first handle: a process setting, which the
     // program sets (kiln::set_cublas_deterministic_workspace), never the library.
-    const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");
-    if ((ws == nullptr || *ws == '\0') && device_.is_cuda()) {
+    if (!kiln::env::string("CUBLAS_WORKSPACE_CONFIG") && device_.is_cuda()) {
       logger()->warn(
           "kiln-pretrain: warning: full_determinism without CUBLAS_WORKSPACE_CONFIG in the environment: cuBLAS "
           "may not be deterministic (kiln::set_cublas_deterministic_workspace() sets it before the first tensor)");

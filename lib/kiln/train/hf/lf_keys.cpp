@@ -63,7 +63,7 @@ constexpr const char* kRay =
     "Ray (USE_RAY=1) launches LLaMA-Factory's workers; kiln runs under torchrun or srun (docs/distributed.md)";
 constexpr const char* kOtherReporter = "an integration kiln does not report to (TensorBoard only, report_to)";
 constexpr const char* kRecompute =
-    "kiln's recomputation is its own (train/activation_checkpoint.h); the gradients are the same whichever way "
+    "kiln's recomputation is its own (train/recompute_layers.h); the gradients are the same whichever way "
     "torch's checkpoint would run";
 constexpr const char* kCompile = "kiln is compiled C++; there is nothing for torch.compile to do";
 constexpr const char* kLiger = "kiln's own fused kernels are used (RMSNorm, RoPE, SwiGLU, linear + cross-entropy)";

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/common/env.h"
 #include "kiln/data/hf_tokenizer.h"
 #include "kiln/io/safetensors.h"
 
@@ -564,12 +565,11 @@ void save_metrics(const std::string& output_dir, const std::string& split, const
 }
 
 std::string default_logging_dir(const std::string& output_dir) {
-  if (const char* env = std::getenv("TENSORBOARD_LOGGING_DIR"); env && *env) {
-    std::string dir = env;
-    if (dir.rfind("~/", 0) == 0) {
-      if (const char* home = std::getenv("HOME")) dir = std::string(home) + dir.substr(1);
+  if (auto dir = env::string("TENSORBOARD_LOGGING_DIR")) {  // transformers' variable
+    if (dir->rfind("~/", 0) == 0) {
+      if (const auto home = env::raw("HOME")) *dir = *home + dir->substr(1);
     }
-    return dir;
+    return *dir;
   }
   const std::time_t now = std::time(nullptr);
   std::tm local{};
