@@ -327,9 +327,10 @@ std::string command_summary(Command command) {
     case Command::kSweep:
       return "Usage: kiln-profile sweep [--config FILE] [--KEY VALUE ...]\n\n"
              "Measures speed, memory and MFU at every point of cutoff_len x per_device_train_batch_size x\n"
-             "gradient_accumulation_steps (each a list), each point a short run of kiln-pretrain's step with the\n"
-             "config's schedule, beside the FLOP, memory and traffic models. Launched by torchrun or srun, the\n"
-             "step is data-parallel (rank 0 reports). KILN_MALLOC_TUNING=1 raises glibc's malloc thresholds.\n\n";
+             "gradient_accumulation_steps (x recomputation; each a list), each point a short run of kiln-pretrain's\n"
+             "step with the config's schedule, beside the FLOP, memory and traffic models. Launched by torchrun or\n"
+             "srun, the step is data-parallel (rank 0 reports). KILN_MALLOC_TUNING=1 raises glibc's malloc\n"
+             "thresholds.\n\n";
     case Command::kPlan:
       return "Usage: kiln-profile plan --model M --device_memory SIZE|NAME (--target_tokens N | --target_sequences N)"
              " [--KEY VALUE ...]\n\n"
