@@ -23,12 +23,13 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Bottom to top. "." is lib/kiln itself: export.h and version.h at the bottom; the umbrella header
-# kiln.h and api.cpp at the very top (the "api" pseudo-directory). Inside train/: the settings
+# kiln.h and api.cpp at the very top (the "api" pseudo-directory). report/ is the generic tables,
+# charts and report files (no kiln types) that kiln-profile's reports render with. Inside train/: the settings
 # struct (its public header, which keeps its installed path kiln/train/pretrain_config.h), then the
 # HF / LLaMA-Factory file writers and key table (train/hf), then the training loop (the rest). Inside
 # profile/: the measurements (profile/counters: hardware counters, component times), then the sweep
 # and the reports that use them (the rest).
-LAYERS = ["base", "common", "config", "io", "kernels", "ops", "model", "cost", "data", "optim", "dist",
+LAYERS = ["base", "common", "config", "io", "report", "kernels", "ops", "model", "cost", "data", "optim", "dist",
           "train/pretrain_config.h", "train/hf", "train", "profile/counters", "profile", "api"]
 # Edges the order would allow but the design does not: the cost models depend only on the model's
 # config (and common); ops fills in the kernel choices they take.

@@ -15,6 +15,7 @@
 #include "kiln/profile/report.h"
 #include "kiln/profile/report_internal.h"
 #include "kiln/profile/sweep.h"
+#include "kiln/report/chart.h"
 
 namespace {
 
@@ -116,8 +117,8 @@ TEST_CASE("the roofline chart: roof, ridge, one dot per component with work and 
   CHECK(count(html, R"(<details class="components">)") == 1);
 }
 
-TEST_CASE("chart axes tick at 1-2-5 steps, labelled with SI prefixes", "[profile]") {
-  using namespace kiln::profile::report_detail;
+TEST_CASE("chart axes tick at 1-2-5 steps, labelled with SI prefixes", "[profile][report]") {
+  using namespace kiln::report;
   auto same = [](const std::vector<double>& got, const std::vector<double>& want) {
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]));

@@ -134,12 +134,7 @@ std::string plan_json(const PlanReport& r) {
 }
 
 std::string plan_html(const PlanReport& r) {
-  std::string out =
-      "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kiln plan</title><style>"
-      "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid "
-      "#ccc;padding:3px 8px;text-align:right}tr.best{background:#dfd}tr.no{color:#999}"
-      ".bar{background:#69c;height:10px;display:inline-block}</style></head><body>\n";
-  out += "<h1>" + html_escape(title(r)) + "</h1>\n";
+  std::string out = "<h1>" + html_escape(title(r)) + "</h1>\n";
   for (int64_t t : r.config.cutoff_lens) {
     out += fmt::format("<h2>cutoff_len {}</h2>\n", t);
     out += html_table<PlanRow>(
@@ -149,12 +144,12 @@ std::string plan_html(const PlanReport& r) {
                                                                : "no"; }, true) +
            "\n";
   }
-  return out + "</body></html>\n";
+  return html_page("kiln plan", out);
 }
 
 std::vector<std::string> write_plan_reports(const PlanReport& report, const std::string& dir,
                                             const std::vector<std::string>& formats) {
-  return write_report_files(dir, "plan", formats, [&](const std::string& f) {
+  return write_files(dir, "plan", formats, [&](const std::string& f) {
     return f == "md"     ? plan_markdown(report)
            : f == "csv"  ? plan_csv(report)
            : f == "json" ? plan_json(report)

@@ -230,13 +230,9 @@ std::string reference_json(const ReferenceReport& rep) {
 }
 
 std::string reference_html(const ReferenceReport& rep) {
-  std::string out =
-      "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kiln reference</title><style>"
-      "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px "
-      "8px;text-align:right}td.l{text-align:left}tr.miss td.r{background:#fdd}.chart text{font-family:sans-serif;"
-      "font-size:11px}.chart .title{font-size:14px;font-weight:bold}</style></head><body>\n"
-      "<h1>The reference runs, predicted</h1>\n";
-  out += "<p>" + html_escape(fmt::format("Measured: {}. Host costs: {}.", rep.data_source, rep.host_source)) + "</p>\n";
+  std::string out = "<h1>The reference runs, predicted</h1>\n<p>" +
+                    html_escape(fmt::format("Measured: {}. Host costs: {}.", rep.data_source, rep.host_source)) +
+                    "</p>\n";
   // Per table whose rows vary cutoff_len at batch 1, accumulation 1: step time and memory against it.
   std::map<std::string, std::vector<const ReferenceRow*>> sweeps;
   for (const ReferenceRow& r : rep.rows) {
@@ -266,18 +262,18 @@ std::string reference_html(const ReferenceReport& rep) {
          html_table<ReferenceRow>(
              "<table>", prediction_columns(), rep.rows,
              [](const ReferenceRow& r) { return r.misses.empty() ? "" : "miss"; }, true) +
-         "\n</body></html>\n";
-  return out;
+         "\n";
+  return html_page("kiln reference", out);
 }
 
 std::vector<std::string> write_reference_reports(const ReferenceReport& report, const std::string& dir,
                                                  const std::vector<std::string>& formats) {
-  for (const std::string& f : formats) {
-    if (f == "csv") throw std::invalid_argument("kiln-profile reference writes md, json and html (not csv)");
-  }
-  return write_report_files(dir, "reference", formats, [&](const std::string& f) {
-    return f == "md" ? reference_markdown(report) : f == "json" ? reference_json(report) : reference_html(report);
-  });
+  return write_files(
+      dir, "reference", formats,
+      [&](const std::string& f) {
+        return f == "md" ? reference_markdown(report) : f == "json" ? reference_json(report) : reference_html(report);
+      },
+      {"md", "json", "html"});
 }
 
 }  // namespace kiln::profile

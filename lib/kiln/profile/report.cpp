@@ -1,35 +1,20 @@
-// The sweep's report in Markdown, CSV, JSON and HTML, and the table writers' helpers. The HTML
-// draws its charts as inline SVG (report_charts.cpp), so it opens offline and renders the same in
-// any browser; every chart is an <svg class="chart"> and every data series a <path class="series"
-// data-series="..."> with a <circle class="point"> per point, which the tests check structurally
-// (and, where Chromium is installed, by a headless screenshot).
+// The sweep's report in Markdown, CSV, JSON and HTML. The HTML draws its charts as inline SVG
+// (report/chart.h, report_charts.cpp), which the tests check structurally (and, where Chromium is
+// installed, by a headless screenshot).
 #include "kiln/profile/report.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 #include <map>
-#include <stdexcept>
 #include <tuple>
 
 #include "kiln/cost/flops.h"
-#include "kiln/io/safetensors.h"
 #include "kiln/profile/report_internal.h"
 
 namespace kiln::profile {
 
-namespace fs = std::filesystem;
-
 namespace report_detail {
 
-double in_unit(double v, char prefix) {
-  return prefix == 'G'   ? v / 1e9
-         : prefix == 'M' ? v / 1e6
-         : prefix == 'm' ? v * 1e3
-         : prefix == 'u' ? v * 1e6
-         : prefix == '%' ? v * 100
-                         : v;
-}
 bool ok(const ProfileRow& r) {
   return r.status == "ok";
 }
@@ -38,25 +23,6 @@ std::string gb(double bytes) {
 }
 std::string pct(const std::optional<double>& f) {
   return f ? fmt::format("{:.1f}%", *f * 100) : "n/a";
-}
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
-  }
-  return out;
-}
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-std::string markdown_line(const std::vector<std::string>& cells) {
-  std::string l = "|";
-  for (const auto& c : cells) l += " " + c + " |";
-  return l + "\n";
 }
 
 json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source) {
@@ -92,18 +58,6 @@ std::vector<Column<ComponentRow>> component_columns() {
 using namespace report_detail;
 
 namespace {
-
-// What the report reads of the settings it ran with (profile/settings.h) beyond the measurement's
-// own keys.
-const std::string& model_name(const SweepReport& r) {
-  return r.config.run.model;
-}
-const std::string& kernels(const SweepReport& r) {
-  return r.config.run.kernels;
-}
-std::string recomputation(const SweepReport& r) {
-  return r.config.run_recomputation();
-}
 
 bool cuda(const SweepReport& r) {
   return r.device.rfind("cuda", 0) == 0;
@@ -413,7 +367,7 @@ std::string to_markdown(const SweepReport& report) {
   std::string out = fmt::format(
       "kiln-profile: {} ({} parameters), {}, kernels {}, device {}, peak {:.3g} TFLOP/s ({})\n"
       "memory usage = peak bytes held by tensors during one step ({}); GB = 1e9 bytes\n",
-      model_name(report), report.num_parameters, report.config.dtype, kernels(report), report.device,
+      report.config.run.model, report.num_parameters, report.config.dtype, report.config.run.kernels, report.device,
       report.peak_tflops, report.peak_source.empty() ? "unknown" : report.peak_source,
       cuda(report) ? "CUDA caching allocator, allocated" : "counting CPU allocator");
   for (const auto& l : describe(report)) out += l + "\n";
@@ -486,24 +440,24 @@ std::string to_components_csv(const SweepReport& report) {
 
 std::string to_json(const SweepReport& report) {
   const auto& c = report.config;
-  const json doc = object(
-      "model", model_name(report), "num_parameters", report.num_parameters, "dtype", c.dtype, "kernels",
-      kernels(report), "device", report.device, "peak_tflops",
-      report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr), "peak_name", report.peak_name, "peak_source",
-      report.peak_source, "gradient_checkpointing", c.run.gradient_checkpointing, "recomputation",
-      recomputation(report), "steps", c.steps, "warmup", c.warmup, "synthetic_data", c.run.dataset_dir.empty(),
-      "counters", report.counters_note, "counters_requested", c.counters, "counter_steps",
-      c.counters ? json(c.counted_steps()) : json(nullptr), "counters_per_kernel", c.counters_per_kernel, "cpu_peak",
-      report.cpu_peak ? cpu_peak_json(*report.cpu_peak) : json(nullptr), "cpu_peak_missing", report.cpu_peak_missing,
-      "measured_gemm_tflops", report.measured_gemm_tflops, "measured_gemm_exceeds_peak",
-      report.measured_gemm_exceeds_peak, "hardware", report.hardware ? hardware_json(*report.hardware) : json(nullptr),
-      "roofline", report.roofline ? roofline_json(*report.roofline, report.bandwidth_source) : json(nullptr),
-      "warnings", report.warnings, "world_size", report.world_size, "launcher", report.launcher, "backend",
-      report.backend, "zero_stage", c.run.zero_stage, "ddp_overlap", c.ddp_overlap, "optimisation",
-      object("learning_rate", c.run.learning_rate, "lr_scheduler_type", c.run.lr_scheduler_type, "warmup_ratio",
-             c.run.warmup_ratio, "warmup_steps", c.run.warmup_steps, "weight_decay", c.run.weight_decay,
-             "max_grad_norm", c.run.max_grad_norm),
-      "rows", json_rows(sweep_columns(report), report.rows));
+  const json doc =
+      object("model", c.run.model, "num_parameters", report.num_parameters, "dtype", c.dtype, "kernels", c.run.kernels,
+             "device", report.device, "peak_tflops", report.peak_tflops > 0 ? json(report.peak_tflops) : json(nullptr),
+             "peak_name", report.peak_name, "peak_source", report.peak_source, "gradient_checkpointing",
+             c.run.gradient_checkpointing, "recomputation", c.run_recomputation(), "steps", c.steps, "warmup", c.warmup,
+             "synthetic_data", c.run.dataset_dir.empty(), "counters", report.counters_note, "counters_requested",
+             c.counters, "counter_steps", c.counters ? json(c.counted_steps()) : json(nullptr), "counters_per_kernel",
+             c.counters_per_kernel, "cpu_peak", report.cpu_peak ? cpu_peak_json(*report.cpu_peak) : json(nullptr),
+             "cpu_peak_missing", report.cpu_peak_missing, "measured_gemm_tflops", report.measured_gemm_tflops,
+             "measured_gemm_exceeds_peak", report.measured_gemm_exceeds_peak, "hardware",
+             report.hardware ? hardware_json(*report.hardware) : json(nullptr), "roofline",
+             report.roofline ? roofline_json(*report.roofline, report.bandwidth_source) : json(nullptr), "warnings",
+             report.warnings, "world_size", report.world_size, "launcher", report.launcher, "backend", report.backend,
+             "zero_stage", c.run.zero_stage, "ddp_overlap", c.ddp_overlap, "optimisation",
+             object("learning_rate", c.run.learning_rate, "lr_scheduler_type", c.run.lr_scheduler_type, "warmup_ratio",
+                    c.run.warmup_ratio, "warmup_steps", c.run.warmup_steps, "weight_decay", c.run.weight_decay,
+                    "max_grad_norm", c.run.max_grad_norm),
+             "rows", json_rows(sweep_columns(report), report.rows));
   return doc.dump(2) + "\n";
 }
 
@@ -532,30 +486,14 @@ std::string to_html(const SweepReport& report) {
   for (auto& [n, s] : speed) speed_series.push_back(s);
 
   const auto& c = report.config;
-  std::string out = R"(<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>kiln-profile report</title>
-<style>
-body { font-family: sans-serif; margin: 24px; color: #222; }
-table { border-collapse: collapse; font-size: 13px; margin: 12px 0; }
-th, td { border: 1px solid #bbb; padding: 3px 7px; text-align: right; }
-th { background: #eee; }
-td.oom { color: #b00; font-weight: bold; }
-svg.chart { display: block; margin: 16px 0; background: #fff; border: 1px solid #ccc; }
-svg .title { font-weight: bold; font-size: 14px; }
-svg .tick, svg .legend { font-size: 11px; }
-svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
-.note { color: #555; font-size: 13px; }
-.warning { color: #b00; font-weight: bold; }
-</style></head><body>
-)";
-  out += fmt::format("<h1>kiln-profile: {}</h1>\n", html_escape(model_name(report)));
+  std::string out = fmt::format("<h1>kiln-profile: {}</h1>\n", html_escape(report.config.run.model));
   out += fmt::format(
       "<p>{} parameters, compute dtype {}, device {}, peak {:.3g} TFLOP/s ({}), {} timed steps after {} warm-up, "
       "{} data{}.</p>\n",
       report.num_parameters, html_escape(c.dtype), html_escape(report.device), report.peak_tflops,
       html_escape(report.peak_source.empty() ? "unknown" : report.peak_source), c.steps, c.warmup,
       c.run.dataset_dir.empty() ? "synthetic" : "shard",
-      c.run.gradient_checkpointing ? ", recomputation " + recomputation(report) : "");
+      c.run.gradient_checkpointing ? ", recomputation " + c.run_recomputation() : "");
   out += html_table("<table id=\"results\">", sweep_columns(report), report.rows) + "\n";
   for (const auto& w : report.warnings) out += "<p class=\"warning\">WARNING: " + html_escape(w) + "</p>\n";
   for (const auto& l : describe(report)) out += "<p class=\"note\">" + html_escape(l) + "</p>\n";
@@ -592,41 +530,20 @@ svg .oom { fill: #b00; font-weight: bold; font-size: 12px; }
                        html_escape(phase_note(r, steps)));
     out += html_table("<table class=\"phases\">", phase_columns(r), phase_entries(r, steps)) + "\n";
   }
-  return out + "</body></html>\n";
-}
-
-std::vector<std::string> write_report_files(const std::string& dir, const std::string& stem,
-                                            const std::vector<std::string>& formats,
-                                            const std::function<std::string(const std::string&)>& render) {
-  for (const auto& f : formats) {
-    if (f != "md" && f != "csv" && f != "json" && f != "html")
-      throw std::invalid_argument(fmt::format("--format: '{}' is not md, csv, json or html", f));
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the output directory: {}", dir, ec.message()));
-  std::vector<std::string> written;
-  for (const auto& f : formats) {
-    const fs::path path = fs::path(dir) / (stem + "." + f);
-    io::write_file_atomic(path.string(), render(f));
-    written.push_back(path.string());
-  }
-  return written;
+  return html_page("kiln-profile report", out);
 }
 
 std::vector<std::string> write_reports(const SweepReport& report, const std::string& dir,
                                        const std::vector<std::string>& formats) {
-  std::vector<std::string> written = write_report_files(dir, "profile", formats, [&](const std::string& f) {
+  std::vector<std::string> written = write_files(dir, "profile", formats, [&](const std::string& f) {
     return f == "md"     ? to_markdown(report)
            : f == "csv"  ? to_csv(report)
            : f == "json" ? to_json(report)
                          : to_html(report);
   });
-  if (std::find(formats.begin(), formats.end(), "csv") != formats.end()) {
-    const fs::path path = fs::path(dir) / "profile_components.csv";
-    io::write_file_atomic(path.string(), to_components_csv(report));
-    written.push_back(path.string());
-  }
+  if (std::find(formats.begin(), formats.end(), "csv") != formats.end())
+    written.push_back(
+        write_files(dir, "profile_components", {"csv"}, [&](auto&) { return to_components_csv(report); })[0]);
   return written;
 }
 

@@ -13,7 +13,6 @@
 // follows the main table (Markdown, JSON, HTML; profile_components.csv).
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,13 +47,6 @@ std::string explain_markdown(const ExplainReport& e);
 // JSON: the per-component rows as a sweep's point has them, the roofline and the step's totals
 // (and `modelled_counters` with step_seconds).
 std::string explain_json(const ExplainReport& e);
-
-// Writes dir/<stem>.<format> atomically for each of `formats` (md, csv, json, html), the text
-// from render(format); returns the paths. An unknown format is an error naming it. Shared by the
-// sweep's report, the plan and the reference.
-std::vector<std::string> write_report_files(const std::string& dir, const std::string& stem,
-                                            const std::vector<std::string>& formats,
-                                            const std::function<std::string(const std::string&)>& render);
 
 // Writes profile.{md,csv,json,html} (those in `formats`; with csv also profile_components.csv)
 // into `dir` (created), each through a temporary file and a rename. Returns the paths written.

@@ -1,169 +1,18 @@
-// Internal to the report files (report.cpp: the sweep's report and the table writers;
-// report_charts.cpp: the SVG charts; explain_report.cpp, plan_report.cpp, reference_report.cpp):
-// what they share. Not installed.
-//
-// Every table is a list of Column descriptions, each said once: its header, its text cell
-// (Markdown, CSV and HTML) and its JSON key and value; the writers here render that one list in
-// every format, so a column cannot drift between them.
+// Internal to the report files (report.cpp: the sweep's report; report_charts.cpp: its SVG charts;
+// explain_report.cpp, plan_report.cpp, reference_report.cpp): what they share beyond the generic
+// tables and charts (report/table.h, report/chart.h). Not installed.
 #pragma once
 
-#include <functional>
 #include <optional>
 #include <string>
-#include <utility>
-#include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "kiln/profile/report.h"
+#include "kiln/report/chart.h"
+#include "kiln/report/table.h"
 
 namespace kiln::profile::report_detail {
 
-using json = nlohmann::json;
-
-template <class Row>
-struct Column {
-  std::string name{};                             // the header; "" = in the JSON only
-  std::function<std::string(const Row&)> cell{};  // the text cell
-  std::string key{};                              // the JSON key; "" = in the text formats only
-  std::function<json(const Row&)> value{};        // without a key, an object whose fields join the row
-  bool number = false;                            // right-aligned in an aligned Markdown table
-  std::string html_class{};                       // the HTML cell's class
-  bool strong = false;                            // Markdown: a non-empty cell in bold
-  bool html = false;                              // in the HTML table only, its cell HTML already
-};
-
-// A field's JSON value: an empty optional is null.
-template <class T>
-json opt(const T& v) {
-  return json(v);
-}
-template <class T>
-json opt(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-// A JSON object from keys and values: object("a", 1, "b", std::optional<double>()) = {"a": 1, "b": null}.
-inline json object() {
-  return json::object();
-}
-template <class V, class... Rest>
-json object(const std::string& key, const V& value, const Rest&... rest) {
-  json out = object(rest...);
-  out[key] = opt(value);
-  return out;
-}
-
-// `v` in the unit `prefix` names, computed as the formats always have: 'G' v / 1e9, 'M' v / 1e6,
-// 'm' v x 1e3, 'u' v x 1e6, '%' v x 100, anything else v itself.
-double in_unit(double v, char prefix);
-
-// A number column: its cell `format` of get(row) in `prefix`'s unit, its JSON get(row) (no key:
-// in the text formats only). `get` is a member pointer or a function of the row.
-template <class Row, class Get>
-Column<Row> number(std::string name, std::string key, char prefix, const char* format, Get get) {
-  Column<Row> c{std::move(name),
-                [=](const Row& r) { return fmt::format(fmt::runtime(format), in_unit(std::invoke(get, r), prefix)); },
-                std::move(key),
-                {},
-                true};
-  if (!c.key.empty()) c.value = [=](const Row& r) { return json(std::invoke(get, r)); };
-  return c;
-}
-// A field of the JSON only.
-template <class Row, class Get>
-Column<Row> field(std::string key, Get get) {
-  return {"", {}, std::move(key), [=](const Row& r) { return opt(std::invoke(get, r)); }};
-}
-
-std::string html_escape(const std::string& s);
-std::string csv_field(const std::string& s);
-std::string markdown_line(const std::vector<std::string>& cells);  // "| a | b |\n"
-
-template <class Row>
-std::vector<std::string> text_cells(const std::vector<Column<Row>>& columns, const Row* row, bool html = false) {
-  std::vector<std::string> out;
-  for (const Column<Row>& c : columns) {
-    if (!c.name.empty() && (html || !c.html)) out.push_back(row ? c.cell(*row) : c.name);
-  }
-  return out;
-}
-
-// Markdown: all columns "---", or with `aligned` the numbers "---:".
-template <class Row>
-std::string markdown_table(const std::vector<Column<Row>>& columns, const std::vector<Row>& rows,
-                           bool aligned = false) {
-  std::vector<std::string> rule;
-  for (const Column<Row>& c : columns) {
-    if (!c.name.empty() && !c.html) rule.push_back(aligned && c.number ? "---:" : "---");
-  }
-  std::string out = markdown_line(text_cells<Row>(columns, nullptr)) + markdown_line(rule);
-  for (const Row& r : rows) {
-    std::vector<std::string> cells;
-    for (const Column<Row>& c : columns) {
-      if (c.name.empty() || c.html) continue;
-      const std::string s = c.cell(r);
-      cells.push_back(c.strong && !s.empty() ? "**" + s + "**" : s);
-    }
-    out += markdown_line(cells);
-  }
-  return out;
-}
-
-template <class Row>
-std::string csv_table(const std::vector<Column<Row>>& columns, const std::vector<Row>& rows) {
-  std::string out;
-  auto line = [&](const std::vector<std::string>& cells) {
-    for (size_t i = 0; i < cells.size(); ++i) {
-      if (i > 0) out += ',';
-      out += csv_field(cells[i]);
-    }
-    out += '\n';
-  };
-  line(text_cells<Row>(columns, nullptr));
-  for (const Row& r : rows) line(text_cells(columns, &r));
-  return out;
-}
-
-// `<table ...>` through `</table>` (no newline after it): the header in a <thead> and the rows in
-// a <tbody> unless `bare`; with `row_class`, each <tr> its class; a cell reading OOM is class oom.
-template <class Row>
-std::string html_table(const std::string& open, const std::vector<Column<Row>>& columns, const std::vector<Row>& rows,
-                       const std::function<std::string(const Row&)>& row_class = {}, bool bare = false) {
-  std::string out = open + (bare ? "<tr>" : "<thead><tr>");
-  for (const std::string& h : text_cells<Row>(columns, nullptr, true)) out += "<th>" + html_escape(h) + "</th>";
-  out += bare ? "</tr>\n" : "</tr></thead><tbody>\n";
-  for (const Row& r : rows) {
-    out += row_class ? "<tr class=\"" + row_class(r) + "\">" : "<tr>";
-    for (const Column<Row>& c : columns) {
-      if (c.name.empty()) continue;
-      const std::string s = c.cell(r), cls = s == "OOM" ? "oom" : c.html_class;
-      out += (cls.empty() ? "<td>" : "<td class=\"" + cls + "\">") + (c.html ? s : html_escape(s)) + "</td>";
-    }
-    out += "</tr>\n";
-  }
-  return out + (bare ? "</table>" : "</tbody></table>");
-}
-
-template <class Row>
-json json_row(const std::vector<Column<Row>>& columns, const Row& r) {
-  json out = json::object();
-  for (const Column<Row>& c : columns) {
-    if (!c.value) continue;
-    if (c.key.empty()) {
-      out.update(c.value(r));
-    } else {
-      out[c.key] = c.value(r);
-    }
-  }
-  return out;
-}
-template <class Row>
-json json_rows(const std::vector<Column<Row>>& columns, const std::vector<Row>& rows) {
-  json out = json::array();
-  for (const Row& r : rows) out.push_back(json_row(columns, r));
-  return out;
-}
+using namespace kiln::report;
 
 // The per-component table of the traffic model (a sweep's point, explain's JSON).
 std::vector<Column<ComponentRow>> component_columns();
@@ -176,27 +25,7 @@ bool ok(const ProfileRow& r);                     // the point ran
 std::string gb(double bytes);                     // "1.234" (GB = 1e9 bytes)
 std::string pct(const std::optional<double>& f);  // "41.0%" or "n/a"
 
-// The SVG charts (report_charts.cpp). An axis's ticks are round numbers: multiples of 1, 2 or 5
-// times a power of ten (a log axis: its decades, or 1-2-5 in each), labelled with an SI prefix.
-inline constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
-                                          "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
-struct Series {
-  std::string name;
-  std::vector<std::pair<double, double>> points;  // (x, y), sorted by x
-  std::string color;
-  bool dashed = false;
-};
-// `v` to the digits of `resolution`, with an SI prefix from k (1e3) to P and below 1e-3 m, u, n,
-// and then the unit: si(15000, 5000) = "15k", si(1.5e9, 5e8) = "1.5G", si(0.02, 0.01) = "0.02",
-// si(2.039e12, 2e10, "B/s") = "2.04 TB/s".
-std::string si(double v, double resolution, const std::string& unit = "");
-// The ticks of a linear axis over [lo, hi]: multiples of a 1-2-5 step, about `count` of them.
-std::vector<double> linear_ticks(double lo, double hi, int count = 5);
-// The ticks of a log axis over [lo, hi]: 1, 2 and 5 in each decade, or the decades alone over
-// more than three.
-std::vector<double> log_ticks(double lo, double hi);
-std::string line_chart(const std::string& id, const std::string& title, const std::string& x_label,
-                       const std::string& y_label, const std::vector<Series>& series);
+// The sweep's charts beside report/chart.h's line charts (report_charts.cpp).
 std::string breakdown_chart(const SweepReport& report);
 std::string roofline_chart(const SweepReport& report);
 

@@ -4,7 +4,9 @@
 #include "kiln/profile/settings.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
@@ -95,13 +97,8 @@ const KeyTable<ProfileSettings>& own_table() {
 }
 
 std::vector<std::string> words(const std::string& text) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = std::min(text.find(' ', at), text.size());
-    if (end > at) out.push_back(text.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
+  std::istringstream in(text);
+  return {std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
 }
 
 // Each subcommand's keys, in --help order: the profile's own and kiln-pretrain's.
@@ -137,21 +134,20 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 
 template <class C>
 KeyTable<C> keys_of(const KeyTable<C>& table, Command command) {
+  const std::vector<std::string> names = key_names(command);
   KeyTable<C> out;
   for (const auto& key : table) {
-    if (has(key_names(command), key.name)) out.push_back(key);
+    if (has(names, key.name)) out.push_back(key);
   }
   return out;
 }
+
+// kiln-pretrain's keys that `command` takes, less those the profile reads itself (the grid's lists).
 KeyTable<train::PretrainConfig> pretrain_keys(Command command) {
+  const KeyTable<ProfileSettings>& own = own_table();
   KeyTable<train::PretrainConfig> out;
-  const std::vector<std::string> own = [] {
-    std::vector<std::string> n;
-    for (const auto& k : own_table()) n.push_back(k.name);
-    return n;
-  }();
-  for (const auto& key : train::pretrain_key_table()) {
-    if (has(key_names(command), key.name) && !has(own, key.name)) out.push_back(key);
+  for (const auto& key : keys_of(train::pretrain_key_table(), command)) {
+    if (std::none_of(own.begin(), own.end(), [&](const auto& k) { return k.name == key.name; })) out.push_back(key);
   }
   return out;
 }
@@ -214,11 +210,12 @@ ProfileSettings defaults(Command command) {
   return s;
 }
 
-void check_formats(const ProfileSettings& s, const std::vector<std::string>& allowed) {
+// The report formats: md, csv, json and html (reference: no csv).
+void check_formats(const ProfileSettings& s) {
+  const bool csv = s.command != Command::kReference;
   for (const auto& f : s.formats) {
-    if (!has(allowed, f))
-      fail(s.source, "format",
-           fmt::format("'{}' is not {}", f, allowed.size() == 4 ? "md, csv, json or html" : "md, json or html"));
+    if (f != "md" && f != "json" && f != "html" && !(csv && f == "csv"))
+      fail(s.source, "format", fmt::format("'{}' is not {}", f, csv ? "md, csv, json or html" : "md, json or html"));
   }
 }
 
@@ -227,7 +224,7 @@ void check_formats(const ProfileSettings& s, const std::vector<std::string>& all
 void settle(ProfileSettings& s) {
   const std::string& src = s.source;
   s.run.source = src;
-  if (s.command == Command::kReference) return check_formats(s, {"md", "json", "html"});
+  if (s.command == Command::kReference) return check_formats(s);
   try {
     device::check_spec(s.run.device);
   } catch (const std::invalid_argument& e) {
@@ -240,25 +237,22 @@ void settle(ProfileSettings& s) {
   if (s.dtype != "bf16" && s.dtype != "fp16" && s.dtype != "fp32")
     fail(src, "dtype", fmt::format("'{}' is not bf16, fp16 or fp32", s.dtype));
   train::set_compute_dtype(s.run, s.dtype);
-  if (s.command == Command::kExplain) {
-    for (const auto& [key, list, flag] : {std::tuple{"cutoff_len", &s.cutoff_len, "--cutoff_len (one value)"},
-                                          {"per_device_train_batch_size", &s.per_device_train_batch_size,
-                                           "--per_device_train_batch_size (--batch-size, one value)"},
-                                          {"gradient_accumulation_steps", &s.gradient_accumulation_steps,
-                                           "--gradient_accumulation_steps (--grad-accum, one value)"}}) {
-      if (list->size() > 1) fail(src, key, fmt::format("{} values: explain models one", list->size()));
-      if (list->empty() || (*list)[0] <= 0) fail(src, key, fmt::format("missing or not positive: give {}", flag));
-    }
-    if (s.step_seconds < 0) fail(src, "step_seconds", fmt::format("{} is negative", s.step_seconds));
-  }
-  for (const auto& [key, list] : {std::pair{"cutoff_len", &s.cutoff_len},
-                                  {"per_device_train_batch_size", &s.per_device_train_batch_size},
-                                  {"gradient_accumulation_steps", &s.gradient_accumulation_steps}}) {
+  // The grid's lists (explain: one value each, `flag` saying how to give it).
+  const bool explain = s.command == Command::kExplain;
+  for (const auto& [key, list, flag] : {std::tuple{"cutoff_len", &s.cutoff_len, "--cutoff_len (one value)"},
+                                        {"per_device_train_batch_size", &s.per_device_train_batch_size,
+                                         "--per_device_train_batch_size (--batch-size, one value)"},
+                                        {"gradient_accumulation_steps", &s.gradient_accumulation_steps,
+                                         "--gradient_accumulation_steps (--grad-accum, one value)"}}) {
+    if (explain && list->size() > 1) fail(src, key, fmt::format("{} values: explain models one", list->size()));
+    if (explain && (list->empty() || (*list)[0] <= 0))
+      fail(src, key, fmt::format("missing or not positive: give {}", flag));
     if (list->empty() && has(key_names(s.command), key)) fail(src, key, "empty list");
     for (int64_t x : *list) {
       if (x <= 0) fail(src, key, fmt::format("{} is not positive", x));
     }
   }
+  if (explain && s.step_seconds < 0) fail(src, "step_seconds", fmt::format("{} is negative", s.step_seconds));
   if (s.peak_tflops < 0) fail(src, "peak_tflops", fmt::format("{} is negative", s.peak_tflops));
   if (s.command == Command::kPlan && s.world_size == 1 && s.run.zero_stage > 0)
     fail(src, "zero_stage", "ZeRO needs a world size above 1");
@@ -272,9 +266,8 @@ void settle(ProfileSettings& s) {
       fail(src, "counter_steps", "has no effect without counters: true (--counters)");
     if (s.run.seed < 0) fail(src, "seed", fmt::format("{} is negative", s.run.seed));
     if (s.memory_cap_bytes < 0) fail(src, "memory_cap_bytes", fmt::format("{} is negative", s.memory_cap_bytes));
-    check_formats(s, {"md", "csv", "json", "html"});
   }
-  if (s.command == Command::kPlan) check_formats(s, {"md", "csv", "json", "html"});
+  if (!explain) check_formats(s);
   for (const std::string& name : s.recomputation) {
     try {
       train::recomputation_keys(name);
@@ -374,20 +367,17 @@ config::Spelling command_spelling(Command) {
 }
 
 std::vector<config::KeyDoc> command_keys(Command command) {
-  std::vector<std::string> train_keys;
-  for (const auto& key : pretrain_keys(command)) train_keys.push_back(key.name);
-  std::vector<config::KeyDoc> docs;
-  for (const auto& table_docs :
-       {config::key_docs(keys_of(own_table(), command)), config::key_docs(pretrain_keys(command))})
-    docs.insert(docs.end(), table_docs.begin(), table_docs.end());
+  std::vector<config::KeyDoc> docs = config::key_docs(keys_of(own_table(), command));
+  const size_t own = docs.size();
+  for (const config::KeyDoc& doc : config::key_docs(pretrain_keys(command))) docs.push_back(doc);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (const std::string line = help_line(command, docs[i].name); !line.empty()) docs[i].help = line;
+    if (i >= own) docs[i].help += "; kiln-pretrain's key";
+  }
   const std::vector<std::string> order = key_names(command);
   std::sort(docs.begin(), docs.end(), [&](const auto& a, const auto& b) {
     return std::find(order.begin(), order.end(), a.name) < std::find(order.begin(), order.end(), b.name);
   });
-  for (auto& doc : docs) {
-    if (const std::string line = help_line(command, doc.name); !line.empty()) doc.help = line;
-    if (has(train_keys, doc.name)) doc.help += "; kiln-pretrain's key";
-  }
   return docs;
 }
 
@@ -435,16 +425,6 @@ ProfileSettings read_settings(Command command, const std::string& path, const Ov
   return s;
 }
 
-int64_t ProfileSettings::steps_per_point() const {
-  return warmup + steps + (counters ? counted_steps() : 0) + (component_times ? steps : 0) +
-         (trace_dir.empty() ? 0 : steps);
-}
-
-train::Recomputation ProfileSettings::recomputation_choice() const {
-  return train::resolve_recomputation(run.gradient_checkpointing, run.gradient_checkpointing_policy,
-                                      run.gradient_checkpointing_every);
-}
-
 train::PretrainConfig point_config(const ProfileSettings& s, const SweepPoint& p) {
   train::PretrainConfig t = s.run;
   t.cutoff_len = p.cutoff_len;
@@ -456,76 +436,81 @@ train::PretrainConfig point_config(const ProfileSettings& s, const SweepPoint& p
     t.gradient_checkpointing_policy = keys.policy;
     t.gradient_checkpointing_every = keys.every;
   }
-  t.max_steps = s.steps_per_point();
+  // The steps a point runs: warmup, timed, counted, profiled and traced.
+  t.max_steps = s.warmup + s.steps + (s.counters ? s.counted_steps() : 0) + (s.component_times ? s.steps : 0) +
+                (s.trace_dir.empty() ? 0 : s.steps);
   return t;
 }
 
 namespace {
 
-// plan and explain price a job of world_size ranks on a described device.
-train::RunTarget described_target(const ProfileSettings& s, const model::LlamaConfig& model,
-                                  const std::optional<cost::HardwareSpec>& gpu, const SweepPoint& point) {
-  train::RunEnvironment env{.described = true, .gpu = gpu};
+// The GPU of cost/hardware.h that device_memory names, which device cpu contradicts (explain's
+// device_memory is a name; plan's may be a size instead: none).
+std::optional<cost::HardwareSpec> named_gpu(const ProfileSettings& s) {
+  if (s.device_memory.empty()) return std::nullopt;
+  const bool plan = s.command == Command::kPlan;
+  const std::optional<cost::HardwareSpec> gpu = cost::hardware_spec(s.device_memory);
+  if (s.run.device == "cpu" && (gpu || !plan)) {
+    fail(s.source, "device_memory",
+         "'" + s.device_memory +
+             (plan ? "' is a GPU but device is cpu: give the CPU's memory as a size (e.g. 64GB)"
+                   : "' names a GPU, but device cpu models this CPU: give one of the two"));
+  }
+  if (!gpu && !plan)
+    fail(s.source, "device_memory", fmt::format("'{}' is not a device name ({})", s.device_memory, device_names()));
+  return gpu;
+}
+
+// The run at `point` as train::describe_run prices it for a job of world_size ranks on the
+// described device (`gpu`: a GPU of the table; none: `device` decides).
+cost::RunDescription described_run(const ProfileSettings& s, const model::LlamaConfig& model,
+                                   const std::optional<cost::HardwareSpec>& gpu, const SweepPoint& point) {
+  const train::PretrainConfig run = point_config(s, point);
+  train::RunEnvironment env;
   env.dist.world_size = static_cast<int>(s.world_size);
-  return train::run_target(point_config(s, point), model, env).target;
+  env.described = true;
+  env.gpu = gpu;
+  return train::describe_run(run, model, train::run_target(run, model, env).target);
 }
 
 }  // namespace
 
 cost::PlanConfig plan_config(const ProfileSettings& s) {
+  const std::optional<cost::HardwareSpec> gpu = named_gpu(s);
   cost::PlanConfig c;
   c.source = s.source;
   c.model = s.run.model;
   c.cutoff_lens = s.cutoff_len;
   c.kernels = s.run.kernels;
-  const std::optional<cost::HardwareSpec> named =
-      s.device_memory.empty() ? std::nullopt : cost::hardware_spec(s.device_memory);
-  if (named && s.run.device == "cpu") {
-    fail(s.source, "device_memory",
-         fmt::format("'{}' is a GPU but device is cpu: give the CPU's memory as a size (e.g. 64GB)", s.device_memory));
-  }
-  const model::LlamaConfig model = model::load_llama_config(s.run.model);
+  c.target_tokens = s.target_tokens;
+  c.target_sequences = s.target_sequences;
+  c.mfu = s.mfu;
+  c.peak_tflops = s.peak_tflops;
   // The run the planner varies (its batch, accumulation and recomputation are the planner's to
   // choose), at the plan's longest cutoff_len.
   const int64_t longest = *std::max_element(s.cutoff_len.begin(), s.cutoff_len.end());
-  const train::RunTarget target = described_target(s, model, named, {1, 1, longest});
-  if (named) {
-    c.device_memory_bytes = named->memory_bytes;
-    c.device_name = named->name;
+  c.run = described_run(s, model::load_llama_config(s.run.model), gpu, {1, 1, longest});
+  if (gpu) {
+    c.device_memory_bytes = gpu->memory_bytes;
+    c.device_name = gpu->name;
   } else if (!s.device_memory.empty()) {
     try {
       c.device_memory_bytes = cost::parse_bytes(s.device_memory, "key 'device_memory'");
     } catch (const std::invalid_argument& e) {
       throw ConfigError(fmt::format("{}: {}", s.source, e.what()));
     }
-  } else if (target.cuda && torch::cuda::is_available()) {
+  } else if (c.run.cuda && torch::cuda::is_available()) {  // this machine's GPU
     c.device_memory_bytes = device::device_memory_bytes(at::Device(at::kCUDA, 0));
   } else {
     fail(s.source, "device_memory",
          fmt::format("missing: give the {} memory (e.g. 80GB) or a device name (e.g. H100-80GB){}",
-                     target.cuda ? "GPU's" : "CPU's", target.cuda ? ": no GPU here to ask" : ""));
+                     c.run.cuda ? "GPU's" : "CPU's", c.run.cuda ? ": no GPU here to ask" : ""));
   }
-  c.target_tokens = s.target_tokens;
-  c.target_sequences = s.target_sequences;
-  c.mfu = s.mfu;
-  c.peak_tflops = s.peak_tflops;
-  train::PretrainConfig t = point_config(s, {1, 1, longest});
-  t.gradient_checkpointing = false;
-  c.run = train::describe_run(t, model, target);
   return c;
 }
 
 ExplainDevice explain_device(const ProfileSettings& s) {
-  if (!s.device_memory.empty()) {
-    if (s.run.device == "cpu") {
-      fail(s.source, "device_memory",
-           fmt::format("'{}' names a GPU, but device cpu models this CPU: give one of the two", s.device_memory));
-    }
-    const auto named = cost::hardware_spec(s.device_memory);
-    if (!named)
-      fail(s.source, "device_memory", fmt::format("'{}' is not a device name ({})", s.device_memory, device_names()));
-    return {true, *named, named->source};
-  }
+  if (const auto gpu = named_gpu(s)) return {true, *gpu, gpu->source};
   at::Device here(at::kCPU);
   try {
     here = device::resolve(s.run.device);
@@ -544,10 +529,8 @@ ExplainDevice explain_device(const ProfileSettings& s) {
 
 cost::RunDescription explain_run(const ProfileSettings& s, const model::LlamaConfig& model,
                                  const ExplainDevice& device) {
-  const SweepPoint point{s.per_device_train_batch_size[0], s.gradient_accumulation_steps[0], s.cutoff_len[0]};
-  const train::RunTarget target =
-      described_target(s, model, device.cuda ? std::optional(device.hardware) : std::nullopt, point);
-  return train::describe_run(point_config(s, point), model, target);
+  return described_run(s, model, device.cuda ? std::optional(device.hardware) : std::nullopt,
+                       {s.per_device_train_batch_size[0], s.gradient_accumulation_steps[0], s.cutoff_len[0]});
 }
 
 }  // namespace kiln::profile

@@ -87,12 +87,13 @@ struct ProfileSettings {
   std::string data, host_costs;
 
   int64_t counted_steps() const { return counter_steps > 0 ? counter_steps : steps; }
-  // The optimizer steps one point runs: warmup, timed, counted, profiled and traced.
-  int64_t steps_per_point() const;
-  // What the run's keys ask for (train::resolve_recomputation) and its name: "none", "full",
+  // The recomputation the run's keys ask for (train::resolve_recomputation): "none", "full",
   // "every_2", "selective"; a grid's list names each point's own (SweepPoint::recomputation).
-  train::Recomputation recomputation_choice() const;
-  std::string run_recomputation() const { return recomputation_choice().name(); }
+  std::string run_recomputation() const {
+    return train::resolve_recomputation(run.gradient_checkpointing, run.gradient_checkpointing_policy,
+                                        run.gradient_checkpointing_every)
+        .name();
+  }
 };
 
 // How `command`'s command line may write its keys: kebab case, the older flags' aliases, its
