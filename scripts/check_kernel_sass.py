@@ -117,7 +117,7 @@ class Goal:
 #     or dS^T in fp32 would need fp32 stores in the span and at least 16 more loads.
 #   <= 8 static instructions per HMMA in the hot loop (the unmasked step; masked tiles run outside it).
 #   The softmax fully unrolled: no loop doing float math inside the hot loop. (A loop without float
-#     math is allowed: the forward's next_tile() do-while, which skips tiles of other documents.)
+#     math is allowed: KeyTileWalk::next()'s do-while, which skips tiles of other documents.)
 #   Resident warps at head_dim 64 (registers, __launch_bounds__ threads, dynamic shared memory from
 #     DYNAMIC_SMEM): >= 8 on sm_80, >= 12 on sm_90.
 _ATTENTION = dict(source="flash_attention", archs=(80, 90), ldsm_operands=True, max_insns_per_hmma=8,
@@ -899,7 +899,7 @@ SELF_TEST = """
 
 # An attention-like kernel: Q's fragment by LDSM before the loop; in the loop K by LDSM, S = Q K^T,
 # softmax math, P packed by F2FP, V by LDSM.trans, O += P V, then a do-while without float math
-# (next_tile) and the back edge. 19 instructions, 4 HMMAs.
+# (KeyTileWalk::next) and the back edge. 19 instructions, 4 HMMAs.
 TENSOR_TEST = """
         Function : _Z2fav
         /*0000*/                   LDSM.16.M88.4 R20, [R2] ;

@@ -37,7 +37,7 @@
 //   n16 block an XOR of it (the swizzle touches only the chunk bits), another row block a constant.
 #pragma once
 
-#include "kiln/kernels/flash_attention_fwd.cuh"  // copy_tile_sw, doc_range
+#include "kiln/kernels/flash_attention_fwd.cuh"  // copy_tile_sw, doc_range, KeyTileWalk
 
 namespace KILN_KERNELS_NS {
 namespace {
@@ -560,30 +560,12 @@ __device__ __forceinline__ void flash_bwd_dq_sm80_body(const FlashBwdParams& p) 
   f.k = static_cast<const T*>(p.k) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
   f.v = static_cast<const T*>(p.v) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
   const int* seg = f.seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
-  const int offset = p.seq_k - p.seq_q;
-  const int k_end = p.causal ? min(p.seq_k, q0 + kBlockM + offset) : p.seq_k;
-  const int n_tiles = (k_end + kBlockN - 1) / kBlockN;
+  const KeyTileWalk<kBlockM, kBlockN> walk(p, b, q0, seg);
+  const int offset = walk.offset, n_tiles = walk.n_tiles;
   const int row_w = warp * 16;
 
-  const int tiles_k = (p.seq_k + kBlockN - 1) / kBlockN;
-  const int* ranges = seg != nullptr && p.doc_ranges != nullptr ? p.doc_ranges + size_t(b) * tiles_k * 2 : nullptr;
-  int2 qr = make_int2(0, 0);
-  if (ranges != nullptr) qr = doc_range(ranges, q0 / kBlockN, (min(q0 + kBlockM, p.seq_q) - 1) / kBlockN);
-  auto next_tile = [&](int j) {
-    do {
-      ++j;
-    } while (j < n_tiles && ranges != nullptr && (ranges[2 * j + 1] < qr.x || ranges[2 * j] > qr.y));
-    return j;
-  };
-  auto needs_mask = [&](int j) {
-    const int k0 = j * kBlockN;
-    if (k0 + kBlockN > p.seq_k || (p.causal && k0 + kBlockN - 1 > q0 + offset)) return true;
-    if (seg == nullptr) return false;
-    return ranges == nullptr || !(qr.x == qr.y && ranges[2 * j] == qr.x && ranges[2 * j + 1] == qr.x);
-  };
-
   // Q and dO through buffer 1 (their fragments, then free), the first K and V into buffer 0.
-  int j = next_tile(-1);
+  int j = walk.first();
   T* q_s = f.kv_s + 2 * kBlockN * D;
   T* do_s = q_s + kBlockM * D;
   copy_tile_sw<T, D, kBlockM, kThreads>(q_s, static_cast<const T*>(p.q) + q_off, q0, p.seq_q);
@@ -615,15 +597,15 @@ __device__ __forceinline__ void flash_bwd_dq_sm80_body(const FlashBwdParams& p) 
 
   int buf = 0;
   while (j < n_tiles) {
-    while (j < n_tiles && !needs_mask(j)) {
-      const int jn = next_tile(j);
-      f.template step<false>(j, jn < n_tiles ? jn : tiles_k, buf);
+    while (j < n_tiles && !walk.needs_mask(j)) {
+      const int jn = walk.next(j);
+      f.template step<false>(j, jn < n_tiles ? jn : walk.tiles_k, buf);
       buf ^= 1;
       j = jn;
     }
     if (j >= n_tiles) break;
-    const int jn = next_tile(j);
-    f.template step<true>(j, jn < n_tiles ? jn : tiles_k, buf);
+    const int jn = walk.next(j);
+    f.template step<true>(j, jn < n_tiles ? jn : walk.tiles_k, buf);
     buf ^= 1;
     j = jn;
   }

@@ -58,6 +58,47 @@ __device__ __forceinline__ int2 doc_range(const int* ranges, int t0, int t1) {
   return r;
 }
 
+// The key tiles that the query tile [q0, q0 + kBlockM) of batch row b walks, in order (the
+// forward and the deterministic dQ kernel): causal, up to the last key its last row sees; with the
+// launcher's per-tile document ranges (FlashShape::doc_ranges), only those whose range can meet
+// the query tile's. seg: batch row b's segment ids, or null.
+template <int kBlockM, int kBlockN>
+struct KeyTileWalk {
+  const FlashShape& p;
+  int q0;
+  int offset;   // causal alignment: query i sees keys <= i + offset
+  int n_tiles;  // the walk ends at the first j >= n_tiles
+  int tiles_k;  // the key tiles of the row (a next tile that is none: nothing to copy)
+  const int* seg;
+  const int* ranges;  // batch row b's doc_ranges, or null (no segment ids or no ranges)
+  int2 qr;            // the query tile's id range (with ranges)
+
+  __device__ __forceinline__ KeyTileWalk(const FlashShape& p_, int b, int q0_, const int* seg_)
+      : p(p_), q0(q0_), offset(p.seq_k - p.seq_q), seg(seg_), qr(make_int2(0, 0)) {
+    const int k_end = p.causal ? min(p.seq_k, q0 + kBlockM + offset) : p.seq_k;
+    n_tiles = (k_end + kBlockN - 1) / kBlockN;
+    tiles_k = (p.seq_k + kBlockN - 1) / kBlockN;
+    ranges = seg != nullptr && p.doc_ranges != nullptr ? p.doc_ranges + size_t(b) * tiles_k * 2 : nullptr;
+    if (ranges != nullptr) qr = doc_range(ranges, q0 / kBlockN, (min(q0 + kBlockM, p.seq_q) - 1) / kBlockN);
+  }
+
+  __device__ __forceinline__ int first() const { return next(-1); }
+  // The tile after j that can meet the query tile (>= n_tiles past the last).
+  __device__ __forceinline__ int next(int j) const {
+    do {
+      ++j;
+    } while (j < n_tiles && ranges != nullptr && (ranges[2 * j + 1] < qr.x || ranges[2 * j] > qr.y));
+    return j;
+  }
+  // A tile that every (query, key) pair of the block sees in full runs without masks.
+  __device__ __forceinline__ bool needs_mask(int j) const {
+    const int k0 = j * kBlockN;
+    if (k0 + kBlockN > p.seq_k || (p.causal && k0 + kBlockN - 1 > q0 + offset)) return true;
+    if (seg == nullptr) return false;
+    return ranges == nullptr || !(qr.x == qr.y && ranges[2 * j] == qr.x && ranges[2 * j + 1] == qr.x);
+  }
+};
+
 // One CTA's forward: its tiles, its registers, and the step over one key tile.
 template <typename T, int D>
 struct FlashFwdBlock {
@@ -230,32 +271,12 @@ __device__ __forceinline__ void flash_fwd_sm80_body(const FlashFwdParams& p) {
   f.k = static_cast<const T*>(p.k) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
   f.v = static_cast<const T*>(p.v) + (size_t(b) * p.heads_kv + hkv) * p.seq_k * D;
   const int* seg = f.seg = p.segment_ids != nullptr ? p.segment_ids + size_t(b) * p.seq_k : nullptr;
-  const int offset = f.offset = p.seq_k - p.seq_q;  // causal alignment: query i sees keys <= i + offset
-  const int k_end = p.causal ? min(p.seq_k, q0 + kBlockM + offset) : p.seq_k;
-  const int n_tiles = (k_end + kBlockN - 1) / kBlockN;
-  const int row_w = f.row_w = warp * 16 * kMT;   // this warp's first row in the tile
-  f.scale_log2 = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+  const int row_w = f.row_w = warp * 16 * kMT;              // this warp's first row in the tile
+  f.scale_log2 = p.scale * 1.4426950408889634f;             // exp(x) = exp2(x log2 e)
+  const KeyTileWalk<kBlockM, kBlockN> walk(p, b, q0, seg);  // the key tiles, packed documents skipped
+  const int offset = f.offset = walk.offset, n_tiles = walk.n_tiles;
 
-  // Packed documents: the query tile's id range, and which key tiles cannot meet it.
-  const int tiles_k = (p.seq_k + kBlockN - 1) / kBlockN;
-  const int* ranges = seg != nullptr && p.doc_ranges != nullptr ? p.doc_ranges + size_t(b) * tiles_k * 2 : nullptr;
-  int2 qr = make_int2(0, 0);
-  if (ranges != nullptr) qr = doc_range(ranges, q0 / kBlockN, (min(q0 + kBlockM, p.seq_q) - 1) / kBlockN);
-  auto next_tile = [&](int j) {
-    do {
-      ++j;
-    } while (j < n_tiles && ranges != nullptr && (ranges[2 * j + 1] < qr.x || ranges[2 * j] > qr.y));
-    return j;
-  };
-  // A tile that every (query, key) pair of the block sees in full runs without masks.
-  auto needs_mask = [&](int j) {
-    const int k0 = j * kBlockN;
-    if (k0 + kBlockN > p.seq_k || (p.causal && k0 + kBlockN - 1 > q0 + offset)) return true;
-    if (seg == nullptr) return false;
-    return ranges == nullptr || !(qr.x == qr.y && ranges[2 * j] == qr.x && ranges[2 * j + 1] == qr.x);
-  };
-
-  int j = next_tile(-1);
+  int j = walk.first();
   copy_tile_sw<T, D, kBlockM, kThreads>(f.q_s, q, q0, p.seq_q);
   if (j < n_tiles) copy_tile_sw<T, D, kBlockN, kThreads>(f.k_s, f.k, j * kBlockN, p.seq_k);
   tc::cp_async_commit();
@@ -289,14 +310,14 @@ __device__ __forceinline__ void flash_fwd_sm80_body(const FlashFwdParams& p) {
   // The hot loop runs the tiles that need no mask; a masked tile (the diagonal, the ragged end,
   // a tile pair with more than one document) takes the other step, outside it.
   while (j < n_tiles) {
-    while (j < n_tiles && !needs_mask(j)) {
-      const int jn = next_tile(j);
-      f.template step<false>(j, jn < n_tiles ? jn : tiles_k);
+    while (j < n_tiles && !walk.needs_mask(j)) {
+      const int jn = walk.next(j);
+      f.template step<false>(j, jn < n_tiles ? jn : walk.tiles_k);
       j = jn;
     }
     if (j >= n_tiles) break;
-    const int jn = next_tile(j);
-    f.template step<true>(j, jn < n_tiles ? jn : tiles_k);
+    const int jn = walk.next(j);
+    f.template step<true>(j, jn < n_tiles ? jn : walk.tiles_k);
     j = jn;
   }
 
