@@ -461,51 +461,46 @@ SweepReport run_sweep(const ProfileSettings& settings, const std::function<void(
             fmt::format("{} is longer than the whole train split of {}", point.cutoff_len, config.run.dataset_dir)));
       }
     }
-    {
-      {
-        ProfileRow row;
-        row.point = point;
-        row.predicted =
-            cost::estimate_training_memory(report.model, point_run(config, report.model, row.point, target));
-        const PointContext ctx{config,  report.model,       device, counter.get(),
-                               dataset, report.peak_tflops, comm,   counters.get()};
-        try {
-          measure_point(ctx, row);
-        } catch (const c10::OutOfMemoryError& e) {
-          row.status = "OOM";
-          row.message = e.what_without_backtrace();
-        } catch (const std::bad_alloc& e) {
-          row.status = "OOM";
-          row.message = e.what();
-        } catch (const c10::Error& e) {
-          row.status = "error";
-          row.message = e.what_without_backtrace();
-        } catch (const std::exception& e) {
-          row.status = "error";
-          row.message = e.what();
+    ProfileRow row;
+    row.point = point;
+    row.predicted = cost::estimate_training_memory(report.model, point_run(config, report.model, row.point, target));
+    const PointContext ctx{config,  report.model,       device, counter.get(),
+                           dataset, report.peak_tflops, comm,   counters.get()};
+    try {
+      measure_point(ctx, row);
+    } catch (const c10::OutOfMemoryError& e) {
+      row.status = "OOM";
+      row.message = e.what_without_backtrace();
+    } catch (const std::bad_alloc& e) {
+      row.status = "OOM";
+      row.message = e.what();
+    } catch (const c10::Error& e) {
+      row.status = "error";
+      row.message = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      row.status = "error";
+      row.message = e.what();
+    }
+    device::release_cached_memory(device);
+    row.peak_rss_bytes = static_cast<double>(device::peak_rss_bytes());
+    if (row.status == "ok") {
+      fill_utilisation(report, config, target, row);
+      if (config.counters && !counters) {
+        for (Utilisation* u : {&row.memory_bandwidth, &row.tensor_core, &row.fp_engine})
+          u->counted_reason = report.counters_note;
+      }
+      if (row.mfu) {
+        const std::string what = "MFU at " + point_label(point);
+        const std::string of =
+            fmt::format("the {} peak of {:.4g} TFLOP/s ({})", config.dtype, report.peak_tflops, report.peak_source);
+        if (const auto bug = cost::peak_violation(*row.mfu, what, of)) {
+          row.mfu_exceeds_peak = true;
+          report.warnings.push_back(*bug);
         }
-        device::release_cached_memory(device);
-        row.peak_rss_bytes = static_cast<double>(device::peak_rss_bytes());
-        if (row.status == "ok") {
-          fill_utilisation(report, config, target, row);
-          if (config.counters && !counters) {
-            for (Utilisation* u : {&row.memory_bandwidth, &row.tensor_core, &row.fp_engine})
-              u->counted_reason = report.counters_note;
-          }
-          if (row.mfu) {
-            const std::string what = "MFU at " + point_label(point);
-            const std::string of =
-                fmt::format("the {} peak of {:.4g} TFLOP/s ({})", config.dtype, report.peak_tflops, report.peak_source);
-            if (const auto bug = cost::peak_violation(*row.mfu, what, of)) {
-              row.mfu_exceeds_peak = true;
-              report.warnings.push_back(*bug);
-            }
-          }
-        }
-        if (on_row) on_row(row);
-        report.rows.push_back(std::move(row));
       }
     }
+    if (on_row) on_row(row);
+    report.rows.push_back(std::move(row));
   }
   if (device.is_cuda() && config.memory_cap_bytes > 0) device::set_device_memory_cap(device, 0);
   if (counters) {
