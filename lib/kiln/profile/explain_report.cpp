@@ -10,32 +10,6 @@ using namespace report_detail;
 
 namespace {
 
-// The per-component rows, kiln's step beside an unfused eager one (Markdown only: the JSON has
-// a sweep point's component table).
-std::vector<Column<cost::TrafficRow>> row_columns(const cost::Roofline& roof) {
-  using T = const cost::TrafficRow&;
-  auto col = [](const char* name, char prefix, const char* format, double (*get)(T)) {
-    return number<cost::TrafficRow>(name, "", prefix, format, get);
-  };
-  return {
-      {"component", [](T t) { return t.component; }},
-      {"pass", [](T t) { return cost::pass_name(t.pass); }},
-      col("x", 0, "{:g}", [](T t) { return t.repeats; }),
-      col("GEMM GFLOP", 'G', "{:.3f}", [](T t) { return t.kiln_step().gemm_flops; }),
-      col("other GFLOP", 'G', "{:.3f}", [](T t) { return t.kiln_step().other_flops; }),
-      col("MB kiln", 'M', "{:.2f}", [](T t) { return t.kiln_step().bytes; }),
-      col("MB eager", 'M', "{:.2f}", [](T t) { return t.eager_step().bytes; }),
-      col("FLOP/B kiln", 0, "{:.1f}", [](T t) { return t.kiln.intensity(); }),
-      {"bound kiln",
-       [&roof](T t) {
-         const cost::Cost k = t.kiln_step();
-         return k.bytes == 0 && k.flops() == 0 ? "-" : roof.memory_bound(t.kiln) ? "memory" : "compute";
-       }},
-      number<cost::TrafficRow>("us kiln", "", 'u', "{:.1f}", [&roof](T t) { return roof.seconds(t.kiln) * t.repeats; }),
-      number<cost::TrafficRow>("us eager", "", 'u', "{:.1f}",
-                               [&roof](T t) { return roof.seconds(t.eager) * t.repeats; })};
-}
-
 // Rows summed: the step (per step, or per token with div the tokens) or one pass. Six
 // significant digits (the Python test sums rows against them), whole numbers from a million.
 struct Sum {
@@ -124,7 +98,7 @@ std::string explain_markdown(const ExplainReport& e) {
       "not), per step; `eager` is an unfused HF-transformers eager step (cost/traffic.h).\n\n",
       roof.gemm_flops_per_s / 1e12, roof.tensor_cores ? "tensor cores" : "FP32 units", roof.other_flops_per_s / 1e12,
       roof.bandwidth / 1e9, roof.ridge(), roof.other_flops_per_s / roof.bandwidth);
-  out += markdown_table(row_columns(roof), r.rows, true);
+  out += markdown_table(component_columns(false), component_rows(r, roof), true);
   if (r.loss_head_accumulator.chunks > 0) {
     // The fused head's term the chunk rule sets, part of its backward row above.
     const cost::LossHeadAccumulator& acc = r.loss_head_accumulator;

@@ -31,26 +31,35 @@ json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source)
                 r.ridge());
 }
 
-std::vector<Column<ComponentRow>> component_columns() {
+std::vector<Column<ComponentRow>> component_columns(bool measured) {
   using C = const ComponentRow&;
   auto text = [](const char* name, std::string ComponentRow::*m) -> Column<ComponentRow> {
     return {name, [m](C c) { return c.*m; }, name, [m](C c) { return json(c.*m); }};
   };
   auto optional_ms = [](C c) { return c.measured_seconds ? fmt::format("{:.3f}", *c.measured_seconds * 1e3) : "n/a"; };
   auto optional_mb = [](C c) { return c.counted_bytes ? fmt::format("{:.3f}", *c.counted_bytes / 1e6) : "n/a"; };
-  return {text("component", &ComponentRow::component),
-          text("pass", &ComponentRow::pass),
-          number<ComponentRow>("x", "repeats", 0, "{:g}", &ComponentRow::repeats),
-          number<ComponentRow>("GEMM GFLOP", "gemm_flops", 'G', "{:.4f}", &ComponentRow::gemm_flops),
-          number<ComponentRow>("other GFLOP", "other_flops", 'G', "{:.4f}", &ComponentRow::other_flops),
-          number<ComponentRow>("MB", "bytes", 'M', "{:.3f}", &ComponentRow::bytes),
-          number<ComponentRow>("MB eager", "eager_bytes", 'M', "{:.3f}", &ComponentRow::eager_bytes),
-          {"MB counted", optional_mb, "", {}, true},
-          number<ComponentRow>("FLOP/B", "intensity", 0, "{:.2f}", &ComponentRow::intensity),
-          text("bound", &ComponentRow::bound),
-          number<ComponentRow>("modelled ms", "modelled_seconds", 'm', "{:.3f}", &ComponentRow::modelled_seconds),
-          {"measured ms", optional_ms, "measured_seconds", [](C c) { return opt(c.measured_seconds); }, true},
-          field<ComponentRow>("counted_bytes", &ComponentRow::counted_bytes)};
+  std::vector<Column<ComponentRow>> out = {
+      text("component", &ComponentRow::component),
+      text("pass", &ComponentRow::pass),
+      number<ComponentRow>("x", "repeats", 0, "{:g}", &ComponentRow::repeats),
+      number<ComponentRow>("GEMM GFLOP", "gemm_flops", 'G', "{:.4f}", &ComponentRow::gemm_flops),
+      number<ComponentRow>("other GFLOP", "other_flops", 'G', "{:.4f}", &ComponentRow::other_flops),
+      number<ComponentRow>("MB", "bytes", 'M', "{:.3f}", &ComponentRow::bytes),
+      number<ComponentRow>("MB eager", "eager_bytes", 'M', "{:.3f}", &ComponentRow::eager_bytes),
+      {"MB counted", optional_mb, "", {}, true},
+      number<ComponentRow>("FLOP/B", "intensity", 0, "{:.2f}", &ComponentRow::intensity),
+      text("bound", &ComponentRow::bound),
+      number<ComponentRow>("modelled ms", "modelled_seconds", 'm', "{:.3f}", &ComponentRow::modelled_seconds),
+      number<ComponentRow>("modelled ms eager", "eager_modelled_seconds", 'm', "{:.3f}",
+                           &ComponentRow::eager_modelled_seconds),
+      {"measured ms", optional_ms, "measured_seconds", [](C c) { return opt(c.measured_seconds); }, true},
+      field<ComponentRow>("counted_bytes", &ComponentRow::counted_bytes)};
+  if (!measured) {
+    std::erase_if(out, [](const auto& c) {
+      return c.name == "MB counted" || c.name == "measured ms" || c.key == "counted_bytes";
+    });
+  }
+  return out;
 }
 
 }  // namespace report_detail

@@ -14,8 +14,9 @@ namespace kiln::profile::report_detail {
 
 using namespace kiln::report;
 
-// The per-component table of the traffic model (a sweep's point, explain's JSON).
-std::vector<Column<ComponentRow>> component_columns();
+// The per-component table of the traffic model (a sweep's point; explain's, which without
+// `measured` leaves out the columns only a sweep measures: MB counted, measured ms).
+std::vector<Column<ComponentRow>> component_columns(bool measured = true);
 
 // The roofline in a JSON document (a sweep's, explain's).
 json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source);

@@ -86,6 +86,7 @@ std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, cons
     c.intensity = row.kiln.intensity();
     c.bound = row.kiln.bytes == 0 && row.kiln.flops() == 0 ? "-" : roof.memory_bound(row.kiln) ? "memory" : "compute";
     c.modelled_seconds = roof.seconds(row.kiln) * row.repeats;
+    c.eager_modelled_seconds = roof.seconds(row.eager) * row.repeats;
     out.push_back(std::move(c));
   }
   return out;

@@ -67,6 +67,7 @@ struct ComponentRow {
   double intensity = 0;                               // FLOP per byte (0 when no bytes move)
   std::string bound;                                  // compute | memory | - (nothing to do)
   double modelled_seconds = 0;                        // per step, at the roofline
+  double eager_modelled_seconds = 0;                  // an unfused eager step's, per step, at the roofline
   // Per step, from the profiler (--component-times: profile/component_times.h); empty
   // where not measured or where no scope covers the row (autocast casts, autograd's sums: their
   // time is inside the GEMM rows' and the nodes').
