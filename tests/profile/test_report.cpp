@@ -101,6 +101,26 @@ TEST_CASE("Markdown and CSV carry the per-component table and the warning", "[pr
   CHECK(csv.find("64,2,1,q_proj,fwd,2,") != std::string::npos);  // 2 layers x 1 micro-batch
 }
 
+TEST_CASE("the sections after the table say the same in Markdown and HTML", "[profile]") {
+  auto report = made_up_report();
+  // A measured scope that merges traffic-model rows (a fused Function's), and one that matches.
+  kiln::profile::ComponentTimes times;
+  times.seconds[{"SwiGLU + down_proj", "fwd"}] = 0.0025;
+  times.seconds[{"q_proj", "fwd"}] = 0.001;
+  report.rows[0].component_times = times;
+  const std::string md = kiln::profile::to_markdown(report), html = kiln::profile::to_html(report);
+  for (const std::string& text :
+       {std::string("Memory traffic and FLOPs per component"),
+        std::string("Components: cutoff_len 64, batch 2, gradient_accumulation_steps 1 (per step: measured"),
+        std::string(
+            "Measured in scopes that merge the rows above (fused Functions): SwiGLU + down_proj (fwd) 2.500 ms")}) {
+    CHECK(md.find(text) != std::string::npos);
+    CHECK(html.find(text) != std::string::npos);
+  }
+  CHECK(md.find("SwiGLU + down_proj (fwd) 2.500 ms\n") != std::string::npos);  // the last entry ends the line
+  CHECK(html.find("q_proj (fwd) 1.000 ms") == std::string::npos);              // a matched row is in its table
+}
+
 TEST_CASE("the roofline chart: roof, ridge, one dot per component with work and per measured step", "[profile]") {
   const auto report = made_up_report();
   const std::string html = kiln::profile::to_html(report);

@@ -359,6 +359,57 @@ json hardware_json(const cost::HardwareSpec& h) {
                 "memory_bandwidth", h.memory_bandwidth);
 }
 
+// The sections after the main table, one text in both formats: per point its component table
+// (the traffic model's rows beside what was measured; in the HTML each in a <details>) and, where
+// counted per phase, its phase table.
+std::string point_sections(const SweepReport& report, bool html) {
+  std::string out;
+  auto heading = [&](int level, const std::string& text) {
+    out += html ? fmt::format("<h{0}>{1}</h{0}>\n", level, html_escape(text))
+                : fmt::format("\n{} {}\n", std::string(static_cast<size_t>(level), '#'), text);
+  };
+  auto note = [&](const std::string& text) {
+    out += html ? "<p class=\"note\">" + html_escape(text) + "</p>\n" : "\n" + text + "\n";
+  };
+  bool first = true;
+  for (const auto& r : report.rows) {
+    if (!has_components(r)) continue;
+    if (std::exchange(first, false)) {
+      heading(2, "Memory traffic and FLOPs per component");
+      note(
+          "cost/traffic.h, per optimizer step: kiln's step, and the bytes and modelled time of an unfused HF eager "
+          "step beside it. Measured per component: from LibTorch's profiler with --component-times (on a CPU the ops' "
+          "CPU time, on a GPU the time of the kernels, copies and memsets they launch), else n/a.");
+    }
+    const std::string title =
+        fmt::format("Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})", point_label(r.point),
+                    r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3, component_times_note(r));
+    if (html) {
+      out += "<details class=\"components\"><summary>" + html_escape(title) + "</summary>\n" +
+             html_table("<table class=\"components\">", component_columns(), r.components) + "\n";
+    } else {
+      heading(3, title);
+      out += "\n" + markdown_table(component_columns(), r.components, true);
+    }
+    std::string merged;
+    for (const auto& [component, pass, seconds] : unmatched_component_times(r))
+      merged += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
+    if (!merged.empty())
+      note("Measured in scopes that merge the rows above (fused Functions):" + merged.substr(0, merged.size() - 1));
+    if (html) out += "</details>\n";
+  }
+  first = true;
+  const int64_t steps = report.config.counted_steps();
+  for (const auto& r : report.rows) {
+    if (!has_phases(r)) continue;
+    if (std::exchange(first, false)) heading(2, "Counted per phase (--counter-phases): forward, backward, optimizer");
+    heading(3, fmt::format("Phases: {} ({})", point_label(r.point), phase_note(r, steps)));
+    out += html ? html_table("<table class=\"phases\">", phase_columns(r), phase_entries(r, steps)) + "\n"
+                : "\n" + markdown_table(phase_columns(r), phase_entries(r, steps));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> table_header(const SweepReport& report) {
@@ -387,36 +438,7 @@ std::string to_markdown(const SweepReport& report) {
   }
   out += "\n";
   for (const auto& w : report.warnings) out += "\nWARNING: " + w + "\n";
-  bool heading = false;
-  for (const auto& r : report.rows) {
-    if (!has_components(r)) continue;
-    if (!std::exchange(heading, true)) {
-      out +=
-          "\n## Memory traffic and FLOPs per component (cost/traffic.h, per optimizer step, kiln's step; "
-          "\"eager\" an unfused HF eager step)\n";
-    }
-    out += fmt::format("\n### Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})\n\n",
-                       point_label(r.point), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
-                       component_times_note(r));
-    out += markdown_table(component_columns(), r.components, true);
-    const auto merged = unmatched_component_times(r);
-    if (!merged.empty()) {
-      out += "\nMeasured in scopes that merge the rows above (fused Functions):";
-      for (const auto& [component, pass, seconds] : merged)
-        out += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
-      out.back() = '\n';
-    }
-  }
-  heading = false;
-  const int64_t steps = report.config.counted_steps();
-  for (const auto& r : report.rows) {
-    if (!has_phases(r)) continue;
-    if (!std::exchange(heading, true))
-      out += "\n## Counted per phase (--counter-phases): forward, backward, optimizer\n";
-    out += fmt::format("\n### Phases: {} ({})\n\n", point_label(r.point), phase_note(r, steps));
-    out += markdown_table(phase_columns(r), phase_entries(r, steps));
-  }
-  return out;
+  return out + point_sections(report, false);
 }
 
 std::string to_csv(const SweepReport& report) {
@@ -514,31 +536,7 @@ std::string to_html(const SweepReport& report) {
   out += line_chart("chart-speed", "Tokens per second against cutoff_len", "cutoff_len", "tokens/s", speed_series);
   out += breakdown_chart(report);
   out += roofline_chart(report);
-  bool heading = false;
-  for (const auto& r : report.rows) {
-    if (!has_components(r)) continue;
-    if (!std::exchange(heading, true)) {
-      out +=
-          "<h2>Memory traffic and FLOPs per component</h2>\n<p class=\"note\">cost/traffic.h, per optimizer step: "
-          "kiln's step, and the bytes of an unfused HF eager step beside it. Measured per component: from "
-          "LibTorch's profiler with --component-times (on a CPU the ops' CPU time, on a GPU the time of the "
-          "kernels, copies and memsets they launch), else n/a.</p>\n";
-    }
-    out += fmt::format(
-        "<details class=\"components\"><summary>{}: measured {:.3f} ms per step, modelled {:.3f} ms; {}</summary>\n",
-        html_escape(point_label(r.point)), r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3,
-        html_escape(component_times_note(r)));
-    out += html_table("<table class=\"components\">", component_columns(), r.components) + "</details>\n";
-  }
-  heading = false;
-  const int64_t steps = c.counted_steps();
-  for (const auto& r : report.rows) {
-    if (!has_phases(r)) continue;
-    if (!std::exchange(heading, true)) out += "<h2>Counted per phase: forward, backward, optimizer</h2>\n";
-    out += fmt::format("<p class=\"note\">{}: {}</p>\n", html_escape(point_label(r.point)),
-                       html_escape(phase_note(r, steps)));
-    out += html_table("<table class=\"phases\">", phase_columns(r), phase_entries(r, steps)) + "\n";
-  }
+  out += point_sections(report, true);
   return html_page("kiln-profile report", out);
 }
 
