@@ -33,12 +33,13 @@ inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble).cpu() - b.to(at::kDouble).cpu()).abs().max().item<double>();
 }
 
-// Runs `fn` and returns the message of the exception it throws ("" when it throws nothing).
-template <typename Fn>
+// Runs `fn` and returns the message of the exception it throws ("" when it throws nothing). With
+// `E`, only an `E` is caught: another exception escapes and fails the test.
+template <typename E = std::exception, typename Fn>
 std::string error_of(Fn&& fn) {
   try {
     fn();
-  } catch (const std::exception& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "";

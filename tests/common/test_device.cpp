@@ -11,22 +11,11 @@
 
 #include "kiln/common/device.h"
 
+#include "support.h"
+
 using Catch::Matchers::Contains;
 
-namespace {
-
-// The message of what `f` throws ("" when it does not throw).
-template <typename F>
-std::string thrown(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("CUDA queries and synchronisation on a device CUDA does not have throw naming it", "[device]") {
   const auto missing = static_cast<c10::DeviceIndex>(torch::cuda::device_count());
@@ -34,19 +23,19 @@ TEST_CASE("CUDA queries and synchronisation on a device CUDA does not have throw
   const std::string index = "CUDA device " + std::to_string(missing);
   const std::string name = "cuda:" + std::to_string(missing);
   // Built with CUDA: CUDA's own error, naming the device; built without: says so, naming it too.
-  for (const std::string& err : {thrown([&] { kiln::device::synchronize(gpu); }),
-                                 thrown([&] { kiln::device::set_device_memory_cap(gpu, 1 << 30); }),
-                                 thrown([&] { (void)kiln::device::device_memory_bytes(gpu); })}) {
+  for (const std::string& err : {kiln::test::error_of([&] { kiln::device::synchronize(gpu); }),
+                                 kiln::test::error_of([&] { kiln::device::set_device_memory_cap(gpu, 1 << 30); }),
+                                 kiln::test::error_of([&] { (void)kiln::device::device_memory_bytes(gpu); })}) {
     INFO(err);
     CHECK(!err.empty());
     CHECK((err.find(index) != std::string::npos || err.find(name) != std::string::npos));
   }
 #ifdef KILN_WITH_CUDA
-  const std::string err = thrown([&] { (void)kiln::device::name(gpu); });
+  const std::string err = kiln::test::error_of([&] { (void)kiln::device::name(gpu); });
   CHECK_THAT(err, Contains("cudaGetDeviceProperties on " + index + " failed"));
   if (missing == 0) {
     // No GPU here: the runtime's reason is the driver or the device count, whichever it finds first.
-    const std::string sync = thrown([&] { kiln::device::synchronize(gpu); });
+    const std::string sync = kiln::test::error_of([&] { kiln::device::synchronize(gpu); });
     CHECK((sync.find("driver") != std::string::npos || sync.find("no CUDA-capable device") != std::string::npos));
   }
 #endif
@@ -64,7 +53,8 @@ TEST_CASE("synchronize on another GPU leaves the current device as it was, also 
   CHECK(y.item<float>() == static_cast<float>(3 << 20));
   // A device past the last one: throws, and the current device is still the one set before.
   at::accelerator::setDeviceIndex(last);
-  CHECK_THAT(thrown([&] { kiln::device::synchronize(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(count))); }),
+  CHECK_THAT(kiln::test::error_of(
+                 [&] { kiln::device::synchronize(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(count))); }),
              Contains("CUDA device " + std::to_string(count)));
   CHECK(at::accelerator::getDeviceIndex() == last);
   at::accelerator::setDeviceIndex(0);
@@ -82,13 +72,15 @@ TEST_CASE("auto, cpu and cuda resolve to this machine's devices, one resolver fo
     // A machine without a GPU (this one in CI): auto is the CPU, and cuda is a clear error,
     // never a device that fails later. kiln-profile plan once read auto as CUDA here.
     CHECK(kiln::device::resolve("auto") == at::Device(at::kCPU));
-    CHECK(thrown([] { (void)kiln::device::resolve("cuda"); }) == "'cuda' but no CUDA device is present");
+    CHECK(kiln::test::error_of([] { (void)kiln::device::resolve("cuda"); }) == "'cuda' but no CUDA device is present");
   }
   // Another word is refused by the resolver and by the check that needs no GPU alike.
   for (const std::string word : {"gpu", "CUDA", "", "cuda:1"}) {
     INFO(word);
-    CHECK(thrown([&] { (void)kiln::device::resolve(word); }) == "'" + word + "' is not auto, cpu or cuda");
-    CHECK(thrown([&] { kiln::device::check_spec(word); }) == "'" + word + "' is not auto, cpu or cuda");
+    CHECK(kiln::test::error_of([&] { (void)kiln::device::resolve(word); }) ==
+          "'" + word + "' is not auto, cpu or cuda");
+    CHECK(kiln::test::error_of([&] { kiln::device::check_spec(word); }) == "'" + word + "' is not auto, cpu or cuda");
   }
-  for (const std::string word : {"auto", "cpu", "cuda"}) CHECK(thrown([&] { kiln::device::check_spec(word); }).empty());
+  for (const std::string word : {"auto", "cpu", "cuda"})
+    CHECK(kiln::test::error_of([&] { kiln::device::check_spec(word); }).empty());
 }

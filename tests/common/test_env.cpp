@@ -13,19 +13,11 @@
 #include "kiln/ops/linear.h"
 #include "kiln/ops/linear_cross_entropy.h"
 
+#include "support.h"
+
 using Catch::Matchers::Contains;
 
 namespace {
-
-template <typename F>
-std::string thrown(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 constexpr const char* kVar = "KILN_TEST_ENV_VARIABLE";
 
@@ -43,25 +35,27 @@ TEST_CASE("env: one parse rule per kind, errors naming the variable and the valu
   }
   {
     const env::Override o(kVar, "maybe");
-    CHECK(thrown([] { env::flag(kVar); }) ==
+    CHECK(kiln::test::error_of<std::invalid_argument>([] { env::flag(kVar); }) ==
           "KILN_TEST_ENV_VARIABLE=maybe: expected 1 or 0 (true/false, yes/no, on/off)");
-    CHECK_THAT(thrown([] { env::integer(kVar, 0, 9); }), Contains("KILN_TEST_ENV_VARIABLE=maybe: expected an integer"));
-    CHECK(thrown([] {
+    CHECK_THAT(kiln::test::error_of<std::invalid_argument>([] { env::integer(kVar, 0, 9); }),
+               Contains("KILN_TEST_ENV_VARIABLE=maybe: expected an integer"));
+    CHECK(kiln::test::error_of<std::invalid_argument>([] {
             env::choice(kVar, {"kernel", "user"});
           }) == "KILN_TEST_ENV_VARIABLE=maybe: expected kernel or user");
   }
   {
     const env::Override o(kVar, "75");
     CHECK(env::integer(kVar, 70, 200) == 75);
-    CHECK(thrown([] { env::integer(kVar, 80, 200, "a compute capability times ten"); }) ==
-          "KILN_TEST_ENV_VARIABLE=75: expected an integer from 80 to 200 (a compute capability times ten)");
+    CHECK(kiln::test::error_of<std::invalid_argument>([] {
+            env::integer(kVar, 80, 200, "a compute capability times ten");
+          }) == "KILN_TEST_ENV_VARIABLE=75: expected an integer from 80 to 200 (a compute capability times ten)");
   }
   for (const char* bad : {"7x", " 7", "", "1e2"}) {
     const env::Override o(kVar, bad);
     if (*bad == '\0') {
       CHECK_FALSE(env::integer(kVar, 0, 1000).has_value());  // empty: unset
     } else {
-      CHECK_FALSE(thrown([] { env::integer(kVar, 0, 1000); }).empty());
+      CHECK_FALSE(kiln::test::error_of<std::invalid_argument>([] { env::integer(kVar, 0, 1000); }).empty());
     }
   }
   // Unset and empty are the same for kiln's rule; raw() keeps "" for other programs' protocols.
@@ -143,6 +137,7 @@ TEST_CASE("dtype names: one table, both ways", "[common][dtype]") {
   CHECK(kiln::autocast_dtype("bf16") == at::kBFloat16);
   CHECK(kiln::autocast_dtype("fp16") == at::kHalf);
   CHECK_FALSE(kiln::autocast_dtype("fp32").has_value());
-  CHECK(thrown([] { kiln::dtype_from_name("int8"); }) == "dtype 'int8' is not fp32, bf16, fp16 or fp64");
-  CHECK_THAT(thrown([] { kiln::dtype_name(at::kInt); }), Contains("no kiln name"));
+  CHECK(kiln::test::error_of<std::invalid_argument>([] { kiln::dtype_from_name("int8"); }) ==
+        "dtype 'int8' is not fp32, bf16, fp16 or fp64");
+  CHECK_THAT(kiln::test::error_of<std::invalid_argument>([] { kiln::dtype_name(at::kInt); }), Contains("no kiln name"));
 }
