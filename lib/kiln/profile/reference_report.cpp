@@ -3,7 +3,6 @@
 #include "kiln/profile/reference_report.h"
 
 #include <map>
-#include <stdexcept>
 
 #include "kiln/profile/report_internal.h"
 #include "kiln/profile/settings.h"

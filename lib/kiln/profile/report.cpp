@@ -18,13 +18,6 @@ namespace report_detail {
 bool ok(const ProfileRow& r) {
   return r.status == "ok";
 }
-std::string gb(double bytes) {
-  return fmt::format("{:.3f}", bytes / 1e9);
-}
-std::string pct(const std::optional<double>& f) {
-  return f ? fmt::format("{:.1f}%", *f * 100) : "n/a";
-}
-
 json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source) {
   return object("device", r.device, "gemm_flops_per_s", r.gemm_flops_per_s, "other_flops_per_s", r.other_flops_per_s,
                 "bandwidth", r.bandwidth, "bandwidth_source", bandwidth_source, "tensor_cores", r.tensor_cores, "ridge",
@@ -67,6 +60,14 @@ std::vector<Column<ComponentRow>> component_columns(bool measured) {
 using namespace report_detail;
 
 namespace {
+
+// Cells: "1.234" (GB = 1e9 bytes); "41.0%" or "n/a".
+std::string gb(double bytes) {
+  return fmt::format("{:.3f}", bytes / 1e9);
+}
+std::string pct(const std::optional<double>& f) {
+  return f ? fmt::format("{:.1f}%", *f * 100) : "n/a";
+}
 
 bool cuda(const SweepReport& r) {
   return r.device.rfind("cuda", 0) == 0;

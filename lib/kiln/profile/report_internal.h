@@ -3,7 +3,6 @@
 // tables and charts (report/table.h, report/chart.h). Not installed.
 #pragma once
 
-#include <optional>
 #include <string>
 
 #include "kiln/profile/report.h"
@@ -21,10 +20,7 @@ std::vector<Column<ComponentRow>> component_columns(bool measured = true);
 // The roofline in a JSON document (a sweep's, explain's).
 json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source);
 
-// Cells.
-bool ok(const ProfileRow& r);                     // the point ran
-std::string gb(double bytes);                     // "1.234" (GB = 1e9 bytes)
-std::string pct(const std::optional<double>& f);  // "41.0%" or "n/a"
+bool ok(const ProfileRow& r);  // the point ran
 
 // The sweep's charts beside report/chart.h's line charts (report_charts.cpp).
 std::string breakdown_chart(const SweepReport& report);

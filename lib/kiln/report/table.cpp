@@ -1,6 +1,7 @@
 // See table.h.
 #include "kiln/report/table.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
