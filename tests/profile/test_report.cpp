@@ -34,9 +34,9 @@ kiln::profile::SweepReport made_up_report() {
   report.device = "cuda:0 (NVIDIA A100-SXM4-80GB)";
   report.peak_tflops = 312;
   report.peak_source = "datasheet";
-  report.hardware = cost::hardware_spec("A100-80GB");
-  report.roofline = cost::roofline(*report.hardware, "bf16");
-  report.bandwidth_source = report.hardware->source;
+  report.machine.spec = cost::hardware_spec("A100-80GB");
+  report.roofline = cost::roofline(*report.machine.spec, "bf16");
+  report.machine.bandwidth_source = report.machine.spec->source;
   report.counters_note = "counted: test";
   profile::ProfileRow row;
   row.point = {2, 1, 64};
@@ -45,7 +45,7 @@ kiln::profile::SweepReport made_up_report() {
   const profile::SweepPoint point = row.point;
   const cost::TrafficReport traffic = cost::traffic_model(
       report.model, profile::point_run(report.config, report.model, point,
-                                       kiln::train::RunTarget{.cuda = true, .hardware = report.hardware}));
+                                       kiln::train::RunTarget{.cuda = true, .hardware = report.machine.spec}));
   row.components = profile::component_rows(traffic, *report.roofline);
   row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
   row.executed_flops = traffic.kiln_step().flops();
@@ -119,6 +119,46 @@ TEST_CASE("the sections after the table say the same in Markdown and HTML", "[pr
   }
   CHECK(md.find("SwiGLU + down_proj (fwd) 2.500 ms\n") != std::string::npos);  // the last entry ends the line
   CHECK(html.find("q_proj (fwd) 1.000 ms") == std::string::npos);              // a matched row is in its table
+}
+
+// The sweep once built a point's component rows after its counted kernels had been placed on them,
+// so no row ever kept its counted bytes; add_measurements runs on the finished rows.
+TEST_CASE("a point's measurements reach its component rows: profiled time, counted bytes per step", "[profile]") {
+  using namespace kiln::profile;
+  auto report = made_up_report();
+  std::vector<ComponentRow>& rows = report.rows[0].components;
+  ComponentTimes times;
+  times.seconds[{"q_proj", "fwd"}] = 0.002;
+  times.seconds[{"SwiGLU + down_proj", "recompute"}] = 0.001;  // no row of its own
+  CounterReading reading;
+  reading.components.resize(3);
+  reading.components[0].name = "q_proj", reading.components[0].pass = "fwd", reading.components[0].dram_bytes = 6e6;
+  reading.components[1].name = "q_proj", reading.components[1].pass = "bwd";  // counted no bytes
+  reading.components[2].name = "o_proj", reading.components[2].pass = "step", reading.components[2].dram_bytes = 1;
+  add_measurements(rows, times, reading, 3);
+  int measured = 0, counted = 0;
+  for (const ComponentRow& r : rows) {
+    INFO(r.component << " " << r.pass);
+    const bool q_fwd = r.component == "q_proj" && r.pass == "fwd";
+    CHECK(r.measured_seconds.has_value() == q_fwd);
+    CHECK(r.counted_bytes.has_value() == q_fwd);
+    measured += r.measured_seconds ? 1 : 0;
+    counted += r.counted_bytes ? 1 : 0;
+    if (q_fwd) {
+      CHECK(*r.measured_seconds == 0.002);
+      CHECK(*r.counted_bytes == 2e6);  // 6 MB over 3 counted steps
+    }
+  }
+  CHECK(measured == 1);
+  CHECK(counted == 1);
+  const auto unmatched = unmatched_component_times(times, rows);
+  REQUIRE(unmatched.size() == 1);
+  CHECK(std::get<0>(unmatched[0]) == "SwiGLU + down_proj");
+  // The Markdown's component table shows the counted megabytes in q_proj's forward row.
+  const std::string md = to_markdown(report);
+  const size_t at = md.find("| q_proj | fwd |");
+  REQUIRE(at != std::string::npos);
+  CHECK(md.substr(at, md.find('\n', at) - at).find("| 2.000 |") != std::string::npos);
 }
 
 TEST_CASE("the roofline chart: roof, ridge, one dot per component with work and per measured step", "[profile]") {

@@ -13,10 +13,6 @@ using cost::PlanRow;
 
 namespace {
 
-std::string gb2(double bytes) {
-  return fmt::format("{:.2f}", bytes / 1e9);
-}
-
 std::vector<Column<PlanRow>> plan_columns(const PlanReport& r) {
   using P = const PlanRow&;
   auto count = [](const char* name, const char* key, int64_t PlanRow::*m) -> Column<PlanRow> {
@@ -49,12 +45,7 @@ std::vector<Column<PlanRow>> plan_columns(const PlanReport& r) {
              }
              return out;
            },
-           "predicted_components",
-           [](P p) {
-             json comps = json::object();
-             for (const auto& [name, b] : p.predicted.components) comps[name] = b;
-             return comps;
-           }},
+           "predicted_components", [](P p) { return components_json(p.predicted); }},
           field<PlanRow>("peak_phase", [](P p) { return p.predicted.peak_phase; }),
           {"of the device",
            [=](P p) {

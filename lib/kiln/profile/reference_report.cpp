@@ -32,9 +32,6 @@ namespace {
 
 using R = const ReferenceRow&;
 
-std::string gb2(double bytes) {
-  return fmt::format("{:.2f}", bytes / 1e9);
-}
 std::string ratio(const std::optional<double>& r, bool within) {
   return r ? fmt::format("{:.2f}{}", *r, within ? "" : " *") : "";
 }

@@ -24,34 +24,9 @@ json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source)
                 r.ridge());
 }
 
-std::vector<Column<ComponentRow>> component_columns(bool measured) {
-  using C = const ComponentRow&;
-  auto text = [](const char* name, std::string ComponentRow::*m) -> Column<ComponentRow> {
-    return {name, [m](C c) { return c.*m; }, name, [m](C c) { return json(c.*m); }};
-  };
-  auto optional_ms = [](C c) { return c.measured_seconds ? fmt::format("{:.3f}", *c.measured_seconds * 1e3) : "n/a"; };
-  auto optional_mb = [](C c) { return c.counted_bytes ? fmt::format("{:.3f}", *c.counted_bytes / 1e6) : "n/a"; };
-  std::vector<Column<ComponentRow>> out = {
-      text("component", &ComponentRow::component),
-      text("pass", &ComponentRow::pass),
-      number<ComponentRow>("x", "repeats", 0, "{:g}", &ComponentRow::repeats),
-      number<ComponentRow>("GEMM GFLOP", "gemm_flops", 'G', "{:.4f}", &ComponentRow::gemm_flops),
-      number<ComponentRow>("other GFLOP", "other_flops", 'G', "{:.4f}", &ComponentRow::other_flops),
-      number<ComponentRow>("MB", "bytes", 'M', "{:.3f}", &ComponentRow::bytes),
-      number<ComponentRow>("MB eager", "eager_bytes", 'M', "{:.3f}", &ComponentRow::eager_bytes),
-      {"MB counted", optional_mb, "", {}, true},
-      number<ComponentRow>("FLOP/B", "intensity", 0, "{:.2f}", &ComponentRow::intensity),
-      text("bound", &ComponentRow::bound),
-      number<ComponentRow>("modelled ms", "modelled_seconds", 'm', "{:.3f}", &ComponentRow::modelled_seconds),
-      number<ComponentRow>("modelled ms eager", "eager_modelled_seconds", 'm', "{:.3f}",
-                           &ComponentRow::eager_modelled_seconds),
-      {"measured ms", optional_ms, "measured_seconds", [](C c) { return opt(c.measured_seconds); }, true},
-      field<ComponentRow>("counted_bytes", &ComponentRow::counted_bytes)};
-  if (!measured) {
-    std::erase_if(out, [](const auto& c) {
-      return c.name == "MB counted" || c.name == "measured ms" || c.key == "counted_bytes";
-    });
-  }
+json components_json(const cost::MemoryEstimate& m) {
+  json out = json::object();
+  for (const auto& [name, bytes] : m.components) out[name] = bytes;
   return out;
 }
 
@@ -63,17 +38,14 @@ namespace {
 
 // Cells: "1.234" (GB = 1e9 bytes); "41.0%" or "n/a".
 std::string gb(double bytes) {
-  return fmt::format("{:.3f}", bytes / 1e9);
+  return cell(bytes, 'G');
 }
 std::string pct(const std::optional<double>& f) {
-  return f ? fmt::format("{:.1f}%", *f * 100) : "n/a";
+  return cell(f, '%', "{:.1f}%");
 }
 
 bool cuda(const SweepReport& r) {
   return r.device.rfind("cuda", 0) == 0;
-}
-std::string ms(const std::optional<double>& seconds) {
-  return seconds ? fmt::format("{:.3f}", *seconds * 1e3) : "n/a";
 }
 // A counter column of the resource table: counted beside modelled, or the model's value marked as such.
 std::string utilisation_cell(const Utilisation& u) {
@@ -87,8 +59,8 @@ std::string utilisation_cell(const Utilisation& u) {
 std::vector<std::string> describe(const SweepReport& report) {
   std::vector<std::string> lines;
   const std::string& dtype = report.config.dtype;
-  if (report.cpu_peak) {
-    const cost::CpuPeak& p = *report.cpu_peak;
+  if (report.machine.cpu_peak) {
+    const cost::CpuPeak& p = *report.machine.cpu_peak;
     std::string line = fmt::format("peak: theoretical fp32 = {}; {}", p.formula(), p.layout.row);
     if (dtype != "fp32")
       line += fmt::format("; {} = {:.4g} GFLOP/s ({})", dtype, p.flops(dtype) / 1e9,
@@ -100,7 +72,7 @@ std::vector<std::string> describe(const SweepReport& report) {
     lines.push_back(line);
   } else if (report.measured_gemm_tflops) {
     lines.push_back(fmt::format("peak: no theoretical CPU peak ({}); measured fp32 GEMM {:.4g} GFLOP/s",
-                                report.cpu_peak_missing, *report.measured_gemm_tflops * 1e3));
+                                report.machine.cpu_peak_missing, *report.measured_gemm_tflops * 1e3));
   }
   if (report.roofline) {
     const cost::Roofline& r = *report.roofline;
@@ -108,7 +80,7 @@ std::vector<std::string> describe(const SweepReport& report) {
         "roofline ({}): GEMMs {:.4g} TFLOP/s ({}), other ops {:.4g} TFLOP/s (vector units), memory {:.4g} GB/s ({}); "
         "ridge point {:.3g} FLOP/byte",
         r.device, r.gemm_flops_per_s / 1e12, r.tensor_cores ? "tensor cores" : "vector units",
-        r.other_flops_per_s / 1e12, r.bandwidth / 1e9, report.bandwidth_source, r.ridge()));
+        r.other_flops_per_s / 1e12, r.bandwidth / 1e9, report.machine.bandwidth_source, r.ridge()));
     lines.push_back(
         "memory bandwidth, tensor core, fp engine: \"x% (model)\" is the traffic model (cost/traffic.h) at the "
         "measured step time: modelled bytes / step time / peak bandwidth, GEMM FLOPs / tensor-core peak / step time, "
@@ -124,128 +96,6 @@ std::vector<std::string> describe(const SweepReport& report) {
   }
   lines.push_back("counters: " + report.counters_note);
   return lines;
-}
-
-// Where the measured column comes from, for one point.
-std::string component_times_note(const ProfileRow& r) {
-  if (!r.component_times) return "measured per component: n/a (--component-times measures it: docs/performance.md)";
-  const ComponentTimes& t = *r.component_times;
-  if (t.source == "gpu") {
-    return fmt::format(
-        "measured per component: LibTorch's profiler over as many steps again, {:.3f} ms of GPU kernels, copies and "
-        "memsets per step, {:.3f} ms of them launched in no component's scope ({:g} of {:g} activities per step "
-        "placed by their launch's time, {:g} unplaced)",
-        t.profiled_seconds * 1e3, t.unattributed_seconds * 1e3, t.timed_activities,
-        t.linked_activities + t.timed_activities + t.unplaced_activities, t.unplaced_activities);
-  }
-  return fmt::format(
-      "measured per component: LibTorch's profiler over as many steps again, {:.3f} ms of CPU ops per step, "
-      "{:.3f} ms of them in no component's scope",
-      t.profiled_seconds * 1e3, t.unattributed_seconds * 1e3);
-}
-
-// Measured (component, pass) pairs no traffic-model row has: the fused Functions of selective
-// recomputation, whose scopes merge several rows ("SwiGLU + down_proj").
-std::vector<std::tuple<std::string, std::string, double>> unmatched_component_times(const ProfileRow& r) {
-  std::vector<std::tuple<std::string, std::string, double>> out;
-  if (!r.component_times) return out;
-  for (const auto& [key, seconds] : r.component_times->seconds) {
-    const bool matched = std::any_of(r.components.begin(), r.components.end(), [&](const ComponentRow& c) {
-      return c.component == key.first && c.pass == key.second;
-    });
-    if (!matched) out.emplace_back(key.first, key.second, seconds);
-  }
-  return out;
-}
-
-// One phase of a point's counted steps (--counter-phases): the interval's counts and, per step,
-// the row beside the traffic model's.
-struct PhaseEntry {
-  const PhaseCounters* counted;
-  PhaseRow per_step;
-};
-std::vector<PhaseEntry> phase_entries(const ProfileRow& r, int64_t counted_steps) {
-  std::vector<PhaseEntry> out;
-  const std::vector<PhaseRow> rows = phase_rows(r, counted_steps);
-  for (size_t i = 0; i < rows.size(); ++i) out.push_back({&r.counters->phases[i], rows[i]});
-  return out;
-}
-std::vector<Column<PhaseEntry>> phase_columns(const ProfileRow& r) {
-  using P = const PhaseEntry&;
-  const bool gpu = r.counters && r.counters->source == "cupti";
-  auto counted = [](std::optional<double> PhaseCounters::*m) { return [m](P p) { return opt(p.counted->*m); }; };
-  auto gb_or_na = [](const std::optional<double>& b) { return b ? gb(*b) : "n/a"; };
-  return {{"phase", [](P p) { return p.per_step.phase; }, "name", [](P p) { return json(p.counted->name); }},
-          {"entered per step", [](P p) { return fmt::format("{:g}", p.per_step.segments_per_step); }, "segments",
-           [](P p) { return json(p.counted->segments); }},
-          {"wall ms", [](P p) { return fmt::format("{:.3f}", p.per_step.wall_seconds * 1e3); }, "seconds",
-           [](P p) { return json(p.counted->seconds); }},
-          {gpu ? "GPU ms (counted)" : "CPU ms (counted, all threads)",
-           [](P p) { return ms(p.per_step.counted_seconds); }, "gpu_seconds", counted(&PhaseCounters::gpu_seconds)},
-          {"", {}, "cpu_seconds", counted(&PhaseCounters::cpu_seconds)},
-          {"", {}, "cycles", counted(&PhaseCounters::cycles)},
-          {"", {}, "instructions", counted(&PhaseCounters::instructions)},
-          {"modelled ms", [](P p) { return ms(p.per_step.modelled_seconds); }, "modelled_seconds_per_step",
-           [](P p) { return opt(p.per_step.modelled_seconds); }},
-          {"DRAM GB counted", [=](P p) { return gb_or_na(p.per_step.counted_bytes); }, "dram_bytes",
-           counted(&PhaseCounters::dram_bytes)},
-          {"GB modelled", [=](P p) { return gb_or_na(p.per_step.modelled_bytes); }, "modelled_bytes_per_step",
-           [](P p) { return opt(p.per_step.modelled_bytes); }},
-          {"counted/modelled",
-           [](P p) {
-             const PhaseRow& m = p.per_step;
-             return m.counted_bytes && m.modelled_bytes && *m.modelled_bytes > 0
-                        ? fmt::format("{:.2f}", *m.counted_bytes / *m.modelled_bytes)
-                        : "n/a";
-           }},
-          {"memory bandwidth", [](P p) { return pct(p.per_step.memory_bandwidth); }, "memory_bandwidth",
-           counted(&PhaseCounters::memory_bandwidth)},
-          {"", {}, "memory_throughput", counted(&PhaseCounters::memory_throughput)},
-          {"tensor core", [](P p) { return pct(p.per_step.tensor_core); }, "tensor_core",
-           counted(&PhaseCounters::tensor_core)},
-          {"fp engine", [](P p) { return pct(p.per_step.fp_engine); }, "fp_engine", counted(&PhaseCounters::fp_engine)},
-          {"", {}, "kernels", [](P p) { return json(p.counted->kernels); }}};
-}
-std::string phase_note(const ProfileRow& r, int64_t counted_steps) {
-  return fmt::format(
-      "counted per phase over {} step{}, per step; modelled: the traffic model's fwd rows (forward), bwd and "
-      "recompute rows (backward), step rows (optimizer); the model counts compulsory bytes, a lower bound of what "
-      "DRAM moves; {}",
-      counted_steps, counted_steps == 1 ? "" : "s", r.counters->detail);
-}
-
-json counters_json(const ProfileRow& r, int64_t counted_steps) {
-  if (!r.counters) return nullptr;
-  const CounterReading& c = *r.counters;
-  json per_range = json::array(), kernels = json::array(), components = json::array();
-  for (const auto& [name, seconds] : c.per_range) per_range.push_back({name, seconds});
-  auto kernel_json = [](const KernelCounters& k) {
-    json j = object("name", k.name, "launches", k.launches, "seconds", k.seconds, "dram_bytes", k.dram_bytes,
-                    "memory_bandwidth", k.memory_bandwidth, "memory_throughput", k.memory_throughput, "tensor_core",
-                    k.tensor_core, "fp_engine", k.fp_engine);
-    if (!k.pass.empty()) j["pass"] = k.pass;
-    return j;
-  };
-  for (const KernelCounters& k : c.kernels) kernels.push_back(kernel_json(k));
-  for (const KernelCounters& k : c.components) components.push_back(kernel_json(k));
-  return object("source", c.source, "memory_bandwidth", c.memory_bandwidth, "tensor_core", c.tensor_core, "fp_engine",
-                c.fp_engine, "dram_bytes", c.dram_bytes, "cycles", c.cycles, "instructions", c.instructions,
-                "cpu_seconds", c.cpu_seconds, "memory_throughput", c.memory_throughput, "gpu_seconds", c.gpu_seconds,
-                "ranges", c.ranges, "collect_seconds", c.collect_seconds, "seconds", c.seconds, "reason", c.reason,
-                "detail", c.detail, "per_range", per_range, "kernels", kernels, "components", components,
-                "unattributed", c.unattributed ? kernel_json(*c.unattributed) : json(nullptr), "phases",
-                json_rows(phase_columns(r), phase_entries(r, counted_steps)));
-}
-
-json component_times_json(const ProfileRow& r) {
-  if (!r.component_times) return nullptr;
-  const ComponentTimes& t = *r.component_times;
-  json merged = json::array();
-  for (const auto& [component, pass, seconds] : unmatched_component_times(r))
-    merged.push_back(object("component", component, "pass", pass, "measured_seconds", seconds));
-  return object("source", t.source, "linked_activities", t.linked_activities, "timed_activities", t.timed_activities,
-                "unplaced_activities", t.unplaced_activities, "profiled_seconds", t.profiled_seconds,
-                "unattributed_seconds", t.unattributed_seconds, "merged_rows", merged);
 }
 
 // The main table: the user's columns, kiln's, and the JSON's fields of a point.
@@ -298,12 +148,7 @@ std::vector<Column<ProfileRow>> sweep_columns(const SweepReport& report) {
       field<ProfileRow>("message", &ProfileRow::message),
       {"", {}, "seconds_per_step", when_ok(&ProfileRow::seconds_per_step)},
       {"", {}, "rss_peak_over_baseline_bytes", when_ok(&ProfileRow::rss_peak_over_baseline_bytes)},
-      field<ProfileRow>("predicted_components",
-                        [](R r) {
-                          json comps = json::object();
-                          for (const auto& [n, b] : r.predicted.components) comps[n] = b;
-                          return comps;
-                        }),
+      field<ProfileRow>("predicted_components", [](R r) { return components_json(r.predicted); }),
       field<ProfileRow>("flops_per_token",
                         [&](R r) {
                           const auto f = cost::flops_per_token(report.model, r.point.cutoff_len);
@@ -319,8 +164,8 @@ std::vector<Column<ProfileRow>> sweep_columns(const SweepReport& report) {
       {"", {}, "executed_flops_per_step", when_ok(&ProfileRow::executed_flops)},
       {"", {}, "traffic_bytes_per_step", when_ok(&ProfileRow::traffic_bytes)},
       field<ProfileRow>("components", [](R r) { return json_rows(component_columns(), r.components); }),
-      field<ProfileRow>("component_times", component_times_json),
-      field<ProfileRow>("counters", [=](R r) { return counters_json(r, steps); })};
+      field<ProfileRow>("component_times", [](R r) { return component_times_json(r.component_times, r.components); }),
+      field<ProfileRow>("counters", [=](R r) { return counters_json(r.counters, steps, r.components); })};
   // A grid that lists recomputations (settings.h): each row's, after cutoff_len.
   if (!report.config.recomputation.empty()) {
     columns.insert(columns.begin() + 7, {"recomputation", [](R r) { return r.point.recomputation; }, "recomputation",
@@ -384,7 +229,7 @@ std::string point_sections(const SweepReport& report, bool html) {
     }
     const std::string title =
         fmt::format("Components: {} (per step: measured {:.3f} ms, modelled {:.3f} ms; {})", point_label(r.point),
-                    r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3, component_times_note(r));
+                    r.seconds_per_step * 1e3, r.modelled_step_seconds * 1e3, component_times_note(r.component_times));
     if (html) {
       out += "<details class=\"components\"><summary>" + html_escape(title) + "</summary>\n" +
              html_table("<table class=\"components\">", component_columns(), r.components) + "\n";
@@ -393,7 +238,7 @@ std::string point_sections(const SweepReport& report, bool html) {
       out += "\n" + markdown_table(component_columns(), r.components, true);
     }
     std::string merged;
-    for (const auto& [component, pass, seconds] : unmatched_component_times(r))
+    for (const auto& [component, pass, seconds] : unmatched_component_times(r.component_times, r.components))
       merged += fmt::format(" {} ({}) {:.3f} ms;", component, pass, seconds * 1e3);
     if (!merged.empty())
       note("Measured in scopes that merge the rows above (fused Functions):" + merged.substr(0, merged.size() - 1));
@@ -404,9 +249,10 @@ std::string point_sections(const SweepReport& report, bool html) {
   for (const auto& r : report.rows) {
     if (!has_phases(r)) continue;
     if (std::exchange(first, false)) heading(2, "Counted per phase (--counter-phases): forward, backward, optimizer");
-    heading(3, fmt::format("Phases: {} ({})", point_label(r.point), phase_note(r, steps)));
-    out += html ? html_table("<table class=\"phases\">", phase_columns(r), phase_entries(r, steps)) + "\n"
-                : "\n" + markdown_table(phase_columns(r), phase_entries(r, steps));
+    const CounterReading& c = *r.counters;
+    heading(3, fmt::format("Phases: {} ({})", point_label(r.point), phase_note(c, steps)));
+    out += html ? html_table("<table class=\"phases\">", phase_columns(c), phase_rows(c, steps, r.components)) + "\n"
+                : "\n" + markdown_table(phase_columns(c), phase_rows(c, steps, r.components));
   }
   return out;
 }
@@ -479,13 +325,14 @@ std::string to_json(const SweepReport& report) {
              c.run.gradient_checkpointing, "recomputation", c.run_recomputation(), "steps", c.steps, "warmup", c.warmup,
              "synthetic_data", c.run.dataset_dir.empty(), "counters", report.counters_note, "counters_requested",
              c.counters, "counter_steps", c.counters ? json(c.counted_steps()) : json(nullptr), "counters_per_kernel",
-             c.counters_per_kernel, "cpu_peak", report.cpu_peak ? cpu_peak_json(*report.cpu_peak) : json(nullptr),
-             "cpu_peak_missing", report.cpu_peak_missing, "measured_gemm_tflops", report.measured_gemm_tflops,
+             c.counters_per_kernel, "cpu_peak",
+             report.machine.cpu_peak ? cpu_peak_json(*report.machine.cpu_peak) : json(nullptr), "cpu_peak_missing",
+             report.machine.cpu_peak_missing, "measured_gemm_tflops", report.measured_gemm_tflops,
              "measured_gemm_exceeds_peak", report.measured_gemm_exceeds_peak, "hardware",
-             report.hardware ? hardware_json(*report.hardware) : json(nullptr), "roofline",
-             report.roofline ? roofline_json(*report.roofline, report.bandwidth_source) : json(nullptr), "warnings",
-             report.warnings, "world_size", report.world_size, "launcher", report.launcher, "backend", report.backend,
-             "zero_stage", c.run.zero_stage, "ddp_overlap", c.ddp_overlap, "optimisation",
+             report.machine.spec ? hardware_json(*report.machine.spec) : json(nullptr), "roofline",
+             report.roofline ? roofline_json(*report.roofline, report.machine.bandwidth_source) : json(nullptr),
+             "warnings", report.warnings, "world_size", report.world_size, "launcher", report.launcher, "backend",
+             report.backend, "zero_stage", c.run.zero_stage, "ddp_overlap", c.ddp_overlap, "optimisation",
              object("learning_rate", c.run.learning_rate, "lr_scheduler_type", c.run.lr_scheduler_type, "warmup_ratio",
                     c.run.warmup_ratio, "warmup_steps", c.run.warmup_steps, "weight_decay", c.run.weight_decay,
                     "max_grad_norm", c.run.max_grad_norm),

@@ -13,12 +13,16 @@ namespace kiln::profile::report_detail {
 
 using namespace kiln::report;
 
-// The per-component table of the traffic model (a sweep's point; explain's, which without
-// `measured` leaves out the columns only a sweep measures: MB counted, measured ms).
-std::vector<Column<ComponentRow>> component_columns(bool measured = true);
-
 // The roofline in a JSON document (a sweep's, explain's).
 json roofline_json(const cost::Roofline& r, const std::string& bandwidth_source);
+
+// "12.35": bytes in GB (1e9) to 0.01 (the plan's and the reference runs' memory cells).
+inline std::string gb2(double bytes) {
+  return cell(bytes, 'G', "{:.2f}");
+}
+
+// The predicted memory's components as {name: bytes} (a sweep's rows, the plan's).
+json components_json(const cost::MemoryEstimate& m);
 
 bool ok(const ProfileRow& r);  // the point ran
 

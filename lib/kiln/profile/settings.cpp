@@ -302,17 +302,8 @@ std::vector<SweepPoint> grid_points(const ProfileSettings& s) {
 }
 
 const char* command_name(Command command) {
-  switch (command) {
-    case Command::kSweep:
-      return "sweep";
-    case Command::kPlan:
-      return "plan";
-    case Command::kExplain:
-      return "explain";
-    case Command::kReference:
-      return "reference";
-  }
-  return "?";
+  static const char* const names[] = {"sweep", "plan", "explain", "reference"};  // Command's order
+  return names[static_cast<int>(command)];
 }
 
 std::string command_summary(Command command) {

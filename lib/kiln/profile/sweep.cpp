@@ -71,61 +71,6 @@ std::string ProfileRow::speed() const {
   return its >= 1.0 ? fmt::format("{:.2f} it/s", its) : fmt::format("{:.2f} s/it", seconds_per_step);
 }
 
-std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof) {
-  std::vector<ComponentRow> out;
-  for (const cost::TrafficRow& row : report.rows) {
-    const cost::Cost k = row.kiln_step();
-    ComponentRow c;
-    c.component = row.component;
-    c.pass = cost::pass_name(row.pass);
-    c.repeats = row.repeats;
-    c.gemm_flops = k.gemm_flops;
-    c.other_flops = k.other_flops;
-    c.bytes = k.bytes;
-    c.eager_bytes = row.eager_step().bytes;
-    c.intensity = row.kiln.intensity();
-    c.bound = row.kiln.bytes == 0 && row.kiln.flops() == 0 ? "-" : roof.memory_bound(row.kiln) ? "memory" : "compute";
-    c.modelled_seconds = roof.seconds(row.kiln) * row.repeats;
-    c.eager_modelled_seconds = roof.seconds(row.eager) * row.repeats;
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-std::string phase_of_pass(const std::string& pass) {
-  if (pass == "fwd") return "forward";
-  if (pass == "bwd" || pass == "recompute") return "backward";
-  if (pass == "step") return "optimizer";
-  return pass;
-}
-
-std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps) {
-  std::vector<PhaseRow> out;
-  if (!row.counters || counted_steps <= 0) return out;
-  const double n = static_cast<double>(counted_steps);
-  auto per_step = [&](const std::optional<double>& v) { return v ? std::optional<double>(*v / n) : std::nullopt; };
-  for (const PhaseCounters& p : row.counters->phases) {
-    PhaseRow r;
-    r.phase = p.name;
-    r.segments_per_step = static_cast<double>(p.segments) / n;
-    r.wall_seconds = p.seconds / n;
-    r.counted_seconds = per_step(p.gpu_seconds ? p.gpu_seconds : p.cpu_seconds);
-    r.counted_bytes = per_step(p.dram_bytes);
-    r.memory_bandwidth = p.memory_bandwidth;
-    r.tensor_core = p.tensor_core;
-    r.fp_engine = p.fp_engine;
-    r.cycles = per_step(p.cycles);
-    r.instructions = per_step(p.instructions);
-    for (const ComponentRow& c : row.components) {
-      if (phase_of_pass(c.pass) != p.name) continue;
-      r.modelled_seconds = r.modelled_seconds.value_or(0) + c.modelled_seconds;
-      r.modelled_bytes = r.modelled_bytes.value_or(0) + c.bytes;
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 cost::RunDescription point_run(const ProfileSettings& config, const model::LlamaConfig& model, const SweepPoint& point,
                                const train::RunTarget& target) {
   return train::describe_run(point_config(config, point), model, target);
@@ -279,13 +224,6 @@ void measure_point(const PointContext& ctx, ProfileRow& row) {
     mark = nullptr;
     row.counters = ctx.counters->stop();
     const CounterReading& c = *row.counters;
-    // Per kernel on a GPU: each traffic-model row's counted bytes, per step.
-    for (const KernelCounters& k : c.components) {
-      for (ComponentRow& r : row.components) {
-        if (r.component == k.name && r.pass == k.pass && k.dram_bytes)
-          r.counted_bytes = *k.dram_bytes / static_cast<double>(counted);
-      }
-    }
     kiln::logger()->info("{}: counted in {:.2f} s{}", where, since(phase),
                          c.source == "cupti" ? fmt::format(" ({} CUPTI ranges, {:.2f} s of it reading them)", c.ranges,
                                                            c.collect_seconds)
@@ -330,12 +268,8 @@ void fill_utilisation(const SweepReport& report, const ProfileSettings& config, 
   row.traffic_bytes = traffic.kiln_step().bytes;
   if (report.roofline) {
     row.components = component_rows(traffic, *report.roofline);
-    if (row.component_times) {
-      for (ComponentRow& c : row.components) {
-        const auto it = row.component_times->seconds.find({c.component, c.pass});
-        if (it != row.component_times->seconds.end()) c.measured_seconds = it->second;
-      }
-    }
+    // Per kernel on a GPU, the counters' bytes per row (counted over counted_steps steps).
+    add_measurements(row.components, row.component_times, row.counters, config.counted_steps());
     row.modelled_step_seconds = cost::modelled_step_seconds(traffic, *report.roofline);
     const auto u = cost::modelled_utilisation(traffic, *report.roofline, row.seconds_per_step);
     row.memory_bandwidth.modelled = u.memory_bandwidth;
@@ -347,15 +281,8 @@ void fill_utilisation(const SweepReport& report, const ProfileSettings& config, 
       u->counted_reason = "not counted: run with --counters";
     return;
   }
-  if (!row.counters) return;  // the session's reason is already in the columns (run_sweep)
-  const CounterReading& r = *row.counters;
-  auto take = [&](Utilisation& u, const std::optional<double>& v, const std::string& own) {
-    u.counted = v;
-    u.counted_reason = v ? "" : !own.empty() ? own : !r.reason.empty() ? r.reason : "n/a: not counted";
-  };
-  take(row.memory_bandwidth, r.memory_bandwidth, r.memory_reason);
-  take(row.tensor_core, r.tensor_core, r.tensor_reason);
-  take(row.fp_engine, r.fp_engine, r.fp_reason);
+  // Without a reading, the session's reason is already in the columns (run_sweep).
+  if (row.counters) set_counted(row.memory_bandwidth, row.tensor_core, row.fp_engine, *row.counters);
 }
 
 }  // namespace
@@ -389,16 +316,12 @@ SweepReport run_sweep(const ProfileSettings& settings, const std::function<void(
   report.device = device.str();
   // The roofline's device: a GPU's data-sheet row, or the CPU's theoretical peak (cpuid, the FMA
   // table, sysfs) and measured copy bandwidth, with the measured GEMM rate beside it.
-  const cost::MachineHardware machine = cost::machine_hardware(device);
-  report.hardware = machine.spec;
-  report.bandwidth_source = machine.bandwidth_source;
-  report.cpu_peak = machine.cpu_peak;
-  report.cpu_peak_missing = machine.cpu_peak_missing;
+  report.machine = cost::machine_hardware(device);
   if (device.is_cpu()) report.measured_gemm_tflops = device::measure_cpu_gemm_tflops();
-  if (report.cpu_peak) {
-    if (const auto bug = cost::peak_violation(*report.measured_gemm_tflops / (report.cpu_peak->fp32 / 1e12),
-                                              "the measured fp32 GEMM rate",
-                                              "the theoretical fp32 peak (" + report.cpu_peak->formula() + ")")) {
+  if (report.machine.cpu_peak) {
+    if (const auto bug = cost::peak_violation(
+            *report.measured_gemm_tflops / (report.machine.cpu_peak->fp32 / 1e12), "the measured fp32 GEMM rate",
+            "the theoretical fp32 peak (" + report.machine.cpu_peak->formula() + ")")) {
       report.measured_gemm_exceeds_peak = true;
       report.warnings.push_back(*bug);
     }
@@ -408,9 +331,9 @@ SweepReport run_sweep(const ProfileSettings& settings, const std::function<void(
     report.peak_tflops = config.peak_tflops;
     report.peak_source = "--peak-tflops";
     if (device.is_cuda()) report.device += " (" + device::name(device) + ")";
-  } else if (report.cpu_peak) {
+  } else if (report.machine.cpu_peak) {
     report.peak_name = device::name(device);
-    report.peak_tflops = report.cpu_peak->flops(config.dtype) / 1e12;
+    report.peak_tflops = report.machine.cpu_peak->flops(config.dtype) / 1e12;
     report.peak_source = "theoretical";
   } else if (const auto peak = cost::device_peak(device, autocast.value_or(at::kFloat))) {
     report.peak_name = peak->name;
@@ -418,8 +341,8 @@ SweepReport run_sweep(const ProfileSettings& settings, const std::function<void(
     report.peak_source = peak->source;
     if (device.is_cuda()) report.device += " (" + peak->name + ")";
   }
-  if (report.hardware) {
-    report.roofline = cost::roofline(*report.hardware, config.dtype);
+  if (report.machine.spec) {
+    report.roofline = cost::roofline(*report.machine.spec, config.dtype);
     if (config.peak_tflops > 0) report.roofline->gemm_flops_per_s = config.peak_tflops * 1e12;
   }
   std::unique_ptr<CounterSession> counters;

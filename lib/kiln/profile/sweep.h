@@ -34,6 +34,7 @@
 #include "kiln/ops/dispatch.h"
 #include "kiln/profile/counters/component_times.h"
 #include "kiln/profile/counters/counters.h"
+#include "kiln/profile/counters/measured_rows.h"
 #include "kiln/profile/settings.h"
 #include "kiln/train/pretrain_config.h"
 #include "kiln/train/recomputation.h"
@@ -56,52 +57,6 @@ cost::RunDescription point_run(const ProfileSettings& settings, const model::Lla
 // point takes the same.
 std::vector<train::MicroBatch> synthetic_batches(const model::LlamaConfig& model, const SweepPoint& point,
                                                  uint64_t seed);
-
-// One row of the traffic model (cost::TrafficRow) at a point, per step, against the roofline.
-struct ComponentRow {
-  std::string component;
-  std::string pass;  // fwd | bwd | recompute | step
-  double repeats = 1;
-  double gemm_flops = 0, other_flops = 0, bytes = 0;  // kiln's, per step (all repeats)
-  double eager_bytes = 0;                             // an unfused eager step's, per step
-  double intensity = 0;                               // FLOP per byte (0 when no bytes move)
-  std::string bound;                                  // compute | memory | - (nothing to do)
-  double modelled_seconds = 0;                        // per step, at the roofline
-  double eager_modelled_seconds = 0;                  // an unfused eager step's, per step, at the roofline
-  // Per step, from the profiler (--component-times: profile/component_times.h); empty
-  // where not measured or where no scope covers the row (autocast casts, autograd's sums: their
-  // time is inside the GEMM rows' and the nodes').
-  std::optional<double> measured_seconds;
-  // Per step, DRAM bytes the hardware counted in this row's kernels (--counters-per-kernel on a
-  // GPU: CounterReading::components); empty where not counted.
-  std::optional<double> counted_bytes;
-};
-std::vector<ComponentRow> component_rows(const cost::TrafficReport& report, const cost::Roofline& roof);
-
-// The traffic model's pass ("fwd", "bwd", "recompute", "step") as the phase of a step it runs in:
-// "forward", "backward" (recomputation runs inside backward), "optimizer".
-std::string phase_of_pass(const std::string& pass);
-
-// One phase of a point's counted steps (--counter-phases), per step, beside the traffic model's
-// rows of that phase (phase_of_pass). Counted values are the interval's divided by its steps.
-struct PhaseRow {
-  std::string phase;
-  double segments_per_step = 0;
-  double wall_seconds = 0;                              // between the phase's boundaries, on the host
-  std::optional<double> counted_seconds;                // GPU time (CUDA), or CPU time over all threads (CPU)
-  std::optional<double> modelled_seconds;               // its rows at the roofline; empty when no row is of this phase
-  std::optional<double> counted_bytes, modelled_bytes;  // DRAM bytes counted; compulsory bytes modelled
-  std::optional<double> memory_bandwidth, tensor_core, fp_engine;  // counted fractions of the peaks
-  std::optional<double> cycles, instructions;                      // CPU
-};
-
-// One of the user's three columns: the traffic model's value at the measured step time and what
-// hardware counters counted, each a fraction of the device's peak.
-struct Utilisation {
-  std::optional<double> modelled;  // empty without a roofline (a GPU the table does not know)
-  std::optional<double> counted;
-  std::string counted_reason;  // why `counted` is empty ("" when present)
-};
 
 struct ProfileRow {
   SweepPoint point;
@@ -144,9 +99,6 @@ struct ProfileRow {
   std::string speed() const;
 };
 
-// The per-phase rows of a point counted with --counter-phases (PhaseRow; empty otherwise).
-std::vector<PhaseRow> phase_rows(const ProfileRow& row, int64_t counted_steps);
-
 struct SweepReport {
   ProfileSettings config;
   model::LlamaConfig model;
@@ -155,17 +107,14 @@ struct SweepReport {
   std::string peak_name;    // what MFU divides by
   double peak_tflops = 0;   // 0 = unknown (MFU n/a)
   std::string peak_source;  // datasheet | theoretical | measured | --peak-tflops
-  // CPU: the theoretical peak's inputs (cost/cpu_peak.h) and the fp32 GEMM rate measured beside it
-  // (common/device.h); measured_gemm_exceeds_peak is the bug of a peak that does not hold.
-  std::optional<cost::CpuPeak> cpu_peak;
-  std::string cpu_peak_missing;  // why there is no theoretical CPU peak (no table row, no clock)
+  // The device as the roofline sees it (cost::machine_hardware): a GPU's data-sheet row, or the
+  // CPU's theoretical peaks (their inputs, or why there are none) and measured copy bandwidth.
+  cost::MachineHardware machine;
+  std::optional<cost::Roofline> roofline;  // the model's columns use it
+  // CPU: the fp32 GEMM rate measured beside the theoretical peak (common/device.h);
+  // measured_gemm_exceeds_peak is the bug of a peak that does not hold.
   std::optional<double> measured_gemm_tflops;
   bool measured_gemm_exceeds_peak = false;
-  // The roofline the model's columns use: a GPU's data-sheet row, or the CPU's theoretical peaks
-  // and measured copy bandwidth (bandwidth_source says which).
-  std::optional<cost::HardwareSpec> hardware;
-  std::optional<cost::Roofline> roofline;
-  std::string bandwidth_source;
   std::string counters_note;          // one line: what the counted columns hold, or why they are empty
   std::vector<std::string> warnings;  // "BUG: ..." lines: a fraction of a peak above 100%
   int world_size = 1;                 // processes of a data-parallel sweep

@@ -21,6 +21,10 @@ double in_unit(double v, char prefix) {
                          : v;
 }
 
+std::string cell(const std::optional<double>& v, char prefix, const char* format) {
+  return v ? fmt::format(fmt::runtime(format), in_unit(*v, prefix)) : "n/a";
+}
+
 std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {

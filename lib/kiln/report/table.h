@@ -52,6 +52,9 @@ json object(const std::string& key, const V& value, const Rest&... rest) {
 // `v` in the unit `prefix` names: 'G' v / 1e9, 'M' v / 1e6, 'm' v x 1e3, 'u' v x 1e6, '%' v x 100,
 // anything else v itself.
 double in_unit(double v, char prefix);
+// A text cell: `format` of v in `prefix`'s unit, "n/a" for none. cell(bytes, 'G') is GB to 0.001,
+// cell(seconds, 'm') ms, cell(fraction, '%', "{:.1f}%") a percentage.
+std::string cell(const std::optional<double>& v, char prefix, const char* format = "{:.3f}");
 
 // A number column: its cell `format` of get(row) in `prefix`'s unit, its JSON get(row) (no key:
 // in the text formats only). `get` is a member pointer or a function of the row.
